@@ -1,0 +1,84 @@
+"""Scaled dot-product attention, eq. (1) of §3.2.1: softmax(Q Kᵀ / √d_k) V.
+
+Shape legend:
+    B  batch size          H  heads
+    T  query length        S  key/value length
+    d_k  query/key size    d_v  value size
+
+Masks follow :mod:`aiayn.attention.masks`: boolean, True = may attend, broadcastable to
+(B, H, T, S). A query row whose keys are all blocked returns a zero vector (and zero weights),
+never NaN, on both paths and in every floating dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from aiayn.attention.masks import mask_fill_value
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None = None,
+    *,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V  (eq. 1).
+
+    Two paths that agree: with ``need_weights=True`` the explicit path computes and returns the
+    weights; otherwise the fast path calls :func:`torch.nn.functional.scaled_dot_product_attention`
+    (fused kernels; flash attention on GPUs).
+
+    Args:
+        query: (B, H, T, d_k).
+        key: (B, H, S, d_k).
+        value: (B, H, S, d_v).
+        mask: boolean, broadcastable to (B, H, T, S); True = may attend. None = attend everywhere.
+        dropout_p: dropout on the attention weights (0 in the paper; pass 0 at eval time).
+        need_weights: return the (B, H, T, S) attention weights as well.
+
+    Returns:
+        ``(output, weights)``: output (B, H, T, d_v); weights (B, H, T, S) or None.
+    """
+    row_has_key: Tensor | None = None
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+        # A row with no allowed key would be softmax over nothing: allow all keys there for the
+        # arithmetic and zero the row afterwards, so no NaN reaches the output or the gradient.
+        row_has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, T|1, 1)
+        mask = mask | ~row_has_key
+
+    if need_weights:
+        output, weights = _explicit_attention(query, key, value, mask, dropout_p)
+    else:
+        output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+        weights = None
+
+    if row_has_key is not None:
+        output = output * row_has_key  # (B, H, T, d_v): zero the fully blocked rows
+        if weights is not None:
+            weights = weights * row_has_key  # (B, H, T, S)
+    return output, weights
+
+
+def _explicit_attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, dropout_p: float
+) -> tuple[Tensor, Tensor]:
+    """The textbook computation, step by step; returns (output, softmax weights before dropout)."""
+    d_k = query.size(-1)
+    scores = query @ key.transpose(-2, -1)  # (B, H, T, d_k) @ (B, H, d_k, S) -> (B, H, T, S)
+    scores = scores / math.sqrt(d_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, mask_fill_value(scores.dtype))
+    weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
+    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    output = attended @ value  # (B, H, T, S) @ (B, H, S, d_v) -> (B, H, T, d_v)
+    return output, weights

@@ -1,0 +1,1 @@
+"""Command-line interface: ``aiayn COMMAND`` (see :mod:`aiayn.cli.main`)."""

@@ -1,0 +1,76 @@
+"""Parameter counts: measured from a model, and in closed form from a config.
+
+Closed form for the encoder–decoder Transformer (D = d_model, F = d_ff, V = vocabulary):
+    attention block   4·(D² + D)          W^Q, W^K, W^V, W^O and their biases
+    feed-forward      2·D·F + F + D       W_1, b_1, W_2, b_2 (eq. 2)
+    LayerNorm         2·D
+    encoder layer     attention + feed-forward + 2 LayerNorms
+    decoder layer     2 attentions + feed-forward + 3 LayerNorms
+    embeddings        V·D each, counted once when shared/tied (§3.4)
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from torch import nn
+
+from aiayn.config import TransformerConfig
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameters (a tied/shared tensor counts once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def parameter_breakdown(model: nn.Module) -> OrderedDict[str, int]:
+    """Distinct parameters grouped by component, in the order the model defines them.
+
+    Groups: embeddings, positional, encoder self-attention / feed-forward / layer norms,
+    decoder self-attention / cross-attention / feed-forward / layer norms, output projection.
+    """
+    groups: OrderedDict[str, int] = OrderedDict()
+    seen: set[int] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        groups[_group_of(name)] = groups.get(_group_of(name), 0) + param.numel()
+    return groups
+
+
+def _group_of(name: str) -> str:
+    stack = "encoder" if name.startswith("encoder.") else "decoder"
+    if ".embedding." in f".{name}":
+        return "token embeddings"
+    if ".positional." in name:
+        return "positional embeddings"
+    if name.startswith("output_proj"):
+        return "output projection"
+    if "final_norm" in name or "sublayer.norm" in name:
+        return f"{stack} layer norms"
+    if ".self_attn." in name:
+        return f"{stack} self-attention"
+    if ".cross_attn." in name:
+        return f"{stack} cross-attention"
+    if ".feed_forward." in name:
+        return f"{stack} feed-forward"
+    return "other"
+
+
+def expected_parameter_count(config: TransformerConfig) -> int:
+    """The closed-form count of the module docstring for ``Transformer(config)``."""
+    d, f = config.d_model, config.d_ff
+    attention = 4 * (d * d + d)
+    feed_forward = 2 * d * f + f + d
+    norm = 2 * d
+    encoder = config.num_encoder_layers * (attention + feed_forward + 2 * norm)
+    decoder = config.num_decoder_layers * (2 * attention + feed_forward + 3 * norm)
+    if config.norm_first:  # one final LayerNorm per stack
+        encoder += norm
+        decoder += norm
+    src_emb = config.vocab_size * d
+    tgt_emb = 0 if config.share_embeddings else config.target_vocab_size * d
+    out_proj = 0 if config.tie_output else config.target_vocab_size * d
+    positional = 2 * config.max_len * d if config.positional == "learned" else 0
+    return encoder + decoder + src_emb + tgt_emb + out_proj + positional
