@@ -151,8 +151,8 @@ def _check_types(config: TransformerConfig) -> None:
 
 def _is_instance(value: Any, hint: Any) -> bool:
     origin = typing.get_origin(hint)
-    if origin is Literal:
-        return value in typing.get_args(hint)
+    if origin is Literal:  # the allowed values are checked with a clearer message later
+        return any(isinstance(value, type(arg)) for arg in typing.get_args(hint))
     if origin in (typing.Union, types.UnionType):
         return any(_is_instance(value, arg) for arg in typing.get_args(hint))
     if hint is type(None):

@@ -23,7 +23,9 @@ def _torch_causal(n: int) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool).triu(1)
 
 
-def _pair(cls: type[MultiHeadAttention] = MultiHeadAttention) -> tuple[MultiHeadAttention, nn.MultiheadAttention]:
+def _pair(
+    cls: type[MultiHeadAttention] = MultiHeadAttention,
+) -> tuple[MultiHeadAttention, nn.MultiheadAttention]:
     ours = cls(D, H)
     ref = nn.MultiheadAttention(D, H, batch_first=True)
     with torch.no_grad():

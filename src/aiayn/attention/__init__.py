@@ -1,4 +1,4 @@
-"""Attention: masks (§3.2.3), scaled dot-product attention (eq. 1), multi-head attention (§3.2.2)."""
+"""Attention: masks (§3.2.3), scaled dot-product attention (eq. 1), multi-head (§3.2.2)."""
 
 from aiayn.attention.masks import (
     causal_mask,

@@ -1,6 +1,7 @@
 """Multi-head attention, §3.2.2, and its three uses of §3.2.3.
 
-    MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O,   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+    MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
 
 The h per-head projections W_i^Q ∈ ℝ^{d_model×d_k} are stored side by side as the rows
 ``i·d_k : (i+1)·d_k`` of one (d_model, d_model) weight (likewise W^K, W^V), and the three are

@@ -59,7 +59,9 @@ def scaled_dot_product_attention(
     if need_weights:
         output, weights = _explicit_attention(query, key, value, mask, dropout_p)
     else:
-        output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+        output = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout_p
+        )  # (B, H, T, d_v)
         weights = None
 
     if row_has_key is not None:

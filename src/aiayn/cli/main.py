@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every sub-command registered."""
     parser = argparse.ArgumentParser(
         prog="aiayn",
-        description="The Transformer of 'Attention Is All You Need': build, train, decode, inspect.",
+        description="The Transformer of 'Attention Is All You Need': "
+        "build, train, decode, inspect.",
     )
     parser.add_argument("--version", action="version", version=f"aiayn {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

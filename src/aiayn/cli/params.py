@@ -6,7 +6,12 @@ import argparse
 from typing import Any
 
 from aiayn.config import PRESETS, preset
-from aiayn.models import Transformer, count_parameters, expected_parameter_count, parameter_breakdown
+from aiayn.models import (
+    Transformer,
+    count_parameters,
+    expected_parameter_count,
+    parameter_breakdown,
+)
 
 # Table 3 of the paper, for comparison.
 PAPER_COUNTS = {"base": 65_000_000, "big": 213_000_000}
@@ -46,5 +51,6 @@ def run(args: argparse.Namespace) -> int:
     assert total == expected_parameter_count(config), "closed-form count disagrees with the model"
     if args.preset in PAPER_COUNTS:
         paper = PAPER_COUNTS[args.preset]
-        print(f"  paper (Table 3)            {paper / 1e6:.0f}M; difference {100 * (total - paper) / paper:+.1f}%")
+        diff = 100 * (total - paper) / paper
+        print(f"  {'paper (Table 3)':<26} {paper / 1e6:.0f}M; difference {diff:+.1f}%")
     return 0

@@ -49,8 +49,9 @@ class EncoderLayer(nn.Module):
         c = config
         self.self_attn = SelfAttention(c.d_model, c.num_heads, dropout=c.attention_dropout)
         self.feed_forward = FeedForward(c.d_model, c.d_ff, c.activation)
-        self.attn_sublayer = SublayerConnection(c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
-        self.ff_sublayer = SublayerConnection(c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
+        sub = (c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
+        self.attn_sublayer = SublayerConnection(*sub)
+        self.ff_sublayer = SublayerConnection(*sub)
 
     def forward(
         self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False

@@ -146,8 +146,9 @@ class Decoder(nn.Module):
             x = out.output  # (B, T, D)
             new_cache.append(out.cache)
             if self_w is not None and cross_w is not None:
-                self_w.append(out.self_weights)  # type: ignore[arg-type]
-                cross_w.append(out.cross_weights)  # type: ignore[arg-type]
+                assert out.self_weights is not None and out.cross_weights is not None
+                self_w.append(out.self_weights)
+                cross_w.append(out.cross_weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return DecoderOutput(x, new_cache, self_w, cross_w)

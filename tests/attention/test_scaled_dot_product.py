@@ -1,0 +1,60 @@
+"""Scaled dot-product attention (eq. 1): formula, the two paths agree, fully masked rows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from aiayn.attention import causal_mask, combine_masks, lengths_mask, scaled_dot_product_attention
+
+
+def test_matches_the_formula_by_hand() -> None:
+    # one query, two keys: scores [3, 2]·√4/√4 -> softmax (0.7311, 0.2689)
+    q = torch.tensor([[[[3.0, 0.0, 0.0, 0.0]]]]) * 2  # scaled by √d_k = 2 below
+    k = torch.tensor([[[[1.0, 0, 0, 0], [2 / 3, 0, 0, 0]]]])
+    v = torch.tensor([[[[1.0, 0, 0, 0], [0.0, 1, 0, 0]]]])
+    out, w = scaled_dot_product_attention(q, k, v, need_weights=True)
+    assert w is not None
+    e = math.exp(1.0)
+    torch.testing.assert_close(w[0, 0, 0], torch.tensor([e / (e + 1), 1 / (e + 1)]))
+    torch.testing.assert_close(out[0, 0, 0, :2], torch.tensor([e / (e + 1), 1 / (e + 1)]))
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_explicit_and_fast_paths_agree(masked: bool) -> None:
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8)
+    mask = lengths_mask(torch.tensor([7, 4]), 7) if masked else None
+    fast, none = scaled_dot_product_attention(q, k, v, mask)
+    explicit, w = scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+    assert none is None and w is not None
+    torch.testing.assert_close(fast, explicit, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 5))
+    if masked:
+        assert torch.all(w[1, :, :, 4:] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_fully_masked_row_gives_zeros_not_nan(dtype: torch.dtype, need_weights: bool) -> None:
+    q = torch.randn(2, 2, 4, 8, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 2, 4, 8, dtype=dtype, requires_grad=True)
+    v = torch.randn(2, 2, 4, 8, dtype=dtype, requires_grad=True)
+    # batch row 1 has no real key at all; combined with causality
+    mask = combine_masks(lengths_mask(torch.tensor([4, 0]), 4), causal_mask(4))
+    out, w = scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights)
+    assert torch.isfinite(out).all()
+    assert torch.all(out[1] == 0)
+    assert torch.isfinite(out[0]).all() and out[0].abs().sum() > 0
+    if need_weights:
+        assert w is not None and torch.all(w[1] == 0)
+    out.float().sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and torch.isfinite(t.grad).all()
+
+
+def test_non_boolean_mask_is_rejected() -> None:
+    q = torch.randn(1, 1, 2, 4)
+    with pytest.raises(TypeError, match="boolean"):
+        scaled_dot_product_attention(q, q, q, torch.zeros(1, 1, 2, 2))

@@ -1,0 +1,39 @@
+"""The aiayn command: help, python -m, params output, clear errors without tracebacks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from aiayn.cli.main import main
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aiayn", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_help_via_python_m() -> None:
+    result = _run("--help")
+    assert result.returncode == 0
+    for command in ("explain", "params"):
+        assert command in result.stdout
+
+
+def test_params_base_and_big(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["params", "--preset", "base", "--vocab-size", "37000"]) == 0
+    out = capsys.readouterr().out
+    assert "63,082,496" in out and "(63.1M)" in out and "-3.0%" in out
+    assert "encoder feed-forward" in out and "decoder cross-attention" in out
+    assert main(["params", "--preset", "big", "--vocab-size", "37000"]) == 0
+    assert "(214.2M)" in capsys.readouterr().out
+
+
+def test_bad_input_is_a_clear_error_without_traceback() -> None:
+    result = _run("params", "--preset", "tiny", "--vocab-size", "-5")
+    assert result.returncode == 2
+    assert "error: vocab_size must be positive, got -5" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,47 @@
+"""Parameter counts: closed form equals the model; base/big within 4% of Table 3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn.config import preset
+from aiayn.models import (
+    Transformer,
+    count_parameters,
+    expected_parameter_count,
+    parameter_breakdown,
+)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"norm_first": True},
+        {"share_embeddings": False, "tie_output": False, "tgt_vocab_size": 77},
+        {"share_embeddings": False, "tie_output": True},
+        {"positional": "learned"},
+    ],
+)
+def test_closed_form_equals_model(changes: dict[str, object]) -> None:
+    config = preset("tiny", vocab_size=91).replace(**changes)
+    model = Transformer(config)
+    assert count_parameters(model) == expected_parameter_count(config)
+    assert sum(parameter_breakdown(model).values()) == count_parameters(model)
+
+
+def test_hand_count_of_one_tiny_model() -> None:
+    # D=8, F=16, V=10, 1+1 layers, tied: attention 4·(64+8)=288, ffn 2·8·16+16+8=280, norm 16
+    config = preset("tiny", vocab_size=10, d_model=8, d_ff=16, num_heads=2,
+                    num_encoder_layers=1, num_decoder_layers=1)
+    encoder = 288 + 280 + 2 * 16
+    decoder = 2 * 288 + 280 + 3 * 16
+    assert count_parameters(Transformer(config)) == encoder + decoder + 10 * 8
+
+
+@pytest.mark.parametrize(("name", "paper"), [("base", 65e6), ("big", 213e6)])
+def test_base_and_big_are_close_to_table_3(name: str, paper: float) -> None:
+    with torch.device("meta"):
+        model = Transformer(preset(name, vocab_size=37000))
+    assert abs(count_parameters(model) - paper) / paper < 0.04
