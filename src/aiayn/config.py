@@ -66,7 +66,7 @@ class TransformerConfig:
     pad_id: int = 0
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_field_types(self)
         positive = ("vocab_size", "d_model", "d_ff", "num_heads", "max_len")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -138,8 +138,8 @@ class TransformerConfig:
         return cls(**values)
 
 
-def _check_types(config: TransformerConfig) -> None:
-    """Reject values of the wrong type (e.g. a string for d_model, a bool for an int)."""
+def check_field_types(config: Any) -> None:
+    """Reject dataclass field values of the wrong type (a string for d_model, a bool for an int)."""
     hints = typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
         if not f.init:
@@ -161,6 +161,10 @@ def _is_instance(value: Any, hint: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
+    if origin is tuple:
+        return isinstance(value, tuple) and all(
+            _is_instance(v, a) for v, a in zip(value, typing.get_args(hint), strict=False)
+        )
     return isinstance(value, hint)
 
 
@@ -171,13 +175,23 @@ PRESETS: dict[str, TransformerConfig] = {
     "big": TransformerConfig(d_model=1024, d_ff=4096, num_heads=16, dropout=0.3),
     # CPU-sized: the width of the Multi30k reference peer (d_model 256, 4 heads, d_ff 1024, 3+3).
     "small": TransformerConfig(
-        vocab_size=8000, d_model=256, d_ff=1024, num_heads=4, num_encoder_layers=3,
-        num_decoder_layers=3, max_len=512,
+        vocab_size=8000,
+        d_model=256,
+        d_ff=1024,
+        num_heads=4,
+        num_encoder_layers=3,
+        num_decoder_layers=3,
+        max_len=512,
     ),
     # For tests and demonstrations in seconds.
     "tiny": TransformerConfig(
-        vocab_size=1000, d_model=64, d_ff=256, num_heads=4, num_encoder_layers=2,
-        num_decoder_layers=2, max_len=256,
+        vocab_size=1000,
+        d_model=64,
+        d_ff=256,
+        num_heads=4,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        max_len=256,
     ),
 }
 

@@ -81,7 +81,9 @@ def test_combined_padding_and_causal() -> None:
     pad = lengths_mask(torch.tensor([6, 4]), 6)
     mask = combine_masks(pad, causal_mask(6))
     want, _ = ref(
-        x, x, x,
+        x,
+        x,
+        x,
         key_padding_mask=~pad[:, 0, 0],
         attn_mask=_torch_causal(6),
     )

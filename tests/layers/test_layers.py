@@ -114,7 +114,8 @@ def test_decoder_layer_matches_torch(norm_first: bool) -> None:
     src_mask = lengths_mask(torch.tensor([9, 4]), 9)
     got = ours(x, memory, causal_mask(6), src_mask).output
     want = ref(
-        x, memory,
+        x,
+        memory,
         tgt_mask=torch.ones(6, 6, dtype=torch.bool).triu(1),  # torch: True = blocked
         memory_key_padding_mask=~src_mask[:, 0, 0],
     )

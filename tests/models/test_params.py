@@ -33,8 +33,15 @@ def test_closed_form_equals_model(changes: dict[str, object]) -> None:
 
 def test_hand_count_of_one_tiny_model() -> None:
     # D=8, F=16, V=10, 1+1 layers, tied: attention 4·(64+8)=288, ffn 2·8·16+16+8=280, norm 16
-    config = preset("tiny", vocab_size=10, d_model=8, d_ff=16, num_heads=2,
-                    num_encoder_layers=1, num_decoder_layers=1)
+    config = preset(
+        "tiny",
+        vocab_size=10,
+        d_model=8,
+        d_ff=16,
+        num_heads=2,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    )
     encoder = 288 + 280 + 2 * 16
     decoder = 2 * 288 + 280 + 3 * 16
     assert count_parameters(Transformer(config)) == encoder + decoder + 10 * 8

@@ -62,11 +62,13 @@ def test_incremental_decoding_equals_full_forward(
     memory = model.encode(src).memory
     cache = None
     for t in range(6):
-        out = model.decode(tgt[:, t : t + 1], memory if t == 0 else None, src_mask,
-                           cache=cache, offset=t)
+        out = model.decode(
+            tgt[:, t : t + 1], memory if t == 0 else None, src_mask, cache=cache, offset=t
+        )
         cache = out.cache
-        torch.testing.assert_close(model.log_probs(out.hidden)[:, 0], full[:, t],
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            model.log_probs(out.hidden)[:, 0], full[:, t], atol=1e-5, rtol=1e-5
+        )
 
 
 @given(data=st.data())

@@ -195,9 +195,9 @@ class SelfAttention(MultiHeadAttention):
         need_weights: bool = False,
     ) -> AttentionOutput:
         """Args:
-            x: (B, T, D).
-            mask: broadcastable to (B, H, T, L + T); True = may attend.
-            cache: keys/values (B, H, L, d_k) of earlier positions, or None.
+        x: (B, T, D).
+        mask: broadcastable to (B, H, T, L + T); True = may attend.
+        cache: keys/values (B, H, L, d_k) of earlier positions, or None.
         """
         query, kv = self.project_qkv(x)  # (B, H, T, d_k), 2 × (B, H, T, d_k)
         if cache is not None:
@@ -222,10 +222,10 @@ class CrossAttention(MultiHeadAttention):
         need_weights: bool = False,
     ) -> AttentionOutput:
         """Args:
-            x: (B, T, D) decoder states.
-            memory: (B, S, D) encoder output; may be None when ``cache`` is given.
-            mask: broadcastable to (B, H, T, S), usually the source padding mask.
-            cache: keys/values of the memory from an earlier step.
+        x: (B, T, D) decoder states.
+        memory: (B, S, D) encoder output; may be None when ``cache`` is given.
+        mask: broadcastable to (B, H, T, S), usually the source padding mask.
+        cache: keys/values of the memory from an earlier step.
         """
         if cache is None:
             if memory is None:

@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 
 from aiayn import __version__
-from aiayn.cli import explain, params
+from aiayn.cli import average, explain, params, train
 from aiayn.errors import UserError
 
-COMMANDS = (explain, params)
+COMMANDS = (train, average, explain, params)
 
 
 def build_parser() -> argparse.ArgumentParser:

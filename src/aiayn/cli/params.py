@@ -26,7 +26,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--preset", default="base", choices=sorted(PRESETS), help="model preset")
     p.add_argument(
-        "--vocab-size", type=int, default=37000,
+        "--vocab-size",
+        type=int,
+        default=37000,
         help="shared source/target vocabulary (the paper's WMT EN-DE BPE: 37000)",
     )
     p.set_defaults(func=run)

@@ -123,11 +123,11 @@ class DecoderLayer(nn.Module):
         need_weights: bool = False,
     ) -> DecoderLayerOutput:
         """Args:
-            x: (B, T, D) decoder states of the T new positions.
-            memory: (B, S, D) encoder output (may be None when ``cache`` holds its keys/values).
-            self_mask: broadcastable to (B, H, T, L + T): causal (and target padding).
-            memory_mask: broadcastable to (B, H, T, S): source padding.
-            cache: state from earlier steps, or None for a full (training) pass.
+        x: (B, T, D) decoder states of the T new positions.
+        memory: (B, S, D) encoder output (may be None when ``cache`` holds its keys/values).
+        self_mask: broadcastable to (B, H, T, L + T): causal (and target padding).
+        memory_mask: broadcastable to (B, H, T, S): source padding.
+        cache: state from earlier steps, or None for a full (training) pass.
         """
         self_cache = None if cache is None else cache.self_attn
         cross_cache = None if cache is None else cache.cross_attn
@@ -136,7 +136,10 @@ class DecoderLayer(nn.Module):
         )
         x = self.self_sublayer.after(x, sa.output)
         ca = self.cross_attn(
-            self.cross_sublayer.before(x), memory, memory_mask, cache=cross_cache,
+            self.cross_sublayer.before(x),
+            memory,
+            memory_mask,
+            cache=cross_cache,
             need_weights=need_weights,
         )
         x = self.cross_sublayer.after(x, ca.output)

@@ -83,8 +83,8 @@ class Encoder(nn.Module):
         self, src: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False
     ) -> EncoderOutput:
         """Args:
-            src: (B, S) source token ids.
-            src_mask: (B, 1, 1, S) source padding mask, True = real token.
+        src: (B, S) source token ids.
+        src_mask: (B, 1, 1, S) source padding mask, True = real token.
         """
         x = self.dropout(self.positional(self.embedding(src)))  # (B, S, D)
         weights: list[Tensor] | None = [] if need_weights else None
@@ -127,12 +127,12 @@ class Decoder(nn.Module):
         need_weights: bool = False,
     ) -> DecoderOutput:
         """Args:
-            tgt: (B, T) target token ids at positions ``offset .. offset + T - 1``.
-            memory: (B, S, D) encoder output (None allowed when ``cache`` is given).
-            self_mask: broadcastable to (B, H, T, offset + T), True = may attend.
-            memory_mask: (B, 1, 1, S) source padding mask.
-            cache: per-layer state from the previous call, or None.
-            offset: position of ``tgt[:, 0]``; equals the cached length L.
+        tgt: (B, T) target token ids at positions ``offset .. offset + T - 1``.
+        memory: (B, S, D) encoder output (None allowed when ``cache`` is given).
+        self_mask: broadcastable to (B, H, T, offset + T), True = may attend.
+        memory_mask: (B, 1, 1, S) source padding mask.
+        cache: per-layer state from the previous call, or None.
+        offset: position of ``tgt[:, 0]``; equals the cached length L.
         """
         x = self.dropout(self.positional(self.embedding(tgt), offset))  # (B, T, D)
         new_cache: list[DecoderLayerCache] = []
@@ -140,8 +140,12 @@ class Decoder(nn.Module):
         cross_w: list[Tensor] | None = [] if need_weights else None
         for i, layer in enumerate(self.layers):
             out = layer(
-                x, memory, self_mask, memory_mask,
-                cache=None if cache is None else cache[i], need_weights=need_weights,
+                x,
+                memory,
+                self_mask,
+                memory_mask,
+                cache=None if cache is None else cache[i],
+                need_weights=need_weights,
             )
             x = out.output  # (B, T, D)
             new_cache.append(out.cache)
@@ -220,8 +224,13 @@ class Transformer(nn.Module):
             offset: number of target positions already in ``cache``.
         """
         return self.decoder(
-            tgt, memory, self.target_mask(tgt, offset), src_mask,
-            cache=cache, offset=offset, need_weights=need_weights,
+            tgt,
+            memory,
+            self.target_mask(tgt, offset),
+            src_mask,
+            cache=cache,
+            offset=offset,
+            need_weights=need_weights,
         )
 
     def log_probs(self, hidden: Tensor) -> Tensor:

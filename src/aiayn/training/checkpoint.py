@@ -1,0 +1,215 @@
+"""Checkpoints: weights as safetensors, optimizer moments as safetensors, the rest as JSON.
+
+A checkpoint is a self-contained folder (``aiayn translate --checkpoint DIR`` needs nothing else)::
+
+    step_00001000/
+        model.safetensors       the weights (tied tensors stored once)
+        optimizer.safetensors   Adam's moments, per parameter index
+        state.json              run config, model config, step, data position, optimizer
+                                hyper-parameters, RNG states, metrics
+        tokenizer.json          the joint BPE vocabulary
+
+It is written into ``NAME.tmp`` and renamed into place, so a crash never leaves half a checkpoint.
+Averaging (§6.1) takes the element-wise mean of the weights of several checkpoints.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
+
+from aiayn.config import TransformerConfig
+from aiayn.errors import UserError
+from aiayn.models import Transformer
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+STATE_FILE = "state.json"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint: the model (eval mode), its config and the JSON state."""
+
+    path: Path
+    model: Transformer
+    config: TransformerConfig
+    state: dict[str, Any]
+
+    @property
+    def tokenizer_path(self) -> Path:
+        """The tokenizer file saved with the checkpoint."""
+        return self.path / TOKENIZER_FILE
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch (CPU and CUDA) random states, JSON-serialisable."""
+    state: dict[str, Any] = {
+        "python": _b64(repr(random.getstate()).encode()),
+        "numpy": _b64(json.dumps(_np_state()).encode()),
+        "torch": _b64(torch.get_rng_state().numpy().tobytes()),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [_b64(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` saved."""
+    import ast
+
+    random.setstate(ast.literal_eval(_unb64(state["python"]).decode()))
+    np_state = json.loads(_unb64(state["numpy"]).decode())
+    np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
+    torch.set_rng_state(torch.frombuffer(bytearray(_unb64(state["torch"])), dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(
+            [torch.frombuffer(bytearray(_unb64(s)), dtype=torch.uint8) for s in state["cuda"]]
+        )
+
+
+def save_checkpoint(
+    path: Path,
+    model: Transformer,
+    state: dict[str, Any],
+    tokenizer_file: Path,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> Path:
+    """Write a checkpoint folder atomically (temporary folder, then rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_model(model, str(tmp / MODEL_FILE))
+    full_state = {**state, "model_config": model.config.to_dict()}
+    if optimizer is not None:
+        tensors, meta = _optimizer_to_flat(optimizer)
+        save_file(tensors, str(tmp / OPTIMIZER_FILE))
+        full_state["optimizer"] = meta
+    (tmp / STATE_FILE).write_text(json.dumps(full_state, indent=1), encoding="utf-8")
+    shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
+    if path.exists():
+        old = path.with_name(path.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(path)
+    return path
+
+
+def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Load a checkpoint folder (or a run folder: its latest checkpoint) into a model."""
+    folder = resolve_checkpoint(path)
+    try:
+        state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+        config = TransformerConfig.from_dict(state["model_config"])
+    except (OSError, ValueError, KeyError) as error:
+        raise UserError(f"{folder}: not a readable aiayn checkpoint ({error})") from None
+    model = Transformer(config)
+    load_model(model, str(folder / MODEL_FILE), device=str(map_location))
+    return Checkpoint(folder, model.to(map_location).eval(), config, state)
+
+
+def load_optimizer(path: Path, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Restore the optimizer saved by :func:`save_checkpoint` into ``optimizer``."""
+    flat = load_file(str(path / OPTIMIZER_FILE))
+    meta = state["optimizer"]
+    per_param: dict[int, dict[str, torch.Tensor]] = {}
+    for key, tensor in flat.items():
+        index, name = key.split(".", 1)
+        per_param.setdefault(int(index), {})[name] = tensor
+    optimizer.load_state_dict({"state": per_param, "param_groups": meta["param_groups"]})
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder itself, or the latest ``checkpoints/step_*`` of a run folder."""
+    folder = Path(path)
+    if (folder / STATE_FILE).is_file():
+        return folder
+    steps = list_checkpoints(folder)
+    if steps:
+        return steps[-1]
+    raise UserError(f"no checkpoint found at {folder} (expected {STATE_FILE} or checkpoints/)")
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """A run's ``checkpoints/step_*`` folders, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(
+        p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith((".tmp", ".old"))
+    )
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` step checkpoints (``best`` is elsewhere)."""
+    for old in list_checkpoints(run_dir)[:-keep_last]:
+        shutil.rmtree(old)
+
+
+def average_checkpoints(paths: list[Path], out: Path) -> Path:
+    """Average the parameters of ``paths`` into a new checkpoint at ``out`` (§6.1).
+
+    Tied weights stay tied: the averaged tensors are loaded into a freshly built (tied) model.
+    The state, tokenizer and config are taken from the newest checkpoint.
+    """
+    if not paths:
+        raise UserError("no checkpoints to average")
+    newest = load_checkpoint(paths[-1])
+    total: dict[str, torch.Tensor] = {}
+    for path in paths:
+        other = load_checkpoint(path)
+        if other.config != newest.config:
+            raise UserError(f"{path} has a different model config from {paths[-1]}")
+        for name, tensor in other.model.state_dict().items():
+            total[name] = tensor.double() + total[name] if name in total else tensor.double()
+    averaged = {name: (t / len(paths)).float() for name, t in total.items()}
+    model = newest.model
+    model.load_state_dict(averaged)
+    state = {**newest.state, "averaged_from": [str(p) for p in paths]}
+    state.pop("optimizer", None)
+    return save_checkpoint(out, model, state, newest.tokenizer_path)
+
+
+def _optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], Any]:
+    sd = optimizer.state_dict()
+    tensors = {
+        f"{index}.{name}": value.detach().contiguous().cpu()
+        for index, per_param in sd["state"].items()
+        for name, value in per_param.items()
+        if isinstance(value, torch.Tensor)
+    }
+    return tensors, {"param_groups": sd["param_groups"]}
+
+
+def _np_state() -> list[Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    return [name, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)]
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a small text file atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
