@@ -14,7 +14,7 @@ $(BIN)/aiayn: pyproject.toml constraints.txt
 install: $(BIN)/aiayn
 
 demo: install
-	$(BIN)/aiayn explain
+	$(BIN)/aiayn train
 
 test: install
 	$(BIN)/ruff check src tests benchmarks

@@ -18,8 +18,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from aiayn.data import (
+    Batch,
     ParallelDataset,
     TokenBatchSampler,
     Tokenizer,
@@ -28,7 +30,7 @@ from aiayn.data import (
     read_parallel,
 )
 from aiayn.decoding import encoder_decoder_step, greedy_search
-from aiayn.evaluation import corpus_bleu
+from aiayn.evaluation import corpus_bleu, corpus_chrf
 from aiayn.models import Transformer, count_parameters
 from aiayn.training.checkpoint import (
     average_checkpoints,
@@ -309,10 +311,12 @@ class Trainer:
         self.batch_index += len(chunk)
         return chunk
 
-    def train_step(self, micro: list[list[int]]) -> StepStats:
-        """One optimizer step over the micro-batches; loss normalised by all their tokens."""
-        self.model.train()
-        batches = [self.data.train.collate(ids).to(self.device, non_blocking=True) for ids in micro]
+    def accumulate_gradients(self, batches: list[Batch]) -> tuple[Tensor, Tensor, int]:
+        """Backward over micro-batches, each loss divided by the target tokens of them all.
+
+        So the gradient is that of the whole effective batch's mean loss, however it is split.
+        Returns the (loss sum, NLL sum, target tokens) of the effective batch.
+        """
         total_tokens = sum(b.num_tgt_tokens for b in batches)  # the whole effective batch
         eps = self.model_config.label_smoothing
         loss_sum = torch.zeros((), device=self.device)
@@ -328,6 +332,13 @@ class Trainer:
             (sums.loss / total_tokens).backward()
             loss_sum += sums.loss.detach()
             nll_sum += sums.nll
+        return loss_sum, nll_sum, total_tokens
+
+    def train_step(self, micro: list[list[int]]) -> StepStats:
+        """One optimizer step over the micro-batches (gradient accumulation), eq. (3) lr."""
+        self.model.train()
+        batches = [self.data.train.collate(ids).to(self.device, non_blocking=True) for ids in micro]
+        loss_sum, nll_sum, total_tokens = self.accumulate_gradients(batches)
         if self.cfg.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
         self.step += 1
@@ -499,8 +510,22 @@ class Trainer:
                 f"BLEU {result.averaged_valid['bleu']:.2f}"
                 f" (last checkpoint: {last_valid['bleu']:.2f})"
             )
+        if self.data.test_pairs:
+            result.test_bleu = self.score_test_set()
         plot_curves(self.history, self.run_dir / "curves.png")
         return result
+
+    def score_test_set(self) -> float:
+        """Greedy-translate the test set with the current weights; write and score it."""
+        sources = [s for s, _ in self.data.test_pairs]
+        references = [t for _, t in self.data.test_pairs]
+        hyps = translate_texts(self.model, self.data.tokenizer, sources)
+        (self.run_dir / "test.hyp.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+        bleu, chrf = corpus_bleu(hyps, references), corpus_chrf(hyps, references)
+        self._record({"kind": "test", "step": self.step, "bleu": bleu.score, "chrf": chrf.score,
+                      "signature": bleu.signature})
+        log(f"test: {bleu}\ntest: {chrf}")
+        return bleu.score
 
 
 def train(run: RunConfig, *, resume: bool = False) -> TrainResult:

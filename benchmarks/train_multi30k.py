@@ -1,0 +1,106 @@
+"""Benchmark: train `multi30k_small` for a wall-clock budget, report test_2016_flickr BLEU.
+
+    python benchmarks/train_multi30k.py --data-dir ../shared/data/multi30k --minutes 60
+
+Reports detokenized, cased sacreBLEU (greedy) of the last checkpoint and of the average of the
+last 5, the wall time and target tokens/s, next to the peer's figure: a plain
+torch.nn.Transformer of the same size (d_model 256, 4 heads, d_ff 1024, 3+3 layers, shared 8k
+BPE, the paper's recipe with warmup 4000) trained 60 minutes on a 2-core CPU: 34.6 BLEU greedy.
+Writes benchmarks/results/multi30k_small.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from aiayn.data import Tokenizer
+from aiayn.evaluation import corpus_bleu, corpus_chrf
+from aiayn.training.checkpoint import load_checkpoint
+from aiayn.training.config import load_run_config
+from aiayn.training.trainer import train, translate_texts
+
+PEER_BLEU = 34.6  # torch.nn.Transformer, same size, 60 min on this 2-core CPU (issue #3)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    """Train, score, and write the results table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", required=True, help="folder with the Multi30k .gz files")
+    parser.add_argument("--minutes", type=float, default=60.0, help="training wall-clock budget")
+    parser.add_argument("--run-dir", default="runs/bench_multi30k_small")
+    parser.add_argument("--config", default=str(ROOT / "configs" / "multi30k_small.yaml"))
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+
+    d = Path(args.data_dir)
+    overrides = [
+        f"run_dir={args.run_dir}",
+        f"train.max_minutes={args.minutes}",
+        f"data.train_src={d / 'train.en.gz'}",
+        f"data.train_tgt={d / 'train.de.gz'}",
+        f"data.valid_src={d / 'val.en.gz'}",
+        f"data.valid_tgt={d / 'val.de.gz'}",
+        f"data.test_src={d / 'test_2016_flickr.en.gz'}",
+        f"data.test_tgt={d / 'test_2016_flickr.de.gz'}",
+        *args.overrides,
+    ]
+    config = load_run_config(args.config, overrides)
+    started = time.perf_counter()
+    result = train(config)
+    wall = time.perf_counter() - started
+
+    from aiayn.data import read_parallel
+
+    test = read_parallel(d / "test_2016_flickr.en.gz", d / "test_2016_flickr.de.gz")
+    sources, refs = [s for s, _ in test], [t for _, t in test]
+    rows = {}
+    for label, path in (
+        ("last checkpoint", result.final_checkpoint),
+        ("average of last 5", result.averaged_checkpoint),
+    ):
+        if path is None:
+            continue
+        ckpt = load_checkpoint(path)
+        hyps = translate_texts(ckpt.model, Tokenizer.load(ckpt.tokenizer_path), sources)
+        rows[label] = {"bleu": corpus_bleu(hyps, refs).score, "chrf": corpus_chrf(hyps, refs).score}
+    metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
+    rates = [m["tgt_tokens_per_s"] for m in metrics if m["kind"] == "train"]
+    report = {
+        "command": f"python benchmarks/train_multi30k.py --data-dir {args.data_dir} "
+        f"--minutes {args.minutes:g}",
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
+        "torch": torch.__version__,
+        "training_minutes": result.minutes,
+        "wall_minutes_incl_data_and_eval": wall / 60,
+        "steps": result.steps,
+        "median_tgt_tokens_per_s": sorted(rates)[len(rates) // 2] if rates else None,
+        "test_2016_flickr_greedy": rows,
+        "signature": corpus_bleu(["a"], ["a"]).signature,
+        "peer_bleu_greedy": PEER_BLEU,
+    }
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "multi30k_small.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [
+        "| model | BLEU (greedy) | chrF | vs. peer 34.6 |",
+        "|---|---|---|---|",
+        *(
+            f"| aiayn small, {k} | {v['bleu']:.1f} | {v['chrf']:.1f} | "
+            f"{v['bleu'] - PEER_BLEU:+.1f} |"
+            for k, v in rows.items()
+        ),
+    ]
+    (out / "multi30k_small.md").write_text("\n".join(lines) + "\n")
+    print(json.dumps(report, indent=2))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Label smoothing and the eq. (3) schedule: hand-checked numbers and torch parity."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn.training import label_smoothed_nll, transformer_lr
+
+
+def test_label_smoothing_by_hand() -> None:
+    # p = (0.5, 0.25, 0.25), gold y = 0, ε = 0.1, V = 3:
+    # loss = 0.9·log 2 + (0.1/3)·(log 2 + 2·log 4) = 0.739347...
+    log_probs = torch.tensor([[[0.5, 0.25, 0.25]]]).log()
+    sums = label_smoothed_nll(log_probs, torch.tensor([[0]]), 0.1, pad_id=99)
+    assert sums.loss.item() == pytest.approx(0.9 * math.log(2) + 0.1 / 3 * 5 * math.log(2))
+    assert sums.nll.item() == pytest.approx(math.log(2))
+    assert sums.tokens.item() == 1
+
+
+def test_label_smoothing_equals_torch_cross_entropy_and_skips_padding() -> None:
+    logits = torch.randn(3, 5, 11)
+    target = torch.randint(1, 11, (3, 5))
+    target[1, 3:] = 0
+    target[2, 1:] = 0
+    sums = label_smoothed_nll(logits.log_softmax(-1), target, 0.1, pad_id=0)
+    want = F.cross_entropy(
+        logits.reshape(-1, 11),
+        target.reshape(-1),
+        label_smoothing=0.1,
+        ignore_index=0,
+        reduction="sum",
+    )
+    torch.testing.assert_close(sums.loss, want)
+    assert sums.tokens.item() == 15 - 2 - 4
+    with pytest.raises(ValueError, match="epsilon"):
+        label_smoothed_nll(logits.log_softmax(-1), target, 1.0, pad_id=0)
+
+
+def test_schedule_hand_values() -> None:
+    # base: d_model = 512, warmup = 4000
+    assert transformer_lr(1, 512, 4000) == pytest.approx(512**-0.5 * 4000**-1.5)
+    assert transformer_lr(4000, 512, 4000) == pytest.approx(6.987712e-4, rel=1e-6)  # the peak
+    assert transformer_lr(16000, 512, 4000) == pytest.approx(6.987712e-4 / 2, rel=1e-6)
+    assert transformer_lr(100, 512, 4000, scale=2.0) == pytest.approx(
+        2 * transformer_lr(100, 512, 4000)
+    )
+    lrs = [transformer_lr(s, 512, 4000) for s in range(1, 20000, 97)]
+    peak = max(range(len(lrs)), key=lrs.__getitem__)
+    assert lrs[:peak] == sorted(lrs[:peak]) and lrs[peak:] == sorted(lrs[peak:], reverse=True)
+    with pytest.raises(ValueError, match="1-based"):
+        transformer_lr(0, 512, 4000)
