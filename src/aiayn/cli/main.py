@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 
 from aiayn import __version__
-from aiayn.cli import average, explain, params, train
+from aiayn.cli import attention, average, evaluate, experiment, explain, params, train, translate
 from aiayn.errors import UserError
 
-COMMANDS = (train, average, explain, params)
+COMMANDS = (train, translate, evaluate, average, attention, experiment, explain, params)
 
 
 def build_parser() -> argparse.ArgumentParser:
