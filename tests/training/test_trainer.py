@@ -8,9 +8,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from aiayn.decoding.translate import translate_texts
 from aiayn.training.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.training.config import RunConfig
-from aiayn.training.trainer import Trainer, translate_texts
+from aiayn.training.trainer import Trainer
 
 MakeRun = Callable[..., RunConfig]
 Task = Callable[..., Path]

@@ -42,8 +42,9 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Train, then print the result (and demo translations for the built-in demo)."""
+    from aiayn.decoding.translate import translate_texts
     from aiayn.training.config import load_run_config
-    from aiayn.training.trainer import train, translate_texts
+    from aiayn.training.trainer import train
 
     overrides = list(args.overrides)
     if args.run_dir:

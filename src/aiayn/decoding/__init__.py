@@ -1,17 +1,19 @@
 """Decoding: searches written against one step function (tokens, state) -> (log-probs, state)."""
 
-from aiayn.decoding.step import (
-    DecoderState,
-    Seq2SeqState,
-    StepFunction,
-    encoder_decoder_step,
-    greedy_search,
-)
+from aiayn.decoding.beam import Hypothesis, beam_search, gnmt_length_penalty
+from aiayn.decoding.greedy import greedy_search
+from aiayn.decoding.sampling import filter_logits, sample
+from aiayn.decoding.step import DecoderState, Seq2SeqState, StepFunction, encoder_decoder_step
 
 __all__ = [
     "DecoderState",
+    "Hypothesis",
     "Seq2SeqState",
     "StepFunction",
+    "beam_search",
     "encoder_decoder_step",
+    "filter_logits",
+    "gnmt_length_penalty",
     "greedy_search",
+    "sample",
 ]

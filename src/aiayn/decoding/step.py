@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from aiayn.data.tokenizer import BOS_ID
 from aiayn.layers import DecoderLayerCache
 from aiayn.models.transformer import Transformer
 
@@ -64,8 +65,15 @@ class Seq2SeqState:
         )
 
 
-def encoder_decoder_step(model: Transformer, src: Tensor) -> tuple[StepFunction, Seq2SeqState]:
-    """Encode ``src`` (B, S) once and return the step function and its initial state."""
+def encoder_decoder_step(
+    model: Transformer, src: Tensor, *, banned: tuple[int, ...] | None = None
+) -> tuple[StepFunction, Seq2SeqState]:
+    """Encode ``src`` (B, S) once and return the step function and its initial state.
+
+    The step's log-probabilities are the model's own, except for the ``banned`` tokens (default:
+    PAD and BOS, which are never outputs), set to −inf without renormalising the rest.
+    """
+    banned = (model.config.pad_id, BOS_ID) if banned is None else banned
     src_mask = model.source_mask(src)  # (B, 1, 1, S)
     memory = model.encoder(src, src_mask).memory  # (B, S, D)
 
@@ -75,47 +83,8 @@ def encoder_decoder_step(model: Transformer, src: Tensor) -> tuple[StepFunction,
             tokens, state.memory, state.src_mask, cache=state.cache, offset=state.offset
         )
         log_probs = model.log_probs(out.hidden[:, -1])  # (B, D) -> (B, V)
+        if banned:
+            log_probs[:, list(banned)] = -torch.inf
         return log_probs, Seq2SeqState(state.src_mask, None, out.cache, state.offset + 1)
 
     return step, Seq2SeqState(src_mask, memory, None, 0)
-
-
-@torch.no_grad()
-def greedy_search(
-    step: StepFunction,
-    state: DecoderState,
-    *,
-    bos_id: int,
-    eos_id: int,
-    max_len: Tensor | int,
-    batch_size: int,
-    device: torch.device | str = "cpu",
-) -> list[list[int]]:
-    """Greedy decoding: at each step take the most probable token, until EOS or ``max_len``.
-
-    Args:
-        step, state: from e.g. :func:`encoder_decoder_step`.
-        max_len: per-sentence (B,) or global maximum number of output tokens (EOS excluded).
-        batch_size: B.
-
-    Returns:
-        B token lists, without BOS/EOS.
-    """
-    limit = torch.as_tensor(max_len, device=device).expand(batch_size)  # (B,)
-    tokens = torch.full((batch_size, 1), bos_id, dtype=torch.long, device=device)  # (B, 1)
-    outputs = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # (B, t)
-    finished = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
-    for t in range(int(limit.max().item()) + 1):
-        log_probs, state = step(tokens, state)  # (B, V)
-        next_token = log_probs.argmax(dim=-1)  # (B,)
-        next_token = torch.where(finished | (t >= limit), eos_id, next_token)
-        outputs = torch.cat([outputs, next_token[:, None]], dim=1)  # (B, t + 1)
-        finished |= next_token == eos_id
-        if bool(finished.all()):
-            break
-        tokens = next_token[:, None]  # (B, 1)
-    return [_cut_at_eos(row, eos_id) for row in outputs.tolist()]
-
-
-def _cut_at_eos(tokens: list[int], eos_id: int) -> list[int]:
-    return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens

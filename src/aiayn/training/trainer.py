@@ -11,7 +11,6 @@ import json
 import math
 import random
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -29,7 +28,7 @@ from aiayn.data import (
     filter_pairs,
     read_parallel,
 )
-from aiayn.decoding import encoder_decoder_step, greedy_search
+from aiayn.decoding.translate import DecodeOptions, translate_ids, translate_texts
 from aiayn.evaluation import corpus_bleu, corpus_chrf
 from aiayn.models import Transformer, count_parameters
 from aiayn.training.checkpoint import (
@@ -159,52 +158,6 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     if precision == "auto":
         return torch.bfloat16 if device.type == "cuda" else None
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-
-
-@torch.no_grad()
-def translate_ids(
-    model: Transformer,
-    sources: Sequence[Sequence[int] | np.ndarray],
-    tokenizer: Tokenizer,
-    *,
-    max_tokens: int = 4096,
-    extra_len: int = 50,
-) -> list[list[int]]:
-    """Greedy-translate encoded sentences, batched by length; results in input order.
-
-    Maximum output length = source length + ``extra_len`` (§6.1).
-    """
-    model.eval()
-    device = next(model.parameters()).device
-    lengths = np.array([len(s) for s in sources], dtype=np.int64)
-    sampler = TokenBatchSampler(lengths, lengths, max_tokens, seed=0, shuffle=False)
-    results: list[list[int]] = [[] for _ in sources]
-    for batch in sampler.batches(0):
-        rows = [[*map(int, sources[i]), tokenizer.eos_id] for i in batch]
-        width = max(len(r) for r in rows)
-        src = torch.tensor([r + [tokenizer.pad_id] * (width - len(r)) for r in rows], device=device)
-        step, state = encoder_decoder_step(model, src)  # src: (B, S)
-        max_len = torch.tensor([len(r) - 1 + extra_len for r in rows], device=device)
-        outputs = greedy_search(
-            step,
-            state,
-            bos_id=tokenizer.bos_id,
-            eos_id=tokenizer.eos_id,
-            max_len=max_len,
-            batch_size=len(rows),
-            device=device,
-        )
-        for i, out in zip(batch, outputs, strict=True):
-            results[i] = out
-    return results
-
-
-def translate_texts(model: Transformer, tokenizer: Tokenizer, texts: Sequence[str]) -> list[str]:
-    """Greedy translations of raw sentences."""
-    from aiayn.data import normalize
-
-    ids = tokenizer.encode_batch([normalize(t) for t in texts])
-    return tokenizer.decode_batch(translate_ids(model, ids, tokenizer))
 
 
 class Trainer:
@@ -378,11 +331,9 @@ class Trainer:
             )
         n = self.run.data.bleu_sentences if bleu_sentences is None else bleu_sentences
         n = len(valid) if n == 0 else min(n, len(valid))
-        hyps = self.data.tokenizer.decode_batch(
-            translate_ids(
-                self.model, valid.src[:n], self.data.tokenizer, max_tokens=self.cfg.max_tokens
-            )
-        )
+        greedy = DecodeOptions(beam_size=1, max_tokens=self.cfg.max_tokens)
+        best = translate_ids(self.model, valid.src[:n], self.data.tokenizer, greedy)
+        hyps = self.data.tokenizer.decode_batch([h[0].tokens for h in best])
         refs = [self.data.valid_pairs[int(i)][1] for i in valid.source_indices[:n]]
         bleu = corpus_bleu(hyps, refs).score
         return {
@@ -522,8 +473,15 @@ class Trainer:
         hyps = translate_texts(self.model, self.data.tokenizer, sources)
         (self.run_dir / "test.hyp.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
         bleu, chrf = corpus_bleu(hyps, references), corpus_chrf(hyps, references)
-        self._record({"kind": "test", "step": self.step, "bleu": bleu.score, "chrf": chrf.score,
-                      "signature": bleu.signature})
+        self._record(
+            {
+                "kind": "test",
+                "step": self.step,
+                "bleu": bleu.score,
+                "chrf": chrf.score,
+                "signature": bleu.signature,
+            }
+        )
         log(f"test: {bleu}\ntest: {chrf}")
         return bleu.score
 

@@ -1,0 +1,52 @@
+"""Greedy search: the most probable next token at every step, until EOS.
+
+Shape legend:  B batch   V vocabulary   t tokens decoded so far
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aiayn.decoding.step import DecoderState, StepFunction
+
+
+@torch.no_grad()
+def greedy_search(
+    step: StepFunction,
+    state: DecoderState,
+    *,
+    bos_id: int,
+    eos_id: int,
+    max_len: torch.Tensor | int,
+    batch_size: int,
+    min_len: int = 0,
+    device: torch.device | str = "cpu",
+) -> list[list[int]]:
+    """Greedy decoding over ``step``.
+
+    Args:
+        step, state: e.g. from :func:`~aiayn.decoding.step.encoder_decoder_step`.
+        max_len: per-sentence (B,) or global maximum number of output tokens (EOS excluded).
+        batch_size: B.
+        min_len: EOS is not allowed before this many output tokens.
+
+    Returns:
+        B token lists, without BOS/EOS.
+    """
+    limit = torch.as_tensor(max_len, device=device).expand(batch_size)  # (B,)
+    tokens = torch.full((batch_size, 1), bos_id, dtype=torch.long, device=device)  # (B, 1)
+    outputs = []
+    finished = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
+    for t in range(int(limit.max()) + 1):
+        log_probs, state = step(tokens, state)  # (B, V)
+        if t < min_len:
+            log_probs[:, eos_id] = -torch.inf
+        next_token = log_probs.argmax(dim=-1)  # (B,)
+        next_token = torch.where(finished | (t >= limit), eos_id, next_token)
+        outputs.append(next_token)
+        finished |= next_token == eos_id
+        if bool(finished.all()):
+            break
+        tokens = next_token[:, None]  # (B, 1)
+    rows = torch.stack(outputs, dim=1).tolist()  # (B, t)
+    return [row[: row.index(eos_id)] if eos_id in row else row for row in rows]

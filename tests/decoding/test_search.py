@@ -1,0 +1,195 @@
+"""Greedy, beam search and sampling against hand-checkable and exhaustive references."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from aiayn.config import preset
+from aiayn.decoding import (
+    beam_search,
+    encoder_decoder_step,
+    filter_logits,
+    gnmt_length_penalty,
+    greedy_search,
+    sample,
+)
+from aiayn.models import Transformer
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def _model(vocab: int = 20, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    config = preset("tiny", vocab_size=vocab, d_model=32, d_ff=64, num_heads=4, dropout=0.0)
+    model = Transformer(config).eval()
+    with torch.no_grad():  # sharper distributions than the initialisation gives
+        model.output_proj.weight.mul_(4.0)
+    return model
+
+
+def _sources() -> torch.Tensor:
+    return torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD], [11, 12, 13, EOS, PAD]])
+
+
+def _beam(model: Transformer, src: torch.Tensor, k: int, **kw: object) -> list:
+    step, state = encoder_decoder_step(model, src)
+    return beam_search(
+        step,
+        state,
+        batch_size=src.size(0),
+        beam_size=k,
+        bos_id=BOS,
+        eos_id=EOS,
+        **{"max_len": 12, **kw},
+    )  # type: ignore[arg-type]
+
+
+def _log_prob(model: Transformer, src: torch.Tensor, tokens: list[int]) -> float:
+    """log P(tokens + EOS | src) from one teacher-forced forward pass."""
+    tgt_in = torch.tensor([[BOS, *tokens]])
+    gold = torch.tensor([[*tokens, EOS]])
+    with torch.no_grad():
+        log_probs = model(src, tgt_in)  # (1, T, V)
+    return float(log_probs.gather(2, gold[:, :, None]).sum())
+
+
+def test_length_penalty_hand_values() -> None:
+    assert gnmt_length_penalty(1, 0.6) == 1.0  # ((5 + 1) / 6)^α
+    assert gnmt_length_penalty(5, 0.6) == pytest.approx((10 / 6) ** 0.6)
+    assert gnmt_length_penalty(7, 0.0) == 1.0
+
+
+def test_beam_size_one_equals_greedy() -> None:
+    model, src = _model(), _sources()
+    step, state = encoder_decoder_step(model, src)
+    greedy = greedy_search(step, state, bos_id=BOS, eos_id=EOS, max_len=12, batch_size=3)
+    beam = [h[0].tokens for h in _beam(model, src, 1)]
+    assert beam == greedy
+    assert any(len(g) > 0 for g in greedy)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_output_does_not_depend_on_batch_or_padding(k: int) -> None:
+    model, src = _model(), _sources()
+    together = _beam(model, src, k, n_best=k)
+    for i in range(3):
+        alone = src[i : i + 1, : int((src[i] != PAD).sum())]  # no padding at all
+        single = _beam(model, alone, k, n_best=k)[0]
+        assert [h.tokens for h in single] == [h.tokens for h in together[i]]
+        for a, b in zip(single, together[i], strict=True):
+            assert a.score == pytest.approx(b.score, abs=1e-5)
+
+
+def test_nbest_scores_are_length_normalised_log_probs() -> None:
+    model, src = _model(), _sources()[:1]
+    hyps = _beam(model, src, 5, n_best=5, alpha=0.6)[0]
+    assert len(hyps) == 5
+    assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    for h in hyps:
+        log_prob = _log_prob(model, src, h.tokens)
+        assert h.log_prob == pytest.approx(log_prob, abs=1e-4)
+        assert h.score == pytest.approx(
+            log_prob / gnmt_length_penalty(len(h.tokens) + 1, 0.6), abs=1e-4
+        )
+
+
+@pytest.mark.parametrize(("seed", "alpha"), [(3, 0.0), (3, 0.6), (4, 2.0)])
+def test_wide_beam_finds_the_exact_best_sequence(seed: int, alpha: float) -> None:
+    """Outputs of at most 3 tokens from {3, 4} (then EOS): all 15 sequences can be scored."""
+    vocab, max_len = 5, 3
+    model = _model(vocab=vocab, seed=seed)
+    src = torch.tensor([[3, 4, 3, EOS]])
+    best_score, best_tokens = -math.inf, None
+    for n in range(max_len + 1):
+        for tokens in itertools.product(range(3, vocab), repeat=n):  # not PAD, BOS or EOS
+            score = _log_prob(model, src, list(tokens)) / gnmt_length_penalty(n + 1, alpha)
+            if score > best_score:
+                best_score, best_tokens = score, list(tokens)
+    found = _beam(model, src, vocab**max_len, max_len=max_len, alpha=alpha)[0][0]
+    assert found.tokens == best_tokens
+    greedy = _beam(model, src, 1, max_len=max_len, alpha=alpha)[0][0]
+    assert greedy.tokens != best_tokens  # a search problem where greedy fails
+    assert found.score == pytest.approx(best_score, abs=1e-4)
+
+
+def test_min_len_and_max_len_are_respected() -> None:
+    model, src = _model(), _sources()
+    for hyps in _beam(model, src, 3, max_len=4, min_len=4):
+        assert len(hyps[0].tokens) == 4
+    step, state = encoder_decoder_step(model, src)
+    out = greedy_search(step, state, bos_id=BOS, eos_id=EOS, max_len=6, min_len=6, batch_size=3)
+    assert [len(o) for o in out] == [6, 6, 6]
+
+
+def test_cached_step_logits_equal_full_forward() -> None:
+    model, src = _model(), _sources()
+    step, state = encoder_decoder_step(model, src)
+    tgt = torch.randint(3, 20, (3, 7))
+    tgt[:, 0] = BOS
+    with torch.no_grad():
+        full = model(src, tgt)  # (B, T, V)
+    for t in range(7):
+        log_probs, state = step(tgt[:, t : t + 1], state)
+        real = [v for v in range(20) if v not in (PAD, BOS)]  # PAD and BOS are banned
+        torch.testing.assert_close(log_probs[:, real], full[:, t, real], atol=1e-5, rtol=1e-5)
+        assert torch.all(log_probs[:, [PAD, BOS]] == -torch.inf)
+
+
+def test_filter_logits_support() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0, -1.0]])
+    kept = filter_logits(logits, top_k=2).isfinite()[0].tolist()
+    assert kept == [False, True, True, False, False]
+    probs = logits.softmax(-1)[0]  # ≈ (0.086, 0.636, 0.234, 0.032, 0.012)
+    # top-p 0.7: 0.636 < 0.7, so the second token is needed; then 0.870 ≥ 0.7
+    assert filter_logits(logits, top_p=0.7).isfinite()[0].tolist() == kept
+    assert filter_logits(logits, top_p=0.5).isfinite()[0].tolist() == [False, True] + [False] * 3
+    assert float(probs[1]) > 0.5
+    assert filter_logits(logits, top_p=1.0).isfinite().all()
+
+
+def test_sampling_is_seeded_and_stays_in_the_support() -> None:
+    model, src = _model(), _sources()
+
+    def draw(seed: int, **kw: object) -> list[list[int]]:
+        step, state = encoder_decoder_step(model, src)
+        gen = torch.Generator().manual_seed(seed)
+        return sample(
+            step, state, batch_size=3, bos_id=BOS, eos_id=EOS, max_len=10, generator=gen, **kw
+        )  # type: ignore[arg-type]
+
+    assert draw(1) == draw(1)
+    assert draw(1, temperature=5.0) != draw(2, temperature=5.0)
+    # top_k=1 is greedy, whatever the temperature
+    step, state = encoder_decoder_step(model, src)
+    greedy = greedy_search(step, state, bos_id=BOS, eos_id=EOS, max_len=10, batch_size=3)
+    assert draw(7, top_k=1, temperature=3.0) == greedy
+
+
+def test_sampled_first_tokens_follow_the_filtered_distribution() -> None:
+    model, src = _model(), _sources()[:1].repeat(4000, 1)
+    step, state = encoder_decoder_step(model, src)
+    with torch.no_grad():
+        first, _ = step(torch.full((1, 1), BOS), state.index_select(torch.tensor([0])))
+    allowed = set(first[0].topk(3).indices.tolist())
+    step, state = encoder_decoder_step(model, src)
+    out = sample(
+        step,
+        state,
+        batch_size=4000,
+        bos_id=BOS,
+        eos_id=EOS,
+        max_len=1,
+        top_k=3,
+        generator=torch.Generator().manual_seed(0),
+    )
+    firsts = [o[0] if o else EOS for o in out]
+    assert set(firsts) <= allowed and len(set(firsts)) == 3
+    # frequencies match the renormalised top-3 probabilities
+    probs = first[0].softmax(-1)[sorted(allowed)]
+    probs = probs / probs.sum()
+    freq = torch.tensor([firsts.count(t) / 4000 for t in sorted(allowed)])
+    torch.testing.assert_close(freq, probs, atol=0.03, rtol=0)
