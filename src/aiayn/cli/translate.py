@@ -1,19 +1,107 @@
-"""``aiayn translate``: placeholder, being written."""
+"""``aiayn translate``: translate lines from a file or stdin with a trained checkpoint."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
+from pathlib import Path
 from typing import Any
 
 
 def register(subparsers: Any) -> None:
     """Add the ``translate`` sub-command."""
-    p = subparsers.add_parser("translate", help="(not ready yet)")
+    p = subparsers.add_parser(
+        "translate",
+        help="translate sentences, one per line, with a trained checkpoint",
+        description="Translate one sentence per line (file or stdin), writing one translation "
+        "per line in the input order. Beam search with the GNMT length penalty by default "
+        "(§6.1: beam 4, alpha 0.6, output length <= input length + 50).",
+    )
+    add_decoding_arguments(p)
+    p.add_argument("--input", "-i", help="input file (default: standard input)")
+    p.add_argument("--output", "-o", help="output file (default: standard output)")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Not ready yet."""
+def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``translate`` and ``evaluate --checkpoint``."""
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="checkpoint folder (or a run folder: its latest checkpoint)",
+    )
+    p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy (default 4)")
+    p.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty alpha (0.6)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=4096,
+        help="source tokens x beams per batch (default 4096)",
+    )
+    p.add_argument(
+        "--n-best",
+        type=int,
+        default=1,
+        help="write the n best hypotheses per line, tab-separated with scores",
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+
+
+def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """(model, tokenizer, options) from the shared options."""
+    from aiayn.data import Tokenizer
+    from aiayn.decoding.translate import DecodeOptions
+    from aiayn.training.checkpoint import load_checkpoint
+    from aiayn.training.trainer import resolve_device
+
+    options = DecodeOptions(
+        beam_size=args.beam, alpha=args.alpha, max_tokens=args.max_tokens, n_best=args.n_best
+    )
+    ckpt = load_checkpoint(args.checkpoint, map_location=resolve_device(args.device))
+    return ckpt.model, Tokenizer.load(ckpt.tokenizer_path), options
+
+
+def read_input(path: str | None) -> list[str]:
+    """Lines of a file or of stdin (a missing file is a clear error)."""
+    from aiayn.data import read_lines
     from aiayn.errors import UserError
 
-    raise UserError("'translate' is not implemented yet")
+    if path is None:
+        try:
+            return sys.stdin.buffer.read().decode("utf-8").splitlines()
+        except UnicodeDecodeError as error:
+            raise UserError(f"standard input is not UTF-8 (byte {error.start})") from None
+    file = Path(path)
+    if file.is_file() and file.stat().st_size == 0:
+        return []
+    return read_lines(file)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Translate and write the results in input order."""
+    from aiayn.decoding.translate import translate_ids
+
+    model, tokenizer, options = load_for_decoding(args)
+    lines = read_input(args.input)
+    ids = tokenizer.encode_batch([" ".join(line.split()) for line in lines])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        nbest = translate_ids(model, ids, tokenizer, options, progress=args.input is not None)
+    for w in caught:
+        print(f"aiayn translate: warning: {w.message}", file=sys.stderr)
+    out_lines = []
+    for hyps in nbest:
+        texts = tokenizer.decode_batch([h.tokens for h in hyps])
+        if options.n_best == 1:
+            out_lines.append(texts[0])
+        else:
+            out_lines.append(
+                "\t".join(f"{t}\t{h.score:.4f}" for t, h in zip(texts, hyps, strict=True))
+            )
+    text = "".join(line + "\n" for line in out_lines)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0

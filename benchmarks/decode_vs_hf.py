@@ -1,0 +1,166 @@
+"""Benchmark: decoding speed of aiayn against Hugging Face `MarianMTModel.generate`.
+
+    python benchmarks/decode_vs_hf.py [--preset base] [--threads 2] [--out-len 64]
+
+Same architecture (post-norm encoder–decoder, ReLU, sinusoidal positions, shared and tied
+embeddings), same sizes and vocabulary, random weights, the same source batches, every output
+forced to exactly `--out-len` tokens (EOS forbidden before, forced at the end) so both do the same
+work. Reports output tokens/s, the ratio aiayn / HF, and aiayn's KV-cache speed-up over
+recomputing the whole prefix at every step. Medians of `--repeats` runs, min and max kept.
+Writes benchmarks/results/decode_vs_hf.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from aiayn.config import preset
+from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search
+from aiayn.decoding.step import DecoderState
+from aiayn.models import Transformer
+
+ROOT = Path(__file__).resolve().parents[1]
+PAD, BOS, EOS = 0, 1, 2
+
+
+def hf_model(model: Transformer):  # type: ignore[no-untyped-def]
+    """A MarianMTModel of the same configuration (weights random, not copied)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    c = model.config
+    config = MarianConfig(
+        vocab_size=c.vocab_size, decoder_vocab_size=c.vocab_size, d_model=c.d_model,
+        encoder_layers=c.num_encoder_layers, decoder_layers=c.num_decoder_layers,
+        encoder_attention_heads=c.num_heads, decoder_attention_heads=c.num_heads,
+        encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff, activation_function="relu",
+        max_position_embeddings=1024, scale_embedding=True, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS,
+        decoder_start_token_id=BOS, forced_eos_token_id=None,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+    )
+    return MarianMTModel(config).eval()
+
+
+def time_it(fn: Callable[[], object], repeats: int) -> list[float]:
+    """Wall times of ``repeats`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def no_cache_step(model: Transformer, src: torch.Tensor):  # type: ignore[no-untyped-def]
+    """A step function that re-runs the decoder over the whole prefix (no KV cache)."""
+    src_mask = model.source_mask(src)
+    memory = model.encode(src).memory
+
+    class Prefix:
+        def __init__(self, tokens: torch.Tensor):
+            self.tokens = tokens
+
+        def index_select(self, index: torch.Tensor) -> Prefix:
+            return Prefix(self.tokens.index_select(0, index))
+
+    def step(tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState]:
+        assert isinstance(state, Prefix)
+        prefix = torch.cat([state.tokens, tokens], dim=1)  # (B, t + 1)
+        hidden = model.decode(prefix, memory, src_mask).hidden  # (B, t + 1, D)
+        return model.log_probs(hidden[:, -1]), Prefix(prefix)
+
+    return step, Prefix(torch.zeros(src.size(0), 0, dtype=torch.long))
+
+
+@torch.inference_mode()
+def main() -> None:
+    """Run every configuration and write the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="base")
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--src-len", type=int, default=24)
+    parser.add_argument("--out-len", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batches", default="1,32")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    ours = Transformer(preset(args.preset, vocab_size=args.vocab_size, dropout=0.0)).eval()
+    theirs = hf_model(ours)
+    n = args.out_len
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        src = torch.randint(3, args.vocab_size, (batch, args.src_len))
+        src[:, -1] = EOS
+        for beam in (1, 4):
+            def run_ours(step_fn=encoder_decoder_step, beam=beam, src=src):  # type: ignore[no-untyped-def]
+                step, state = step_fn(ours, src)
+                if beam == 1:
+                    return greedy_search(step, state, bos_id=BOS, eos_id=EOS, max_len=n,
+                                         min_len=n, batch_size=src.size(0))
+                return beam_search(step, state, batch_size=src.size(0), beam_size=beam,
+                                   bos_id=BOS, eos_id=EOS, max_len=n, min_len=n, alpha=0.6)
+
+            def run_hf(beam=beam, src=src):  # type: ignore[no-untyped-def]
+                return theirs.generate(
+                    input_ids=src, attention_mask=(src != PAD).long(), num_beams=beam,
+                    do_sample=False, min_new_tokens=n + 1, max_new_tokens=n + 1,
+                    length_penalty=0.6, early_stopping=True, use_cache=True,
+                )
+
+            out = run_ours()
+            lengths = {len(x) if beam == 1 else len(x[0].tokens) for x in out}
+            assert lengths == {n}, lengths  # forced length reached
+            t_ours = time_it(run_ours, args.repeats)
+            t_hf = time_it(run_hf, args.repeats)
+            row = {
+                "batch": batch, "beam": beam, "out_len": n,
+                "aiayn_tok_s": batch * n / statistics.median(t_ours),
+                "hf_tok_s": batch * n / statistics.median(t_hf),
+                "aiayn_s": [min(t_ours), statistics.median(t_ours), max(t_ours)],
+                "hf_s": [min(t_hf), statistics.median(t_hf), max(t_hf)],
+            }
+            row["ratio"] = row["aiayn_tok_s"] / row["hf_tok_s"]
+            if beam == 1:
+                t_nc = time_it(lambda src=src: run_ours(no_cache_step, 1, src), 1)
+                row["cache_speedup"] = statistics.median(t_nc) / statistics.median(t_ours)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    import transformers
+
+    report = {
+        "command": f"python benchmarks/decode_vs_hf.py --preset {args.preset} "
+                   f"--threads {args.threads} --out-len {n}",
+        "machine": f"{platform.machine()}, {args.threads} torch threads",
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "model": f"{args.preset} (d_model {ours.config.d_model}, "
+                 f"{ours.config.num_encoder_layers}+{ours.config.num_decoder_layers} layers), "
+                 f"vocab {args.vocab_size}, source length {args.src_len}",
+        "rows": rows,
+    }
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decode_vs_hf.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = ["| batch | search | aiayn tok/s | HF generate tok/s | ratio | cache speed-up |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+        cache = f"{r['cache_speedup']:.1f}×" if "cache_speedup" in r else ""
+        lines.append(f"| {r['batch']} | {search} | {r['aiayn_tok_s']:.0f} | {r['hf_tok_s']:.0f} "
+                     f"| {r['ratio']:.2f}× | {cache} |")
+    (out / "decode_vs_hf.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

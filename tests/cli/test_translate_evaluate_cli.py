@@ -1,0 +1,147 @@
+"""`aiayn translate` and `aiayn evaluate` end to end on a tiny checkpoint."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.cli.main import main
+from aiayn.config import preset
+from aiayn.data import Tokenizer
+from aiayn.models import Transformer
+from aiayn.training.checkpoint import save_checkpoint
+
+TEXTS = ["a small dog runs", "the cat sleeps on the mat", "two men play chess", "hello world"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("ckpt")
+    tokenizer = Tokenizer.train(TEXTS * 20, 300, min_frequency=1)
+    tokenizer.save(folder / "tok.json")
+    torch.manual_seed(0)
+    config = preset(
+        "tiny", vocab_size=tokenizer.vocab_size, d_model=32, d_ff=64, num_heads=4, max_len=24
+    )
+    return save_checkpoint(folder / "step_1", Transformer(config), {"step": 1}, folder / "tok.json")
+
+
+def _run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aiayn", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_translate_file_keeps_order_and_empty_lines(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("two men play chess\n\na small dog runs\n" + "word " * 40 + "\n")
+    out = tmp_path / "out.txt"
+    assert (
+        main(
+            [
+                "translate",
+                "--checkpoint",
+                str(checkpoint),
+                "-i",
+                str(src),
+                "-o",
+                str(out),
+                "--beam",
+                "2",
+            ]
+        )
+        == 0
+    )
+    lines = out.read_text().split("\n")
+    assert len(lines) == 5 and lines[-1] == "" and lines[1] == ""  # 4 lines, one empty
+    assert "truncated to 23" in capsys.readouterr().err  # max_len 24 - 1 for EOS
+    # the same sentence translated alone gives the same line (batch independence)
+    single = tmp_path / "one.txt"
+    single.write_text("a small dog runs\n")
+    assert (
+        main(
+            [
+                "translate",
+                "--checkpoint",
+                str(checkpoint),
+                "-i",
+                str(single),
+                "-o",
+                str(tmp_path / "o1.txt"),
+                "--beam",
+                "2",
+            ]
+        )
+        == 0
+    )
+    assert (tmp_path / "o1.txt").read_text().strip() == lines[2].strip()
+
+
+def test_translate_stdin_nbest_and_errors(checkpoint: Path) -> None:
+    result = _run(
+        "translate",
+        "--checkpoint",
+        str(checkpoint),
+        "--beam",
+        "3",
+        "--n-best",
+        "2",
+        stdin="hello world\nthe cat\n",
+    )
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.splitlines()
+    assert len(rows) == 2 and all(len(r.split("\t")) == 4 for r in rows)
+    scores = [float(r.split("\t")[1]) for r in rows], [float(r.split("\t")[3]) for r in rows]
+    assert all(a >= b for a, b in zip(*scores, strict=True))
+    bad = _run("translate", "--checkpoint", str(checkpoint.parent / "nope"), stdin="x\n")
+    assert bad.returncode == 2 and "no checkpoint found" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    bad_beam = _run("translate", "--checkpoint", str(checkpoint), "--beam", "0", stdin="x\n")
+    assert bad_beam.returncode == 2 and "beam size must be >= 1, got 0" in bad_beam.stderr
+
+
+def test_evaluate_files_and_checkpoint(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ref = tmp_path / "ref.txt"
+    ref.write_text("Ein Mann fährt.\nZwei Hunde.\n")
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text("Ein Mann fährt.\nZwei Katzen.\n")
+    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--paper-bleu"]) == 0
+    out = capsys.readouterr().out
+    assert "BLEU = " in out and "nrefs:1|case:mixed" in out and "chrF = " in out
+    assert "paper BLEU" in out
+    src = tmp_path / "src.txt"
+    src.write_text("a small dog runs\nhello world\n")
+    assert (
+        main(
+            [
+                "evaluate",
+                "--checkpoint",
+                str(checkpoint),
+                "--src",
+                str(src),
+                "--ref",
+                str(ref),
+                "--beam",
+                "1",
+            ]
+        )
+        == 0
+    )
+    assert "BLEU = " in capsys.readouterr().out
+    assert (tmp_path / "src.txt.hyp").read_text().count("\n") == 2
+    short = tmp_path / "short.txt"
+    short.write_text("eins\n")
+    assert main(["evaluate", "--hyp", str(short), "--ref", str(ref)]) == 2
+    assert "1 hypotheses but 2 references" in capsys.readouterr().err

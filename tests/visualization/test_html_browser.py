@@ -1,0 +1,160 @@
+"""The attention page in a real headless browser (Chromium through Selenium): it loads without
+script errors, picking another head changes the picture, and the decoder's masked
+self-attention shows nothing above the diagonal.
+
+Needs the Debian packages ``chromium`` and ``chromium-driver`` (``/usr/bin/chromium``,
+``/usr/bin/chromedriver``) and the ``selenium`` package; skipped, with the reason, without them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from aiayn.config import preset
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.models import Transformer
+from aiayn.visualization.attention_maps import collect_attention
+from aiayn.visualization.html_report import write_attention_html
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+WHITE = [255, 255, 255, 255]
+
+# Headless, and quiet on a machine without network access (no background requests, no QUIC).
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+)
+
+# Installed before any script of the page runs: collects uncaught errors and rejections.
+ERROR_COLLECTOR = """
+window.__errors = [];
+window.addEventListener("error", function (e) { window.__errors.push(String(e.message)); });
+window.addEventListener("unhandledrejection", function (e) {
+  window.__errors.push("unhandled rejection: " + String(e.reason));
+});
+"""
+
+
+def _missing() -> str | None:
+    """Why the browser test cannot run here, or None."""
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install 'selenium>=4.20', in the test extra)"
+    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
+        if not Path(path).is_file() and not shutil.which(Path(path).name):
+            return f"{path} not found: install the Debian package {package}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The HTML page for a random 1+2-layer, 2-head model and a given sentence pair."""
+    pairs = ["the cat sat on the mat", "die katze sass auf der matte", "a dog", "ein hund"]
+    tokenizer = Tokenizer.train(pairs, 300, min_frequency=1)
+    torch.manual_seed(0)
+    config = preset(
+        "tiny",
+        vocab_size=tokenizer.vocab_size,
+        d_model=32,
+        d_ff=64,
+        num_heads=2,
+        num_encoder_layers=1,
+        num_decoder_layers=2,
+        dropout=0.0,
+    )
+    maps = collect_attention(Transformer(config).eval(), tokenizer, pairs[0], pairs[1])
+    return write_attention_html(maps, tmp_path_factory.mktemp("html") / "attention.html")
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    reason = _missing()
+    if reason is not None:
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or CHROMIUM
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    profile = tempfile.mkdtemp(prefix="aiayn-chromium-")
+    options.add_argument(f"--user-data-dir={profile}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    service = Service(shutil.which("chromedriver") or CHROMEDRIVER)
+    browser = webdriver.Chrome(service=service, options=options)
+    browser.set_page_load_timeout(15)
+    try:
+        browser.execute_cdp_cmd(
+            "Page.addScriptToEvaluateOnNewDocument", {"source": ERROR_COLLECTOR}
+        )
+        yield browser
+    finally:
+        browser.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _fingerprint(browser: Any) -> str:
+    return str(browser.execute_script("return document.getElementById('map').toDataURL();"))
+
+
+def test_page_in_headless_chromium(driver: Any, page: Path) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    driver.get(page.as_uri())
+    assert driver.execute_script("return window.__errors;") == []
+    state = driver.execute_script("return window.aiaynAttention.state();")
+    assert state == {"kind": "encoder_self", "layer": 1, "head": 1}
+
+    # Picking another head redraws another picture.
+    before = _fingerprint(driver)
+    matrix_before = driver.execute_script("return window.aiaynAttention.matrix();")
+    Select(driver.find_element("id", "head")).select_by_index(1)
+    assert driver.execute_script("return window.aiaynAttention.state();")["head"] == 2
+    assert driver.execute_script("return window.aiaynAttention.matrix();") != matrix_before
+    assert _fingerprint(driver) != before
+
+    # The decoder's masked self-attention: white above the diagonal, BOS sees only itself.
+    kind = Select(driver.find_element("id", "kind"))
+    kind.select_by_visible_text("decoder masked self-attention")
+    layers = Select(driver.find_element("id", "layer"))
+    assert len(layers.options) == 2  # the decoder has 2 layers, the encoder 1
+    for layer in range(2):
+        layers.select_by_index(layer)
+        matrix = driver.execute_script("return window.aiaynAttention.matrix();")
+        pixels = driver.execute_script(
+            "var a = window.aiaynAttention, m = a.matrix();"
+            "return m.map(function (row, r) { return row.map(function (_, c) {"
+            "  return a.pixel(r, c); }); });"
+        )
+        t = len(matrix)
+        assert t > 2 and all(len(row) == t for row in matrix)
+        for r in range(t):
+            assert abs(sum(matrix[r]) - 1) < 1e-3
+            for c in range(r + 1, t):
+                assert matrix[r][c] == 0 and pixels[r][c] == WHITE, (layer, r, c)
+        assert pixels[0][0] != WHITE and matrix[0][0] == 1
+
+    # Encoder–decoder attention is not masked: its picture differs again.
+    kind.select_by_visible_text("encoder–decoder attention")
+    assert driver.execute_script("return window.aiaynAttention.state();")["kind"] == "cross"
+
+    assert driver.execute_script("return window.__errors;") == []
+    severe = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    assert severe == [], severe
