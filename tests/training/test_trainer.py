@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -103,3 +104,18 @@ def test_checkpoints_atomic_pruned_and_averaged(
     assert (tmp_path / "r" / "metrics.jsonl").is_file() and (
         tmp_path / "r" / "curves.png"
     ).is_file()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_steps_stay_finite(
+    tmp_path: Path, reverse_task: Task, make_run: MakeRun, precision: str
+) -> None:
+    """The autocast path (bf16, fp16 with loss scaling) runs and keeps parameters finite."""
+    train = reverse_task(tmp_path, 100, seed=1)
+    trainer = Trainer(
+        make_run(tmp_path / "r", train, max_steps=2, max_tokens=120, precision=precision)
+    )
+    assert trainer.scaler.is_enabled() == (precision == "fp16")
+    result = trainer.fit()
+    assert result.steps == 2
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())

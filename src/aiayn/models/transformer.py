@@ -187,12 +187,15 @@ class Transformer(nn.Module):
         """(B, S) source ids -> (B, 1, 1, S) padding mask, True = real token."""
         return padding_mask(src, self.config.pad_id)
 
-    def target_mask(self, tgt: Tensor, offset: int = 0) -> Tensor:
+    def target_mask(self, tgt: Tensor, offset: int = 0) -> Tensor | None:
         """(B, T) target ids -> (B, 1, T, offset + T) causal mask (and padding when offset=0).
 
         During incremental decoding (offset > 0) only the causal part is built: the cached
-        positions are not known here, and decoders never feed padding as a prefix.
+        positions are not known here, and decoders never feed padding as a prefix. One new
+        position (T = 1) may see every cached one, so it needs no mask at all (None).
         """
+        if offset > 0 and tgt.size(1) == 1:
+            return None
         causal = causal_mask(tgt.size(1), offset=offset, device=tgt.device)  # (1, 1, T, L + T)
         if offset > 0:
             return causal

@@ -193,6 +193,10 @@ class Trainer:
             eps=self.cfg.adam_eps,
             weight_decay=self.cfg.weight_decay,
         )
+        # fp16 needs loss scaling against gradient underflow; bf16 and fp32 do not
+        self.scaler = torch.amp.GradScaler(
+            self.device.type, enabled=self.amp_dtype == torch.float16
+        )
         self.sampler = TokenBatchSampler(
             self.data.train.src_lengths,
             self.data.train.tgt_lengths,
@@ -219,6 +223,8 @@ class Trainer:
             raise UserError(f"{ckpt.path}: its model config differs from this run's config")
         self.model.load_state_dict(ckpt.model.state_dict())
         load_optimizer(ckpt.path, self.optimizer, ckpt.state)
+        if "grad_scaler" in ckpt.state:
+            self.scaler.load_state_dict(ckpt.state["grad_scaler"])
         s = ckpt.state
         self.step, self.epoch, self.batch_index = s["step"], s["epoch"], s["batch_index"]
         self.best_bleu = s.get("best_bleu", -math.inf)
@@ -234,6 +240,7 @@ class Trainer:
             "epoch": self.epoch,
             "batch_index": self.batch_index,
             "best_bleu": self.best_bleu,
+            "grad_scaler": self.scaler.state_dict(),
             "rng": rng_state(),
             "run_config": self.run.to_dict(),
             "tokenizer": str(self.data.tokenizer_file),
@@ -282,7 +289,7 @@ class Trainer:
             ):
                 log_probs = self.model(batch.src, batch.tgt_in)  # (B, T, V)
             sums = label_smoothed_nll(log_probs, batch.tgt_out, eps, self.model_config.pad_id)
-            (sums.loss / total_tokens).backward()
+            self.scaler.scale(sums.loss / total_tokens).backward()
             loss_sum += sums.loss.detach()
             nll_sum += sums.nll
         return loss_sum, nll_sum, total_tokens
@@ -293,6 +300,7 @@ class Trainer:
         batches = [self.data.train.collate(ids).to(self.device, non_blocking=True) for ids in micro]
         loss_sum, nll_sum, total_tokens = self.accumulate_gradients(batches)
         if self.cfg.clip_norm is not None:
+            self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
         self.step += 1
         lr = transformer_lr(
@@ -300,7 +308,8 @@ class Trainer:
         )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)  # = optimizer.step() unless fp16
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         padded = sum(b.src.numel() + b.tgt_out.numel() for b in batches)
         real = sum(b.num_src_tokens + b.num_tgt_tokens for b in batches)
