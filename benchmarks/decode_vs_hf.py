@@ -7,7 +7,7 @@ embeddings), same sizes and vocabulary, random weights, the same source batches,
 forced to exactly `--out-len` tokens (EOS forbidden before, forced at the end) so both do the same
 work. Reports output tokens/s, the ratio aiayn / HF, and aiayn's KV-cache speed-up over
 recomputing the whole prefix at every step. Medians of `--repeats` runs, min and max kept.
-Writes benchmarks/results/decode_vs_hf.{json,md}.
+Writes benchmarks/results/decode_vs_hf_PRESET.{json,md}.
 """
 
 from __future__ import annotations
@@ -37,14 +37,28 @@ def hf_model(model: Transformer):  # type: ignore[no-untyped-def]
 
     c = model.config
     config = MarianConfig(
-        vocab_size=c.vocab_size, decoder_vocab_size=c.vocab_size, d_model=c.d_model,
-        encoder_layers=c.num_encoder_layers, decoder_layers=c.num_decoder_layers,
-        encoder_attention_heads=c.num_heads, decoder_attention_heads=c.num_heads,
-        encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff, activation_function="relu",
-        max_position_embeddings=1024, scale_embedding=True, dropout=0.0, attention_dropout=0.0,
-        activation_dropout=0.0, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS,
-        decoder_start_token_id=BOS, forced_eos_token_id=None,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        vocab_size=c.vocab_size,
+        decoder_vocab_size=c.vocab_size,
+        d_model=c.d_model,
+        encoder_layers=c.num_encoder_layers,
+        decoder_layers=c.num_decoder_layers,
+        encoder_attention_heads=c.num_heads,
+        decoder_attention_heads=c.num_heads,
+        encoder_ffn_dim=c.d_ff,
+        decoder_ffn_dim=c.d_ff,
+        activation_function="relu",
+        max_position_embeddings=1024,
+        scale_embedding=True,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+        decoder_start_token_id=BOS,
+        forced_eos_token_id=None,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
     )
     return MarianMTModel(config).eval()
 
@@ -103,19 +117,42 @@ def main() -> None:
         src = torch.randint(3, args.vocab_size, (batch, args.src_len))
         src[:, -1] = EOS
         for beam in (1, 4):
+
             def run_ours(step_fn=encoder_decoder_step, beam=beam, src=src):  # type: ignore[no-untyped-def]
                 step, state = step_fn(ours, src)
                 if beam == 1:
-                    return greedy_search(step, state, bos_id=BOS, eos_id=EOS, max_len=n,
-                                         min_len=n, batch_size=src.size(0))
-                return beam_search(step, state, batch_size=src.size(0), beam_size=beam,
-                                   bos_id=BOS, eos_id=EOS, max_len=n, min_len=n, alpha=0.6)
+                    return greedy_search(
+                        step,
+                        state,
+                        bos_id=BOS,
+                        eos_id=EOS,
+                        max_len=n,
+                        min_len=n,
+                        batch_size=src.size(0),
+                    )
+                return beam_search(
+                    step,
+                    state,
+                    batch_size=src.size(0),
+                    beam_size=beam,
+                    bos_id=BOS,
+                    eos_id=EOS,
+                    max_len=n,
+                    min_len=n,
+                    alpha=0.6,
+                )
 
             def run_hf(beam=beam, src=src):  # type: ignore[no-untyped-def]
                 return theirs.generate(
-                    input_ids=src, attention_mask=(src != PAD).long(), num_beams=beam,
-                    do_sample=False, min_new_tokens=n + 1, max_new_tokens=n + 1,
-                    length_penalty=0.6, early_stopping=True, use_cache=True,
+                    input_ids=src,
+                    attention_mask=(src != PAD).long(),
+                    num_beams=beam,
+                    do_sample=False,
+                    min_new_tokens=n + 1,
+                    max_new_tokens=n + 1,
+                    length_penalty=0.6,
+                    early_stopping=True,
+                    use_cache=True,
                 )
 
             out = run_ours()
@@ -124,7 +161,9 @@ def main() -> None:
             t_ours = time_it(run_ours, args.repeats)
             t_hf = time_it(run_hf, args.repeats)
             row = {
-                "batch": batch, "beam": beam, "out_len": n,
+                "batch": batch,
+                "beam": beam,
+                "out_len": n,
                 "aiayn_tok_s": batch * n / statistics.median(t_ours),
                 "hf_tok_s": batch * n / statistics.median(t_hf),
                 "aiayn_s": [min(t_ours), statistics.median(t_ours), max(t_ours)],
@@ -140,25 +179,30 @@ def main() -> None:
 
     report = {
         "command": f"python benchmarks/decode_vs_hf.py --preset {args.preset} "
-                   f"--threads {args.threads} --out-len {n}",
+        f"--threads {args.threads} --out-len {n}",
         "machine": f"{platform.machine()}, {args.threads} torch threads",
-        "torch": torch.__version__, "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "model": f"{args.preset} (d_model {ours.config.d_model}, "
-                 f"{ours.config.num_encoder_layers}+{ours.config.num_decoder_layers} layers), "
-                 f"vocab {args.vocab_size}, source length {args.src_len}",
+        f"{ours.config.num_encoder_layers}+{ours.config.num_decoder_layers} layers), "
+        f"vocab {args.vocab_size}, source length {args.src_len}",
         "rows": rows,
     }
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "decode_vs_hf.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = ["| batch | search | aiayn tok/s | HF generate tok/s | ratio | cache speed-up |",
-             "|---|---|---|---|---|---|"]
+    (out / f"decode_vs_hf_{args.preset}.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [
+        "| batch | search | aiayn tok/s | HF generate tok/s | ratio | cache speed-up |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
         cache = f"{r['cache_speedup']:.1f}×" if "cache_speedup" in r else ""
-        lines.append(f"| {r['batch']} | {search} | {r['aiayn_tok_s']:.0f} | {r['hf_tok_s']:.0f} "
-                     f"| {r['ratio']:.2f}× | {cache} |")
-    (out / "decode_vs_hf.md").write_text("\n".join(lines) + "\n")
+        lines.append(
+            f"| {r['batch']} | {search} | {r['aiayn_tok_s']:.0f} | {r['hf_tok_s']:.0f} "
+            f"| {r['ratio']:.2f}× | {cache} |"
+        )
+    (out / f"decode_vs_hf_{args.preset}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
