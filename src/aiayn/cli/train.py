@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     """Train, then print the result (and demo translations for the built-in demo)."""
     from aiayn.decoding.translate import translate_texts
     from aiayn.training.config import load_run_config
+    from aiayn.training.distributed import is_main_process
     from aiayn.training.trainer import train
 
     overrides = list(args.overrides)
@@ -51,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"run_dir={args.run_dir}")
     config = load_run_config(args.config, overrides)
     result = train(config, resume=args.resume)
+    if not is_main_process():  # under torchrun only rank 0 reports
+        return 0
     print(
         f"\ntrained {result.steps} steps ({result.epochs_completed} full epochs) in "
         f"{result.minutes:.1f} min; run folder: {result.run_dir}"

@@ -6,7 +6,8 @@ A checkpoint is a self-contained folder (``aiayn translate --checkpoint DIR`` ne
         model.safetensors       the weights (tied tensors stored once)
         optimizer.safetensors   Adam's moments, per parameter index
         state.json              run config, model config, step, data position, optimizer
-                                hyper-parameters, RNG states, metrics
+                                hyper-parameters, RNG states (of every rank when several
+                                processes trained), world size, metrics
         tokenizer.json          the joint BPE vocabulary
 
 It is written into ``NAME.tmp`` and renamed into place, so a crash never leaves half a checkpoint.
@@ -85,15 +86,23 @@ def save_checkpoint(
     state: dict[str, Any],
     tokenizer_file: Path,
     optimizer: torch.optim.Optimizer | None = None,
+    *,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a checkpoint folder atomically (temporary folder, then rename)."""
+    """Write a checkpoint folder atomically (temporary folder, then rename).
+
+    ``optimizer_state`` (an ``optimizer.state_dict()``, e.g. gathered from FSDP shards) is saved
+    instead of ``optimizer``'s own state when given.
+    """
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(model, str(tmp / MODEL_FILE))
     full_state = {**state, "model_config": model.config.to_dict()}
-    if optimizer is not None:
-        tensors, meta = _optimizer_to_flat(optimizer)
+    if optimizer_state is None and optimizer is not None:
+        optimizer_state = optimizer.state_dict()
+    if optimizer_state is not None:
+        tensors, meta = _optimizer_to_flat(optimizer_state)
         save_file(tensors, str(tmp / OPTIMIZER_FILE))
         full_state["optimizer"] = meta
     (tmp / STATE_FILE).write_text(json.dumps(full_state, indent=1), encoding="utf-8")
@@ -124,13 +133,18 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
 
 def load_optimizer(path: Path, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Restore the optimizer saved by :func:`save_checkpoint` into ``optimizer``."""
+    optimizer.load_state_dict(read_optimizer_state(path, state))
+
+
+def read_optimizer_state(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """The ``optimizer.state_dict()`` saved by :func:`save_checkpoint` (parameter indices)."""
     flat = load_file(str(path / OPTIMIZER_FILE))
     meta = state["optimizer"]
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for key, tensor in flat.items():
         index, name = key.split(".", 1)
         per_param.setdefault(int(index), {})[name] = tensor
-    optimizer.load_state_dict({"state": per_param, "param_groups": meta["param_groups"]})
+    return {"state": per_param, "param_groups": meta["param_groups"]}
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -184,8 +198,7 @@ def average_checkpoints(paths: list[Path], out: Path) -> Path:
     return save_checkpoint(out, model, state, newest.tokenizer_path)
 
 
-def _optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], Any]:
-    sd = optimizer.state_dict()
+def _optimizer_to_flat(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], Any]:
     tensors = {
         f"{index}.{name}": value.detach().contiguous().cpu()
         for index, per_param in sd["state"].items()

@@ -96,6 +96,11 @@ class TrainConfig:
         precision: "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32", "bf16" or "fp16".
         threads: torch intra-op threads on CPU (None = torch's default).
         progress: show a progress bar.
+        distributed: how several processes started by torchrun train together: "ddp"
+            (DistributedDataParallel: every rank holds the whole model) or "fsdp" (FSDP2
+            ``fully_shard``: parameters, gradients and optimizer state sharded over the ranks;
+            for models that do not fit one GPU, e.g. the ``big`` preset). Ignored with one
+            process. See docs/distributed.md.
     """
 
     max_tokens: int = 4096
@@ -119,6 +124,7 @@ class TrainConfig:
     precision: str = "auto"
     threads: int | None = None
     progress: bool = True
+    distributed: str = "ddp"
 
     def __post_init__(self) -> None:
         if isinstance(self.adam_betas, list):
@@ -143,6 +149,8 @@ class TrainConfig:
             )
         if self.lr_scale <= 0:
             raise ConfigError(f"train.lr_scale must be positive, got {self.lr_scale}")
+        if self.distributed not in ("ddp", "fsdp"):
+            raise ConfigError(f"train.distributed must be ddp or fsdp, got {self.distributed!r}")
 
 
 @dataclass(frozen=True)

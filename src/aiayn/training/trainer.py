@@ -1,12 +1,14 @@
 """The training loop of §5: token-budget batches, Adam with the warm-up schedule of eq. (3),
 label smoothing, dropout, periodic validation (loss, perplexity, greedy BLEU), checkpoints that
-resume exactly, and checkpoint averaging.
+resume exactly, and checkpoint averaging. Under torchrun, data-parallel over several processes
+(DDP or FSDP, see :mod:`aiayn.training.distributed` and docs/distributed.md).
 
 Shape legend:  B sentences in a micro-batch   S source length   T target length   V vocabulary
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import random
@@ -29,14 +31,18 @@ from aiayn.data import (
     read_parallel,
 )
 from aiayn.decoding.translate import DecodeOptions, translate_ids, translate_texts
+from aiayn.errors import UserError
 from aiayn.evaluation import corpus_bleu, corpus_chrf
 from aiayn.models import Transformer, count_parameters
+from aiayn.training import distributed as dist
 from aiayn.training.checkpoint import (
+    Checkpoint,
     average_checkpoints,
     list_checkpoints,
     load_checkpoint,
     load_optimizer,
     prune_checkpoints,
+    read_optimizer_state,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -60,7 +66,9 @@ class PreparedData:
 
 
 class StepStats(NamedTuple):
-    """One optimizer step: loss/NLL sums stay tensors (no host sync until a log line)."""
+    """One optimizer step: loss/NLL sums stay tensors (no host sync until a log line).
+
+    With several processes the sums are this rank's and ``tokens`` is the global count."""
 
     loss_sum: torch.Tensor
     nll_sum: torch.Tensor
@@ -85,8 +93,9 @@ class TrainResult:
 
 
 def log(message: str) -> None:
-    """Print a line of the trainer's report (kept apart so tests can silence it)."""
-    print(message, flush=True)
+    """Print a line of the trainer's report on rank 0 (kept apart so tests can silence it)."""
+    if dist.is_main_process():
+        print(message, flush=True)
 
 
 def prepare_data(run: RunConfig, *, reuse_tokenizer: bool) -> PreparedData:
@@ -140,8 +149,6 @@ def prepare_data(run: RunConfig, *, reuse_tokenizer: bool) -> PreparedData:
     if train.num_dropped_too_long:
         log(f"data: dropped {train.num_dropped_too_long} training pairs over {limit} subwords")
     if len(train) == 0:
-        from aiayn.errors import UserError
-
         raise UserError("no training pairs left after cleaning; check the data files")
     return PreparedData(tokenizer, tokenizer_file, train, valid, valid_pairs, test_pairs)
 
@@ -161,15 +168,19 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
 
 class Trainer:
-    """Runs one training job described by a :class:`RunConfig` (see :func:`train`)."""
+    """Runs one training job described by a :class:`RunConfig` (see :func:`train`).
+
+    Under torchrun every process builds its own Trainer. ``self.model`` is the plain
+    :class:`Transformer`; ``self.train_model`` is what the training steps run: ``self.model``
+    itself with one process, DDP around it, or (FSDP) it with its parameters sharded. Rank 0
+    logs, validates and writes files; the others wait for it in the next collective.
+    """
 
     def __init__(self, run: RunConfig, *, resume: bool = False):
         self.run = run
         self.cfg = run.train
         self.run_dir = Path(run.run_dir)
         if not resume and list_checkpoints(self.run_dir):
-            from aiayn.errors import UserError
-
             raise UserError(
                 f"{self.run_dir} already holds checkpoints: pass --resume to continue that run, "
                 "or choose another run_dir"
@@ -177,15 +188,25 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.threads is not None:
             torch.set_num_threads(self.cfg.threads)
-        self.device = resolve_device(self.cfg.device)
+        self.dist = dist.init_distributed(self.cfg.device)
+        self.device = self.dist.device
         self.amp_dtype = autocast_dtype(self.cfg.precision, self.device)
+        self.sharded = self.dist.distributed and self.cfg.distributed == "fsdp"
+        if self.sharded and self.amp_dtype == torch.float16:
+            raise UserError("train.distributed=fsdp does not support precision fp16; use bf16")
         _seed_everything(self.cfg.seed)
-        self.data = prepare_data(run, reuse_tokenizer=resume)
+        self.data = self._prepare_data(resume)
         tok = self.data.tokenizer
         self.model_config = run.model.replace(
             vocab_size=tok.vocab_size, pad_id=tok.pad_id, tgt_vocab_size=None
         )
         self.model = Transformer(self.model_config).to(self.device)
+        if self.dist.rank > 0:  # a dropout stream of its own; rank 0 keeps the 1-process one
+            _seed_everything(_rank_seed(self.cfg.seed, self.dist.rank))
+        checkpoint = self._latest_checkpoint() if resume else None
+        if checkpoint is not None:  # before sharding: FSDP shards the loaded weights
+            self.model.load_state_dict(checkpoint.model.state_dict())
+        self.train_model = dist.wrap_model(self.model, self.dist, self.cfg.distributed)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(),
             lr=0.0,
@@ -203,100 +224,203 @@ class Trainer:
             self.cfg.max_tokens,
             seed=self.cfg.seed,
         )
+        per_step = self.dist.world_size * self.cfg.accum_steps
+        if self.dist.distributed and len(self.sampler) < per_step:
+            raise UserError(
+                f"the training data make {len(self.sampler)} batches per epoch, fewer than the "
+                f"{per_step} ({self.dist.world_size} processes x {self.cfg.accum_steps}) one step "
+                "takes: lower train.max_tokens or use fewer processes"
+            )
         self.step, self.epoch, self.batch_index = 0, 0, 0
         self.best_bleu = -math.inf
         self._validated_at = -1
+        self._last_saved: Path | None = None
         self.history: list[dict[str, Any]] = []
-        if resume:
-            self._resume()
+        if checkpoint is not None:
+            self._restore(checkpoint)
 
     # -- bookkeeping ---------------------------------------------------------------------------
-    def _resume(self) -> None:
+    def _prepare_data(self, resume: bool) -> PreparedData:
+        """Rank 0 trains (or reloads) the tokenizer; then the other ranks load its file."""
+        if not self.dist.distributed:
+            return prepare_data(self.run, reuse_tokenizer=resume)
+        data = prepare_data(self.run, reuse_tokenizer=resume) if self.dist.is_main else None
+        dist.barrier()
+        if data is not None:
+            return data
+        if not (self.run_dir / "tokenizer.json").is_file():
+            raise UserError(
+                f"rank {self.dist.rank} cannot see {self.run_dir / 'tokenizer.json'}, which "
+                "rank 0 wrote: with several machines, run_dir must be on a shared file system"
+            )
+        return prepare_data(self.run, reuse_tokenizer=True)
+
+    def _latest_checkpoint(self) -> Checkpoint | None:
+        """The checkpoint to resume from: the same one on every rank, of the same world size."""
         checkpoints = list_checkpoints(self.run_dir)
+        seen = dist.all_gather_object(checkpoints[-1].name if checkpoints else None)
+        if len(set(seen)) > 1:
+            raise UserError(
+                f"the ranks see different latest checkpoints in {self.run_dir} ({seen}): with "
+                "several machines, run_dir must be on a shared file system"
+            )
         if not checkpoints:
             log(f"resume: no checkpoint in {self.run_dir}; starting from scratch")
-            return
+            return None
         ckpt = load_checkpoint(checkpoints[-1], map_location=self.device)
         if ckpt.config != self.model_config:
-            from aiayn.errors import UserError
-
             raise UserError(f"{ckpt.path}: its model config differs from this run's config")
-        self.model.load_state_dict(ckpt.model.state_dict())
-        load_optimizer(ckpt.path, self.optimizer, ckpt.state)
-        if "grad_scaler" in ckpt.state:
-            self.scaler.load_state_dict(ckpt.state["grad_scaler"])
+        saved, world = int(ckpt.state.get("world_size", 1)), self.dist.world_size
+        if saved != world:
+            raise UserError(
+                f"{ckpt.path} was written by a run of {saved} process(es) but this run has "
+                f"{world}: resuming with another world size is not supported (the data shards "
+                f"and the per-rank dropout streams depend on it); resume with {saved} "
+                f"process(es) in all (torchrun: nnodes x nproc-per-node = {saved})"
+            )
+        return ckpt
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        """Optimizer, loss scaler, data position and RNG state from ``ckpt`` (weights: done)."""
+        if self.sharded:
+            full = read_optimizer_state(ckpt.path, ckpt.state)
+            dist.load_full_optimizer_state_dict(self.model, self.optimizer, full)
+        else:
+            load_optimizer(ckpt.path, self.optimizer, ckpt.state)
         s = ckpt.state
+        if "grad_scaler" in s:
+            self.scaler.load_state_dict(s["grad_scaler"])
         self.step, self.epoch, self.batch_index = s["step"], s["epoch"], s["batch_index"]
         self.best_bleu = s.get("best_bleu", -math.inf)
-        set_rng_state(s["rng"])
+        set_rng_state(s["rng_per_rank"][self.dist.rank] if self.dist.distributed else s["rng"])
         log(
             f"resume: from {ckpt.path.name} at step {self.step}, epoch {self.epoch}, "
             f"batch {self.batch_index}"
         )
 
     def _state(self, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {
+        """A checkpoint's JSON state; collective with several processes (every rank's RNG)."""
+        rngs = dist.all_gather_object(rng_state())
+        state = {
             "step": self.step,
             "epoch": self.epoch,
             "batch_index": self.batch_index,
+            "world_size": self.dist.world_size,
             "best_bleu": self.best_bleu,
             "grad_scaler": self.scaler.state_dict(),
-            "rng": rng_state(),
+            "rng": rngs[0],
             "run_config": self.run.to_dict(),
             "tokenizer": str(self.data.tokenizer_file),
             "metrics": metrics or {},
         }
+        if self.dist.distributed:
+            state["rng_per_rank"] = rngs
+        return state
 
-    def save(self, metrics: dict[str, Any] | None = None) -> Path:
-        """Write ``checkpoints/step_XXXXXXXX`` and prune old ones."""
+    def _full_model(self) -> Transformer:
+        """The model with all its weights: ``self.model``, or under FSDP an unsharded copy.
+
+        Collective under FSDP: every rank calls it; ranks > 0 get ``self.model`` back.
+        """
+        if not self.sharded:
+            return self.model
+        weights = dist.full_model_state_dict(self.model)
+        if not self.dist.is_main:
+            return self.model
+        with torch.random.fork_rng(devices=[]):  # building a model draws initial weights
+            full = Transformer(self.model_config)
+        full.load_state_dict(weights)
+        return full.to(self.device)
+
+    def save(self, metrics: dict[str, Any] | None = None, model: Transformer | None = None) -> Path:
+        """Write ``checkpoints/step_XXXXXXXX`` and prune old ones (every rank calls; rank 0
+        writes, the others wait until it is written)."""
         path = self.run_dir / "checkpoints" / f"step_{self.step:08d}"
-        save_checkpoint(
-            path, self.model, self._state(metrics), self.data.tokenizer_file, self.optimizer
+        model = self._full_model() if model is None else model
+        optimizer_state = (
+            dist.full_optimizer_state_dict(self.model, self.optimizer) if self.sharded else None
         )
-        prune_checkpoints(self.run_dir, self.cfg.keep_last)
+        state = self._state(metrics)
+        if self.dist.is_main:
+            save_checkpoint(
+                path,
+                model,
+                state,
+                self.data.tokenizer_file,
+                self.optimizer,
+                optimizer_state=optimizer_state,
+            )
+            prune_checkpoints(self.run_dir, self.cfg.keep_last)
+        dist.barrier()
+        self._last_saved = path
         return path
 
     def _record(self, entry: dict[str, Any]) -> None:
+        if not self.dist.is_main:
+            return
         self.history.append(entry)
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
 
     # -- the step --------------------------------------------------------------------------------
     def _micro_batches(self) -> list[list[int]] | None:
-        """The next ``accum_steps`` batches of the epoch order (None when the epoch is over)."""
+        """This rank's batches for the next step (None when the epoch is over).
+
+        A step takes the next ``world_size × accum_steps`` batches of the epoch order; rank r
+        gets the r-th run of ``accum_steps`` of them. ``batch_index`` counts globally (the same
+        on every rank). With one process a short last step takes what is left; with several a
+        short tail is skipped, so that all ranks take the same steps.
+        """
         batches = self.sampler.batches(self.epoch)
-        if self.batch_index >= len(batches):
+        world, accum = self.dist.world_size, self.cfg.accum_steps
+        if self.batch_index >= len(batches) or (
+            world > 1 and self.batch_index + world * accum > len(batches)
+        ):
             return None
-        chunk = batches[self.batch_index : self.batch_index + self.cfg.accum_steps]
-        self.batch_index += len(chunk)
+        start = self.batch_index + self.dist.rank * accum
+        chunk = batches[start : start + accum]
+        self.batch_index = min(self.batch_index + world * accum, len(batches))
         return chunk
 
     def accumulate_gradients(self, batches: list[Batch]) -> tuple[Tensor, Tensor, int]:
         """Backward over micro-batches, each loss divided by the target tokens of them all.
 
         So the gradient is that of the whole effective batch's mean loss, however it is split.
-        Returns the (loss sum, NLL sum, target tokens) of the effective batch.
+        With several processes "all" means over every rank's micro-batches (the count is
+        all-reduced first), only the last micro-batch reduces the gradients (``no_sync``), and
+        the loss is multiplied by the world size because DDP/FSDP average over ranks: the
+        result is a one-process step over the global batch. Returns this rank's (loss sum,
+        NLL sum) and the global target tokens.
         """
-        total_tokens = sum(b.num_tgt_tokens for b in batches)  # the whole effective batch
+        local_tokens = sum(b.num_tgt_tokens for b in batches)
+        total_tokens = self._global_count(local_tokens)  # the whole effective batch
+        world = self.dist.world_size
         eps = self.model_config.label_smoothing
         loss_sum = torch.zeros((), device=self.device)
         nll_sum = torch.zeros((), device=self.device)
-        for batch in batches:
-            with torch.autocast(
-                self.device.type,
-                dtype=self.amp_dtype or torch.float32,
-                enabled=self.amp_dtype is not None,
-            ):
-                log_probs = self.model(batch.src, batch.tgt_in)  # (B, T, V)
-            sums = label_smoothed_nll(log_probs, batch.tgt_out, eps, self.model_config.pad_id)
-            self.scaler.scale(sums.loss / total_tokens).backward()
+        for i, batch in enumerate(batches):
+            with dist.gradient_sync(self.train_model, enabled=i == len(batches) - 1):
+                with torch.autocast(
+                    self.device.type,
+                    dtype=self.amp_dtype or torch.float32,
+                    enabled=self.amp_dtype is not None,
+                ):
+                    log_probs = self.train_model(batch.src, batch.tgt_in)  # (B, T, V)
+                sums = label_smoothed_nll(log_probs, batch.tgt_out, eps, self.model_config.pad_id)
+                self.scaler.scale(sums.loss * world / total_tokens).backward()
             loss_sum += sums.loss.detach()
             nll_sum += sums.nll
         return loss_sum, nll_sum, total_tokens
 
+    def _global_count(self, local: int) -> int:
+        if not self.dist.distributed:
+            return local
+        count = torch.tensor([local], dtype=torch.int64, device=self.device)
+        return int(dist.all_reduce_sum(count).item())
+
     def train_step(self, micro: list[list[int]]) -> StepStats:
         """One optimizer step over the micro-batches (gradient accumulation), eq. (3) lr."""
-        self.model.train()
+        self.train_model.train()
         batches = [self.data.train.collate(ids).to(self.device, non_blocking=True) for ids in micro]
         loss_sum, nll_sum, total_tokens = self.accumulate_gradients(batches)
         if self.cfg.clip_norm is not None:
@@ -317,9 +441,12 @@ class Trainer:
 
     # -- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, *, bleu_sentences: int | None = None) -> dict[str, float]:
-        """Validation loss, NLL, perplexity and greedy BLEU."""
-        self.model.eval()
+    def evaluate(
+        self, *, bleu_sentences: int | None = None, model: Transformer | None = None
+    ) -> dict[str, float]:
+        """Validation loss, NLL, perplexity and greedy BLEU of ``model`` (default: self.model)."""
+        model = self.model if model is None else model
+        model.eval()
         valid = self.data.valid
         sampler = TokenBatchSampler(
             valid.src_lengths, valid.tgt_lengths, self.cfg.max_tokens, seed=0, shuffle=False
@@ -328,7 +455,7 @@ class Trainer:
         for ids in sampler.batches(0):
             batch = valid.collate(ids).to(self.device)
             sums = label_smoothed_nll(
-                self.model(batch.src, batch.tgt_in),
+                model(batch.src, batch.tgt_in),
                 batch.tgt_out,
                 self.model_config.label_smoothing,
                 self.model_config.pad_id,
@@ -341,7 +468,7 @@ class Trainer:
         n = self.run.data.bleu_sentences if bleu_sentences is None else bleu_sentences
         n = len(valid) if n == 0 else min(n, len(valid))
         greedy = DecodeOptions(beam_size=1, max_tokens=self.cfg.max_tokens)
-        best = translate_ids(self.model, valid.src[:n], self.data.tokenizer, greedy)
+        best = translate_ids(model, valid.src[:n], self.data.tokenizer, greedy)
         hyps = self.data.tokenizer.decode_batch([h[0].tokens for h in best])
         refs = [self.data.valid_pairs[int(i)][1] for i in valid.source_indices[:n]]
         bleu = corpus_bleu(hyps, refs).score
@@ -354,49 +481,42 @@ class Trainer:
         }
 
     def _validate_and_save(self) -> dict[str, float]:
-        metrics = self.evaluate()
+        """Validate (rank 0; the others wait for its metrics) and save (every rank calls)."""
+        model = self._full_model()
+        metrics: dict[str, float] = dist.broadcast_object(
+            self.evaluate(model=model) if self.dist.is_main else None
+        )
         self._validated_at = self.step
         self._record({"kind": "valid", "step": self.step, **metrics})
-        path = self.save(metrics)
+        path = self.save(metrics, model)
         if metrics["bleu"] > self.best_bleu:
             self.best_bleu = metrics["bleu"]
-            save_checkpoint(
-                self.run_dir / "checkpoints" / "best",
-                self.model,
-                self._state(metrics),
-                self.data.tokenizer_file,
-            )
+            state = self._state(metrics)
+            if self.dist.is_main:
+                best = self.run_dir / "checkpoints" / "best"
+                save_checkpoint(best, model, state, self.data.tokenizer_file)
         log(
             f"valid step {self.step}: loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} "
             f"BLEU {metrics['bleu']:.2f} ({int(metrics['bleu_sentences'])} sentences) "
             f"-> {path.name}"
         )
-        plot_curves(self.history, self.run_dir / "curves.png")
+        if self.dist.is_main:
+            plot_curves(self.history, self.run_dir / "curves.png")
         return metrics
 
     # -- the loop --------------------------------------------------------------------------------
     def fit(self) -> TrainResult:
         """Train until max_steps / max_epochs / max_minutes, then validate and save."""
         cfg = self.cfg
-        tok, train = self.data.tokenizer, self.data.train
-        n_params = count_parameters(self.model)
-        log(
-            f"model: {n_params / 1e6:.1f}M parameters, vocab {tok.vocab_size}, device "
-            f"{self.device}, precision {self.amp_dtype or 'fp32'}, "
-            f"threads {torch.get_num_threads()}"
-        )
-        log(
-            f"batches: {len(self.sampler)} per epoch of {len(train)} pairs at max_tokens "
-            f"{cfg.max_tokens} (x{cfg.accum_steps} accumulation); padding "
-            f"{100 * self.sampler.padding_fraction(self.epoch):.1f}%"
-        )
-        bar = _progress(cfg.max_steps, self.step, enabled=cfg.progress)
-        started = time.perf_counter()
-        window_tokens, window_start = 0, time.perf_counter()
+        self._log_setup()
+        bar = _progress(cfg.max_steps, self.step, enabled=cfg.progress and self.dist.is_main)
+        started = window_start = time.perf_counter()
         window: list[StepStats] = []
         last_valid: dict[str, float] | None = None
         while self.step < cfg.max_steps:
-            if cfg.max_minutes is not None and time.perf_counter() - started > 60 * cfg.max_minutes:
+            if cfg.max_minutes is not None and dist.any_rank(
+                time.perf_counter() - started > 60 * cfg.max_minutes, self.device
+            ):
                 log(f"stop: time budget of {cfg.max_minutes} minutes reached")
                 break
             micro = self._micro_batches()
@@ -406,28 +526,10 @@ class Trainer:
                     log(f"stop: {cfg.max_epochs} epochs done")
                     break
                 continue
-            out = self.train_step(micro)
-            window.append(out)
-            window_tokens += out.tokens
+            window.append(self.train_step(micro))
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                tokens = sum(o.tokens for o in window)
-                loss = float(sum(o.loss_sum for o in window)) / tokens  # one sync per log line
-                nll = float(sum(o.nll_sum for o in window)) / tokens
-                rate = window_tokens / (time.perf_counter() - window_start)
-                entry = {
-                    "kind": "train",
-                    "step": self.step,
-                    "epoch": self.epoch,
-                    "loss": loss,
-                    "nll": nll,
-                    "ppl": math.exp(min(nll, 50)),
-                    "lr": out.lr,
-                    "tgt_tokens_per_s": rate,
-                    "padding": sum(o.padding for o in window) / len(window),
-                }
-                self._record(entry)
-                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{out.lr:.2e}", tok_s=f"{rate:.0f}")
-                window, window_tokens, window_start = [], 0, time.perf_counter()
+                self._log_window(window, time.perf_counter() - window_start, bar)
+                window, window_start = [], time.perf_counter()
             bar.update(1)
             if cfg.eval_every and self.step % cfg.eval_every == 0:
                 last_valid = self._validate_and_save()
@@ -437,26 +539,74 @@ class Trainer:
         minutes = (time.perf_counter() - started) / 60
         if last_valid is None or self._validated_at != self.step:
             last_valid = self._validate_and_save()
+        assert self._last_saved is not None
         result = TrainResult(
-            self.run_dir,
-            self.step,
-            self.epoch,
-            minutes,
-            list_checkpoints(self.run_dir)[-1],
-            last_valid,
+            self.run_dir, self.step, self.epoch, minutes, self._last_saved, last_valid
         )
+        self._finish(result)
+        return dist.broadcast_object(result)  # rank 0's, with the averaged/test scores
+
+    def _log_setup(self) -> None:
+        cfg, tok, train = self.cfg, self.data.tokenizer, self.data.train
+        n_params = count_parameters(self.model)
+        log(
+            f"model: {n_params / 1e6:.1f}M parameters, vocab {tok.vocab_size}, device "
+            f"{self.device}, precision {self.amp_dtype or 'fp32'}, "
+            f"threads {torch.get_num_threads()}"
+        )
+        if self.dist.distributed:
+            log(
+                f"distributed: {self.dist.world_size} processes, {cfg.distributed.upper()} over "
+                f"{self.dist.backend}; a step takes {self.dist.world_size} x {cfg.accum_steps} "
+                "batches; rank 0 logs and saves"
+            )
+        log(
+            f"batches: {len(self.sampler)} per epoch of {len(train)} pairs at max_tokens "
+            f"{cfg.max_tokens} (x{cfg.accum_steps} accumulation); padding "
+            f"{100 * self.sampler.padding_fraction(self.epoch):.1f}%"
+        )
+
+    def _log_window(self, window: list[StepStats], seconds: float, bar: Any) -> None:
+        """Record the mean training loss since the last line: one host sync, one all-reduce."""
+        tokens = sum(o.tokens for o in window)  # global already
+        zero = torch.zeros((), device=self.device)
+        sums = torch.stack(
+            [sum((o.loss_sum for o in window), zero), sum((o.nll_sum for o in window), zero)]
+        )
+        loss_sum, nll_sum = dist.all_reduce_sum(sums).tolist()
+        loss, nll, rate = loss_sum / tokens, nll_sum / tokens, tokens / seconds
+        entry = {
+            "kind": "train",
+            "step": self.step,
+            "epoch": self.epoch,
+            "loss": loss,
+            "nll": nll,
+            "ppl": math.exp(min(nll, 50)),
+            "lr": window[-1].lr,
+            "tgt_tokens_per_s": rate,
+            "padding": sum(o.padding for o in window) / len(window),
+        }
+        self._record(entry)
+        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{window[-1].lr:.2e}", tok_s=f"{rate:.0f}")
+
+    def _finish(self, result: TrainResult) -> None:
+        """Average the last checkpoints (§6.1) and score the test set, on rank 0."""
+        cfg = self.cfg
+        wanted = cfg.average_last > 1 or bool(self.data.test_pairs)
+        model = self._full_model() if wanted else self.model  # collective under FSDP
+        if not self.dist.is_main:
+            return
         if cfg.average_last > 1 and len(list_checkpoints(self.run_dir)) > 1:
             paths = list_checkpoints(self.run_dir)[-cfg.average_last :]
             result.averaged_checkpoint = average_checkpoints(
                 paths, self.run_dir / "checkpoints" / "averaged"
             )
-            averaged_model = self.model
-            averaged_model.load_state_dict(
+            model.load_state_dict(
                 load_checkpoint(
                     result.averaged_checkpoint, map_location=self.device
                 ).model.state_dict()
             )
-            result.averaged_valid = self.evaluate()
+            result.averaged_valid = self.evaluate(model=model)
             self._record(
                 {
                     "kind": "valid_averaged",
@@ -468,18 +618,18 @@ class Trainer:
             log(
                 f"averaged last {len(paths)} checkpoints -> "
                 f"BLEU {result.averaged_valid['bleu']:.2f}"
-                f" (last checkpoint: {last_valid['bleu']:.2f})"
+                f" (last checkpoint: {result.valid['bleu']:.2f})"
             )
         if self.data.test_pairs:
-            result.test_bleu = self.score_test_set()
+            result.test_bleu = self.score_test_set(model)
         plot_curves(self.history, self.run_dir / "curves.png")
-        return result
 
-    def score_test_set(self) -> float:
-        """Greedy-translate the test set with the current weights; write and score it."""
+    def score_test_set(self, model: Transformer | None = None) -> float:
+        """Greedy-translate the test set with ``model`` (default: self.model); write and score."""
+        model = self.model if model is None else model
         sources = [s for s, _ in self.data.test_pairs]
         references = [t for _, t in self.data.test_pairs]
-        hyps = translate_texts(self.model, self.data.tokenizer, sources)
+        hyps = translate_texts(model, self.data.tokenizer, sources)
         (self.run_dir / "test.hyp.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
         bleu, chrf = corpus_bleu(hyps, references), corpus_chrf(hyps, references)
         self._record(
@@ -496,8 +646,20 @@ class Trainer:
 
 
 def train(run: RunConfig, *, resume: bool = False) -> TrainResult:
-    """Train the model ``run`` describes; see :class:`Trainer`."""
-    return Trainer(run, resume=resume).fit()
+    """Train the model ``run`` describes (under torchrun: this process's part); see
+    :class:`Trainer`. Every rank returns rank 0's result."""
+    trainer = Trainer(run, resume=resume)
+    result = trainer.fit()
+    if trainer.dist.distributed:
+        del trainer  # DDP/FSDP hold the process group: free them before leaving it
+        gc.collect()
+        dist.cleanup()
+    return result
+
+
+def _rank_seed(seed: int, rank: int) -> int:
+    """A seed for rank ``rank`` > 0, independent of ``seed`` + k for other runs."""
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
 
 
 def _seed_everything(seed: int) -> None:

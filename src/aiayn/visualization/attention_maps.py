@@ -32,16 +32,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from aiayn.data.tokenizer import SPECIAL_TOKENS, Tokenizer
+from aiayn.decoding.translate import DecodeOptions, translate_ids
 from aiayn.errors import UserError
-
-if TYPE_CHECKING:
-    from aiayn.decoding.translate import DecodeOptions, translate_ids
 from aiayn.models import Transformer
 
 __all__ = [
