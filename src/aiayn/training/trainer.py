@@ -47,7 +47,7 @@ from aiayn.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from aiayn.training.config import RunConfig
+from aiayn.training.config import RunConfig, TrainConfig
 from aiayn.training.loss import label_smoothed_nll
 from aiayn.training.plot import plot_curves
 from aiayn.training.schedule import transformer_lr
@@ -509,7 +509,8 @@ class Trainer:
         """Train until max_steps / max_epochs / max_minutes, then validate and save."""
         cfg = self.cfg
         self._log_setup()
-        bar = _progress(cfg.max_steps, self.step, enabled=cfg.progress and self.dist.is_main)
+        progress = _Progress(cfg, self.step, enabled=cfg.progress and self.dist.is_main)
+        bar = progress.bar
         started = window_start = time.perf_counter()
         window: list[StepStats] = []
         last_valid: dict[str, float] | None = None
@@ -530,12 +531,12 @@ class Trainer:
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                 self._log_window(window, time.perf_counter() - window_start, bar)
                 window, window_start = [], time.perf_counter()
-            bar.update(1)
+            progress.advance(self.step)
             if cfg.eval_every and self.step % cfg.eval_every == 0:
                 last_valid = self._validate_and_save()
             elif cfg.save_every and self.step % cfg.save_every == 0:
                 self.save()
-        bar.close()
+        progress.close()
         minutes = (time.perf_counter() - started) / 60
         if last_valid is None or self._validated_at != self.step:
             last_valid = self._validate_and_save()
@@ -668,14 +669,36 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _progress(total: int, initial: int, *, enabled: bool) -> Any:
-    from tqdm import tqdm
+class _Progress:
+    """The progress bar: over steps, or over the time budget when ``max_minutes`` is set (so
+    that its ETA is the real one); the step number, loss, lr and tokens/s show beside it."""
 
-    return tqdm(
-        total=total,
-        initial=initial,
-        disable=not enabled,
-        unit="step",
-        dynamic_ncols=True,
-        mininterval=1.0,
-    )
+    def __init__(self, cfg: TrainConfig, initial_step: int, *, enabled: bool):
+        from tqdm import tqdm
+
+        self.budget = None if cfg.max_minutes is None else int(60 * cfg.max_minutes)
+        self.started = time.perf_counter()
+        self.bar = tqdm(
+            total=cfg.max_steps if self.budget is None else self.budget,
+            initial=initial_step if self.budget is None else 0,
+            disable=not enabled,
+            unit="step" if self.budget is None else "s",
+            bar_format=None
+            if self.budget is None
+            else "{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}",
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
+
+    def advance(self, step: int) -> None:
+        """Record that optimizer step ``step`` is done."""
+        if self.budget is None:
+            self.bar.update(1)
+            return
+        self.bar.set_description(f"step {step}", refresh=False)
+        elapsed = min(int(time.perf_counter() - self.started), self.budget)
+        self.bar.update(elapsed - self.bar.n)
+
+    def close(self) -> None:
+        """Close the bar."""
+        self.bar.close()
