@@ -15,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from aiayn.config import preset
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.models import Transformer
+from aiayn.training.checkpoint import load_checkpoint
 from aiayn.visualization.attention_maps import collect_attention
 from aiayn.visualization.html_report import write_attention_html
 
@@ -63,22 +61,13 @@ def _missing() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The HTML page for a random 1+2-layer, 2-head model and a given sentence pair."""
-    pairs = ["the cat sat on the mat", "die katze sass auf der matte", "a dog", "ein hund"]
-    tokenizer = Tokenizer.train(pairs, 300, min_frequency=1)
-    torch.manual_seed(0)
-    config = preset(
-        "tiny",
-        vocab_size=tokenizer.vocab_size,
-        d_model=32,
-        d_ff=64,
-        num_heads=2,
-        num_encoder_layers=1,
-        num_decoder_layers=2,
-        dropout=0.0,
+def page(checkpoint_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The HTML page for the tiny checkpoint and a given sentence pair."""
+    checkpoint = load_checkpoint(checkpoint_dir)
+    tokenizer = Tokenizer.load(checkpoint.tokenizer_path)
+    maps = collect_attention(
+        checkpoint.model, tokenizer, "the cat sat on the mat", "die katze sass auf der matte"
     )
-    maps = collect_attention(Transformer(config).eval(), tokenizer, pairs[0], pairs[1])
     return write_attention_html(maps, tmp_path_factory.mktemp("html") / "attention.html")
 
 
