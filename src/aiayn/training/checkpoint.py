@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import random
 import shutil
 from dataclasses import dataclass
@@ -219,10 +218,3 @@ def _b64(data: bytes) -> str:
 
 def _unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a small text file atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
