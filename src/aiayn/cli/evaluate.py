@@ -28,18 +28,14 @@ def register(subparsers: Any) -> None:
         help="also print the paper-style tokenized BLEU with compound splitting "
         "(WMT EN-DE comparisons only; not comparable to sacreBLEU)",
     )
-    add_decoding_arguments(p)
-    # --checkpoint is optional here (only with --src)
-    for action in p._actions:
-        if action.dest == "checkpoint":
-            action.required = False
+    add_decoding_arguments(p, for_evaluate=True)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Translate if asked, then score."""
     from aiayn.cli.translate import read_input
-    from aiayn.decoding.translate import translate_ids
+    from aiayn.decoding.translate import translate_texts
     from aiayn.errors import UserError
     from aiayn.evaluation import corpus_bleu, corpus_chrf, paper_bleu
 
@@ -51,9 +47,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.checkpoint and args.src:
         model, tokenizer, options = load_for_decoding(args)
         sources = read_input(args.src)
-        ids = tokenizer.encode_batch([" ".join(s.split()) for s in sources])
-        nbest = translate_ids(model, ids, tokenizer, options, progress=sys.stderr.isatty())
-        hyps = tokenizer.decode_batch([h[0].tokens for h in nbest])
+        hyps = translate_texts(model, tokenizer, sources, options, progress=sys.stderr.isatty())
         out = Path(args.src).with_suffix(Path(args.src).suffix + ".hyp")
         print(f"translations: {out}", file=sys.stderr)
         out.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")

@@ -24,11 +24,12 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
-    """Options shared by ``translate`` and ``evaluate --checkpoint``."""
+def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = False) -> None:
+    """Options shared by ``translate`` and ``evaluate --checkpoint`` (where the checkpoint is
+    optional and there is no n-best output)."""
     p.add_argument(
         "--checkpoint",
-        required=True,
+        required=not for_evaluate,
         help="checkpoint folder (or a run folder: its latest checkpoint)",
     )
     p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy (default 4)")
@@ -39,12 +40,13 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
         default=4096,
         help="source tokens x beams per batch (default 4096)",
     )
-    p.add_argument(
-        "--n-best",
-        type=int,
-        default=1,
-        help="write the n best hypotheses per line, tab-separated with scores",
-    )
+    if not for_evaluate:
+        p.add_argument(
+            "--n-best",
+            type=int,
+            default=1,
+            help="write the n best hypotheses per line, tab-separated with scores",
+        )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
 
 
@@ -56,7 +58,10 @@ def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from aiayn.training.trainer import resolve_device
 
     options = DecodeOptions(
-        beam_size=args.beam, alpha=args.alpha, max_tokens=args.max_tokens, n_best=args.n_best
+        beam_size=args.beam,
+        alpha=args.alpha,
+        max_tokens=args.max_tokens,
+        n_best=getattr(args, "n_best", 1),
     )
     ckpt = load_checkpoint(args.checkpoint, map_location=resolve_device(args.device))
     return ckpt.model, Tokenizer.load(ckpt.tokenizer_path), options
@@ -80,11 +85,12 @@ def read_input(path: str | None) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Translate and write the results in input order."""
+    from aiayn.data import normalize
     from aiayn.decoding.translate import translate_ids
 
     model, tokenizer, options = load_for_decoding(args)
     lines = read_input(args.input)
-    ids = tokenizer.encode_batch([" ".join(line.split()) for line in lines])
+    ids = tokenizer.encode_batch([normalize(line) for line in lines])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         nbest = translate_ids(model, ids, tokenizer, options, progress=args.input is not None)

@@ -124,16 +124,18 @@ def beam_search(
 
 
 def _constrain(log_probs: Tensor, eos_id: int, *, allow_eos: bool, only_eos: Tensor) -> Tensor:
-    """Forbid EOS before min_len; force EOS for sentences at their length limit."""
-    log_probs = log_probs.clone()
+    """Forbid EOS before min_len; force EOS for sentences at their length limit.
+
+    Edits (b, K, V) ``log_probs`` in place: the step's output belongs to the search. A forced
+    EOS keeps its log-probability, floored at the dtype's most negative finite value.
+    """
     if not allow_eos:
         log_probs[..., eos_id] = -math.inf
     if bool(only_eos.any()):
-        eos_column = log_probs[..., eos_id].clone()  # (b, K)
+        floor = torch.finfo(log_probs.dtype).min
+        eos_column = log_probs[only_eos][..., eos_id].clamp(min=floor)  # (b', K)
         log_probs[only_eos] = -math.inf
-        log_probs[..., eos_id] = torch.where(
-            only_eos[:, None], eos_column.clamp(min=-1e30), eos_column
-        )
+        log_probs[only_eos, :, eos_id] = eos_column
     return log_probs
 
 

@@ -182,13 +182,13 @@ def average_checkpoints(paths: list[Path], out: Path) -> Path:
     if not paths:
         raise UserError("no checkpoints to average")
     newest = load_checkpoint(paths[-1])
-    total: dict[str, torch.Tensor] = {}
-    for path in paths:
+    total = {name: t.double() for name, t in newest.model.state_dict().items()}
+    for path in paths[:-1]:
         other = load_checkpoint(path)
         if other.config != newest.config:
             raise UserError(f"{path} has a different model config from {paths[-1]}")
         for name, tensor in other.model.state_dict().items():
-            total[name] = tensor.double() + total[name] if name in total else tensor.double()
+            total[name] += tensor.double()
     averaged = {name: (t / len(paths)).float() for name, t in total.items()}
     model = newest.model
     model.load_state_dict(averaged)

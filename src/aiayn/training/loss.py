@@ -55,7 +55,7 @@ def label_smoothed_nll(log_probs: Tensor, target: Tensor, epsilon: float, pad_id
     log_probs = log_probs.reshape(-1, vocab)  # (B, T, V) -> (N, V)
     target = target.reshape(-1)  # (B, T) -> (N,)
     keep = target != pad_id  # (N,)
-    gold = log_probs.gather(1, target.clamp(min=0)[:, None])[:, 0]  # (N,)
+    gold = log_probs.gather(1, target[:, None])[:, 0]  # (N,)
     nll = -(gold * keep).sum()
     smooth = -(log_probs.sum(dim=-1) * keep).sum()  # Σ_k −log p(k) over kept positions
     loss = (1.0 - epsilon) * nll + (epsilon / vocab) * smooth

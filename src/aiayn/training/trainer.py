@@ -235,6 +235,8 @@ class Trainer:
         self.best_bleu = -math.inf
         self._validated_at = -1
         self._last_saved: Path | None = None
+        self._batches: list[list[int]] = []
+        self._batches_epoch = -1
         self.history: list[dict[str, Any]] = []
         if checkpoint is not None:
             self._restore(checkpoint)
@@ -371,7 +373,7 @@ class Trainer:
         on every rank). With one process a short last step takes what is left; with several a
         short tail is skipped, so that all ranks take the same steps.
         """
-        batches = self.sampler.batches(self.epoch)
+        batches = self._epoch_batches()
         world, accum = self.dist.world_size, self.cfg.accum_steps
         if self.batch_index >= len(batches) or (
             world > 1 and self.batch_index + world * accum > len(batches)
@@ -381,6 +383,13 @@ class Trainer:
         chunk = batches[start : start + accum]
         self.batch_index = min(self.batch_index + world * accum, len(batches))
         return chunk
+
+    def _epoch_batches(self) -> list[list[int]]:
+        """The current epoch's batch order, built once per epoch (not once per step)."""
+        if self._batches_epoch != self.epoch:
+            self._batches = self.sampler.batches(self.epoch)
+            self._batches_epoch = self.epoch
+        return self._batches
 
     def accumulate_gradients(self, batches: list[Batch]) -> tuple[Tensor, Tensor, int]:
         """Backward over micro-batches, each loss divided by the target tokens of them all.
@@ -602,11 +611,7 @@ class Trainer:
             result.averaged_checkpoint = average_checkpoints(
                 paths, self.run_dir / "checkpoints" / "averaged"
             )
-            model.load_state_dict(
-                load_checkpoint(
-                    result.averaged_checkpoint, map_location=self.device
-                ).model.state_dict()
-            )
+            model = load_checkpoint(result.averaged_checkpoint, map_location=self.device).model
             result.averaged_valid = self.evaluate(model=model)
             self._record(
                 {
