@@ -132,14 +132,18 @@ def test_batch_count_is_the_same_every_epoch() -> None:
 def test_batches_group_similar_lengths() -> None:
     src, tgt = _random_lengths()
     sampler = TokenBatchSampler(src, tgt, 300, seed=0)
-    # Each batch is a run of the (src_len, tgt_len) order: put the batches back in length order
-    # and the concatenated lengths are sorted.
-    keyed = [sorted((int(src[i]), int(tgt[i])) for i in b) for b in sampler.batches(0)]
+
+    # Each batch is a run of the (longer side, tgt_len, src_len) order: put the batches back in
+    # that order and the concatenated keys are sorted.
+    def key(i: int) -> tuple[int, int, int]:
+        return max(int(src[i]), int(tgt[i])), int(tgt[i]), int(src[i])
+
+    keyed = [sorted(key(i) for i in b) for b in sampler.batches(0)]
     keyed.sort()
     flat = [key for run in keyed for key in run]
     assert flat == sorted(flat)
     ranges = [run[-1][0] - run[0][0] for run in keyed]
-    assert max(ranges) <= 2 and np.mean(ranges) < 0.5  # random lengths span 1..39 + 5
+    assert max(ranges) <= 3 and np.mean(ranges) < 0.5  # random lengths span 1..44
 
 
 def test_oversized_sentence_gets_its_own_batch() -> None:
@@ -196,6 +200,11 @@ def test_padding_fraction_on_real_tatoeba(
     bucketed = TokenBatchSampler(src_len, tgt_len, 4096, seed=1).padding_fraction(0)
     random = TokenBatchSampler(src_len, tgt_len, 4096, seed=1, bucketing=False).padding_fraction(0)
     print(f"padding fraction: bucketed {bucketed:.1%}, random {random:.1%}")
-    assert bucketed < 0.15
+    assert bucketed < 0.07
+    # the target side, where padding costs the most (decoder and output layer), stays lowest
+    lengths = np.asarray(tgt_len) + 1
+    batches = TokenBatchSampler(src_len, tgt_len, 4096, seed=1).batches(0)
+    tgt_slots = sum(len(b) * int(lengths[b].max()) for b in batches)
+    assert 1 - lengths.sum() / tgt_slots < 0.05
     assert random > 0.4
     assert random > 5 * bucketed

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.training import label_smoothed_nll, transformer_lr
+from aiayn.training.loss import label_smoothed_cross_entropy
 
 
 def test_label_smoothing_by_hand() -> None:
@@ -53,3 +54,35 @@ def test_schedule_hand_values() -> None:
     assert lrs[:peak] == sorted(lrs[:peak]) and lrs[peak:] == sorted(lrs[peak:], reverse=True)
     with pytest.raises(ValueError, match="1-based"):
         transformer_lr(0, 512, 4000)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.4])
+def test_fused_cross_entropy_matches_reference_values_and_gradients(epsilon: float) -> None:
+    logits = torch.randn(13, 17, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 17, (13,))
+    fused = label_smoothed_cross_entropy(logits, target, epsilon)
+    want = F.cross_entropy(logits, target, label_smoothing=epsilon, reduction="sum")
+    torch.testing.assert_close(fused.loss, want)
+    torch.testing.assert_close(fused.nll, F.cross_entropy(logits, target, reduction="sum"))
+    assert fused.tokens.item() == 13 and not fused.nll.requires_grad
+    (grad,) = torch.autograd.grad(fused.loss * 0.7, logits)
+    (want_grad,) = torch.autograd.grad(want * 0.7, logits)
+    torch.testing.assert_close(grad, want_grad)
+    assert torch.autograd.gradcheck(
+        lambda z: label_smoothed_cross_entropy(z, target, epsilon).loss, (logits,)
+    )
+
+
+def test_fused_cross_entropy_on_bf16_logits_computes_in_fp32() -> None:
+    logits = torch.randn(6, 40).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(0, 40, (6,))
+    fused = label_smoothed_cross_entropy(logits, target, 0.1)
+    want = F.cross_entropy(logits.float(), target, label_smoothing=0.1, reduction="sum")
+    assert fused.loss.dtype == torch.float32
+    torch.testing.assert_close(fused.loss, want)
+    fused.loss.backward()
+    assert logits.grad is not None and logits.grad.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="epsilon"):
+        label_smoothed_cross_entropy(logits, target, 1.0)
+    with pytest.raises(ValueError, match=r"\(N, V\)"):
+        label_smoothed_cross_entropy(logits[None], target, 0.1)

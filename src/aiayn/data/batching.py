@@ -2,9 +2,13 @@
 
 "Sentence pairs were batched together by approximate sequence length. Each training batch
 contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target
-tokens." — :class:`TokenBatchSampler` does this the way fairseq does: sort the sentences by
-(source length, target length), breaking ties at random, pack consecutive sentences into batches
-under a token budget, then shuffle the order of the batches. Everything random is drawn from
+tokens." — :class:`TokenBatchSampler` does this much as fairseq does: sort the sentences by
+length, breaking ties at random, pack consecutive sentences into batches under a token budget,
+then shuffle the order of the batches. The sort key is (longer side, target length, source
+length), not fairseq's (source length, target length): sorting by the source alone lets target
+lengths spread inside a batch, and target padding is the costly kind (the decoder and the output
+layer run on it). On the demo corpus at 4096 tokens: 3.2% target / 8.5% source padding instead
+of 15.5% / 1.2%, and 12% fewer batches for the same data. Everything random is drawn from
 ``(seed, epoch)``, so a trainer can rebuild an epoch's batch list and resume at any batch index.
 
 Lengths passed to the sampler are subword counts *without* specials (as returned by
@@ -314,7 +318,8 @@ class TokenBatchSampler:
 
     Each epoch:
 
-    1. order the sentences by (source length, target length), ties broken at random
+    1. order the sentences by (max(source, target) length, target length, source length), ties
+       broken at random
        (``bucketing=False``: a random order instead — only useful to measure what bucketing saves);
     2. walk that order and cut a new batch whenever adding the next sentence would make
        ``batch size × (longest length in the batch + 1)`` exceed ``max_tokens``, where a
@@ -410,9 +415,9 @@ class TokenBatchSampler:
         if self.bucketing:
             if self.shuffle:
                 tie_break = rng.random(n)
-                order = np.lexsort((tie_break, self.tgt_lengths, self.src_lengths))
+                order = np.lexsort((tie_break, *self._sort_keys()))
             else:
-                order = np.lexsort((self.tgt_lengths, self.src_lengths))  # stable: index order
+                order = np.lexsort(self._sort_keys())  # stable: ties keep index order
             bounds = self._bucketed_bounds()
         else:
             order = rng.permutation(n) if self.shuffle else np.arange(n)
@@ -427,12 +432,16 @@ class TokenBatchSampler:
         return padding_fraction(self.batches(epoch), self.src_lengths, self.tgt_lengths)
 
     def _bucketed_bounds(self) -> NDArray[np.int64]:
-        # The cost sequence in (src_len, tgt_len) order is the same whatever the tie-break, so
-        # the batch boundaries are computed once.
+        # The cost sequence in sorted order is the same whatever the tie-break, so the batch
+        # boundaries are computed once.
         if self._sorted_bounds is None:
-            order = np.lexsort((self.tgt_lengths, self.src_lengths))
+            order = np.lexsort(self._sort_keys())
             self._sorted_bounds = self._pack(self.costs[order])
         return self._sorted_bounds
+
+    def _sort_keys(self) -> tuple[NDArray[np.int64], ...]:
+        """np.lexsort keys, last = primary: (longer side, target length, source length)."""
+        return (self.src_lengths, self.tgt_lengths, self.costs)
 
     def _pack(self, costs: NDArray[np.int64]) -> NDArray[np.int64]:
         """Greedy packing of ``costs`` in the given order; returns the batch boundaries

@@ -1,5 +1,6 @@
 """Building blocks: embeddings and positions (§3.4–3.5), feed-forward (§3.3), layers (§3.1)."""
 
+from aiayn.layers.dropout import Dropout, dropout
 from aiayn.layers.embedding import (
     LearnedPositionalEmbedding,
     NoPositionalEncoding,
@@ -20,6 +21,7 @@ __all__ = [
     "DecoderLayer",
     "DecoderLayerCache",
     "DecoderLayerOutput",
+    "Dropout",
     "EncoderLayer",
     "FeedForward",
     "LearnedPositionalEmbedding",
@@ -27,5 +29,6 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "SublayerConnection",
     "TokenEmbedding",
+    "dropout",
     "sinusoidal_encoding",
 ]

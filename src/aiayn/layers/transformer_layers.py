@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from aiayn.attention import CrossAttention, KVCache, SelfAttention
 from aiayn.config import TransformerConfig
+from aiayn.layers.dropout import Dropout
 from aiayn.layers.feed_forward import FeedForward
 
 
@@ -28,7 +29,7 @@ class SublayerConnection(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float):
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def before(self, x: Tensor) -> Tensor:

@@ -21,6 +21,7 @@ from aiayn.config import TransformerConfig
 from aiayn.layers import (
     DecoderLayer,
     DecoderLayerCache,
+    Dropout,
     EncoderLayer,
     LearnedPositionalEmbedding,
     NoPositionalEncoding,
@@ -73,7 +74,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.embedding = embedding
         self.positional = build_positional(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_encoder_layers))
         self.final_norm = (
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
@@ -109,7 +110,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.embedding = embedding
         self.positional = build_positional(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_decoder_layers))
         self.final_norm = (
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from aiayn.errors import UserError
+from aiayn.layers import DecoderLayer, EncoderLayer
 
 STRATEGIES = ("ddp", "fsdp")
 # Rank 0 validates (greedy BLEU) and writes checkpoints while the other ranks wait in a
@@ -186,7 +187,9 @@ def wrap_model(model: nn.Module, env: DistEnv, strategy: str) -> nn.Module:
     """The module to train with: ``model`` itself (one process), DDP around it, or it sharded.
 
     ``fsdp`` uses FSDP2 (``torch.distributed.fsdp.fully_shard``): each encoder and decoder layer
-    is a unit, the rest (embeddings, tied output projection, final norms) the root unit. The
+    is a unit, the rest (embeddings, tied output projection, final norms) the root unit
+    (``model`` is the :class:`~aiayn.training.objective.TranslationObjective` or the bare
+    :class:`~aiayn.models.Transformer`). The
     parameters of ``model`` become DTensor shards in place, so ``model`` is returned; gather them
     with :func:`full_model_state_dict`. ``ddp`` keeps ``model`` intact and returns the wrapper.
     """
@@ -216,9 +219,8 @@ def wrap_model(model: nn.Module, env: DistEnv, strategy: str) -> nn.Module:
 
     # a decoder layer's output carries its key/value cache (views); training never writes to them
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module", category=UserWarning)
-    for stack in ("encoder.layers", "decoder.layers"):
-        for layer in model.get_submodule(stack).children():
-            fully_shard(layer)
+    for layer in [m for m in model.modules() if isinstance(m, (EncoderLayer, DecoderLayer))]:
+        fully_shard(layer)
     fully_shard(model)
     return model
 

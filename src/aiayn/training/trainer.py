@@ -48,7 +48,7 @@ from aiayn.training.checkpoint import (
     set_rng_state,
 )
 from aiayn.training.config import RunConfig, TrainConfig
-from aiayn.training.loss import label_smoothed_nll
+from aiayn.training.objective import TranslationObjective
 from aiayn.training.plot import plot_curves
 from aiayn.training.schedule import transformer_lr
 
@@ -171,9 +171,10 @@ class Trainer:
     """Runs one training job described by a :class:`RunConfig` (see :func:`train`).
 
     Under torchrun every process builds its own Trainer. ``self.model`` is the plain
-    :class:`Transformer`; ``self.train_model`` is what the training steps run: ``self.model``
-    itself with one process, DDP around it, or (FSDP) it with its parameters sharded. Rank 0
-    logs, validates and writes files; the others wait for it in the next collective.
+    :class:`Transformer`; ``self.objective`` is the loss module around it
+    (:class:`TranslationObjective`), and ``self.train_model`` is what the training steps run:
+    the objective itself with one process, DDP around it, or (FSDP) it with its parameters
+    sharded. Rank 0 logs, validates and writes files; the others wait for it in the next collective.
     """
 
     def __init__(self, run: RunConfig, *, resume: bool = False):
@@ -206,7 +207,8 @@ class Trainer:
         checkpoint = self._latest_checkpoint() if resume else None
         if checkpoint is not None:  # before sharding: FSDP shards the loaded weights
             self.model.load_state_dict(checkpoint.model.state_dict())
-        self.train_model = dist.wrap_model(self.model, self.dist, self.cfg.distributed)
+        self.objective = TranslationObjective(self.model)
+        self.train_model = dist.wrap_model(self.objective, self.dist, self.cfg.distributed)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(),
             lr=0.0,
@@ -404,7 +406,6 @@ class Trainer:
         local_tokens = sum(b.num_tgt_tokens for b in batches)
         total_tokens = self._global_count(local_tokens)  # the whole effective batch
         world = self.dist.world_size
-        eps = self.model_config.label_smoothing
         loss_sum = torch.zeros((), device=self.device)
         nll_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
@@ -414,8 +415,9 @@ class Trainer:
                     dtype=self.amp_dtype or torch.float32,
                     enabled=self.amp_dtype is not None,
                 ):
-                    log_probs = self.train_model(batch.src, batch.tgt_in)  # (B, T, V)
-                sums = label_smoothed_nll(log_probs, batch.tgt_out, eps, self.model_config.pad_id)
+                    sums = self.train_model(
+                        batch.src, batch.tgt_in, batch.tgt_out, batch.num_tgt_tokens
+                    )
                 self.scaler.scale(sums.loss * world / total_tokens).backward()
             loss_sum += sums.loss.detach()
             nll_sum += sums.nll
@@ -456,6 +458,7 @@ class Trainer:
         """Validation loss, NLL, perplexity and greedy BLEU of ``model`` (default: self.model)."""
         model = self.model if model is None else model
         model.eval()
+        objective = TranslationObjective(model)
         valid = self.data.valid
         sampler = TokenBatchSampler(
             valid.src_lengths, valid.tgt_lengths, self.cfg.max_tokens, seed=0, shuffle=False
@@ -463,12 +466,7 @@ class Trainer:
         loss = nll = tokens = 0.0
         for ids in sampler.batches(0):
             batch = valid.collate(ids).to(self.device)
-            sums = label_smoothed_nll(
-                model(batch.src, batch.tgt_in),
-                batch.tgt_out,
-                self.model_config.label_smoothing,
-                self.model_config.pad_id,
-            )
+            sums = objective(batch.src, batch.tgt_in, batch.tgt_out, batch.num_tgt_tokens)
             loss, nll, tokens = (
                 loss + sums.loss.item(),
                 nll + sums.nll.item(),

@@ -1,0 +1,53 @@
+"""The training objective of §5.4 as a module: teacher forcing + label-smoothed cross-entropy.
+
+Training calls this module, not the model, so that DDP/FSDP wrap the whole step's forward. It
+differs from ``log_probs = model(src, tgt_in)`` followed by :func:`label_smoothed_nll` only in
+speed: the final linear layer (§3.4) runs at the non-pad target positions alone, and the
+log-softmax is fused into the loss (:func:`label_smoothed_cross_entropy`).
+
+Shape legend:
+    B batch   S source length   T target length   D d_model   V vocabulary
+    N non-pad target positions of the batch
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.models import Transformer
+from aiayn.training.loss import LossSums, label_smoothed_cross_entropy
+
+
+class TranslationObjective(nn.Module):
+    """Σ label-smoothed CE (ε from the model config) of a batch under teacher forcing.
+
+    Args:
+        model: the encoder–decoder Transformer being trained (its parameters are this
+            module's).
+    """
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, num_tgt_tokens: int
+    ) -> LossSums:
+        """Args:
+        src: (B, S) source ids.
+        tgt_in: (B, T) decoder inputs (BOS y_1 … y_{T-1}).
+        tgt_out: (B, T) gold next tokens (y_1 … EOS), padded with ``pad_id``.
+        num_tgt_tokens: N, the non-pad entries of ``tgt_out`` (known on the host, so selecting
+            them needs no device-to-host sync).
+        """
+        m, config = self.model, self.model.config
+        src_mask = m.source_mask(src)  # (B, 1, 1, S)
+        memory = m.encoder(src, src_mask).memory  # (B, S, D)
+        hidden = m.decode(tgt_in, memory, src_mask).hidden  # (B, T, D)
+        real = (tgt_out != config.pad_id).reshape(-1)  # (B·T,)
+        keep = torch.nonzero_static(real, size=num_tgt_tokens)[:, 0]  # (N,) flat positions
+        hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, keep)  # (B·T, D) -> (N, D)
+        logits = m.output_proj(hidden)  # (N, D) @ (D, V) -> (N, V)
+        gold = tgt_out.reshape(-1).index_select(0, keep)  # (N,)
+        return label_smoothed_cross_entropy(logits, gold, config.label_smoothing)

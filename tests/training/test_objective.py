@@ -1,0 +1,44 @@
+"""The training objective (output layer on non-pad positions, fused loss) equals the explicit
+forward + log-softmax + label-smoothed NLL, in value and in every parameter's gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn.config import preset
+from aiayn.models import Transformer
+from aiayn.training.loss import label_smoothed_nll
+from aiayn.training.objective import TranslationObjective
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    src = torch.randint(4, 60, (3, 7))
+    src[1, 5:] = 0
+    tgt = torch.randint(4, 60, (3, 6))
+    tgt[0, 4:] = 0
+    tgt[2, 2:] = 0
+    tgt_in = torch.cat([torch.ones(3, 1, dtype=torch.long), tgt[:, :-1]], dim=1)
+    return src, tgt_in, tgt
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_objective_equals_explicit_loss_and_gradients(norm_first: bool) -> None:
+    config = preset("tiny", vocab_size=60, dropout=0.0, norm_first=norm_first)
+    model = Transformer(config)
+    src, tgt_in, tgt_out = _batch()
+    n = int((tgt_out != 0).sum())
+
+    sums = TranslationObjective(model)(src, tgt_in, tgt_out, n)
+    sums.loss.backward()
+    fast = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    want = label_smoothed_nll(model(src, tgt_in), tgt_out, config.label_smoothing, 0)
+    want.loss.backward()
+
+    torch.testing.assert_close(sums.loss, want.loss)
+    torch.testing.assert_close(sums.nll, want.nll)
+    assert sums.tokens.item() == want.tokens.item() == n
+    assert fast.keys() == {k for k, p in model.named_parameters() if p.grad is not None}
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(fast[name], p.grad, msg=name)
