@@ -7,7 +7,7 @@ embeddings), same sizes and vocabulary, random weights, the same source batches,
 forced to exactly `--out-len` tokens (EOS forbidden before, forced at the end) so both do the same
 work. Reports output tokens/s, the ratio aiayn / HF, and aiayn's KV-cache speed-up over
 recomputing the whole prefix at every step. Medians of `--repeats` runs, min and max kept.
-Writes benchmarks/results/decode_vs_hf_PRESET.{json,md}.
+Writes docs/results/decode_vs_hf_PRESET.{json,md}.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def main() -> None:
         f"vocab {args.vocab_size}, source length {args.src_len}",
         "rows": rows,
     }
-    out = ROOT / "benchmarks" / "results"
+    out = ROOT / "docs" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"decode_vs_hf_{args.preset}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [

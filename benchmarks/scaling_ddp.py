@@ -12,7 +12,7 @@ Tatoeba EN-DE corpus three ways over the *same global batches* (2 x max_tokens p
 All with ``OMP_NUM_THREADS=1`` and ``train.threads=1``: one core per process. Throughput is the
 trainer's own ``tgt_tokens_per_s`` (target tokens of the global batch per second), averaged over
 the logged windows after the first (warm-up). Efficiency = speed-up / number of processes.
-Writes benchmarks/results/scaling_ddp.{json,md}.
+Writes docs/results/scaling_ddp.{json,md}.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def main() -> None:
         "global_batch": f"2 x {args.max_tokens} tokens per step (same batches in every row)",
         "rows": rows,
     }
-    out = ROOT / "benchmarks" / "results"
+    out = ROOT / "docs" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "scaling_ddp.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [

@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from aiayn.attention import causal_mask, combine_masks, lengths_mask, scaled_dot_product_attention
+from aiayn.attention import (
+    CAUSAL,
+    Causal,
+    causal_mask,
+    combine_masks,
+    lengths_mask,
+    scaled_dot_product_attention,
+)
 
 
 def test_matches_the_formula_by_hand() -> None:
@@ -58,3 +65,20 @@ def test_non_boolean_mask_is_rejected() -> None:
     q = torch.randn(1, 1, 2, 4)
     with pytest.raises(TypeError, match="boolean"):
         scaled_dot_product_attention(q, q, q, torch.zeros(1, 1, 2, 2))
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize(("t", "s"), [(6, 6), (2, 6), (1, 6)])
+def test_causal_stand_in_equals_the_built_causal_mask(need_weights: bool, t: int, s: int) -> None:
+    """CAUSAL (the is_causal kernel when T = S) == the causal_mask tensor, also bottom-right
+    aligned for T < S (incremental decoding), on the fast and the explicit path."""
+    q, k, v = torch.randn(2, 3, t, 8), torch.randn(2, 3, s, 8), torch.randn(2, 3, s, 8)
+    want, want_w = scaled_dot_product_attention(
+        q, k, v, causal_mask(t, s, offset=s - t), need_weights=True
+    )
+    got, got_w = scaled_dot_product_attention(q, k, v, CAUSAL, need_weights=need_weights)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    if need_weights:
+        assert got_w is not None
+        torch.testing.assert_close(got_w, want_w)
+    assert torch.equal(Causal().build(t, s), causal_mask(t, s, offset=s - t))

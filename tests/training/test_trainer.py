@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -119,3 +120,22 @@ def test_mixed_precision_steps_stay_finite(
     result = trainer.fit()
     assert result.steps == 2
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+@pytest.mark.skipif(
+    not any(shutil.which(cc) for cc in ("c++", "g++", "clang++")),
+    reason="torch.compile on CPU needs a C++ compiler",
+)
+def test_compiled_step_matches_eager(tmp_path: Path, reverse_task: Task, make_run: MakeRun) -> None:
+    """train.compile=True: same loss and gradients as the eager step (dropout off)."""
+    train = reverse_task(tmp_path, 100, seed=1)
+    grads = []
+    for name, compile_ in (("eager", False), ("compiled", True)):
+        trainer = Trainer(make_run(tmp_path / name, train, max_steps=1, compile=compile_))
+        trainer.train_model.eval()
+        loss, _, _ = trainer.accumulate_gradients([trainer.data.train.collate(range(12))])
+        grads.append((loss, {n: p.grad for n, p in trainer.model.named_parameters()}))
+    (loss_a, a), (loss_b, b) = grads
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=1e-5)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)

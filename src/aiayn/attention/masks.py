@@ -5,6 +5,11 @@ to that key, ``False`` = blocked. Masks are broadcastable to the attention score
 ``(B, H, T, S)``. The value written into blocked scores comes from the scores' dtype
 (:func:`mask_fill_value`), never from a literal such as ``-1e9``.
 
+One stand-in is allowed where a mask tensor is: :data:`CAUSAL`, the causal mask of §3.2.3 left
+unbuilt (:class:`Causal`), so that attention can call a causal kernel (``is_causal=True`` of
+``F.scaled_dot_product_attention``: flash attention on GPUs, half the blocks on CPU) instead of
+reading a (T, S) tensor. ``Causal.build`` gives the same mask as :func:`causal_mask`.
+
 Shape legend:
     B  batch size
     H  attention heads (masks use 1 here and broadcast)
@@ -14,8 +19,31 @@ Shape legend:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TypeAlias
+
 import torch
 from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Causal:
+    """The causal mask, unbuilt: each query may attend to keys at its position and before.
+
+    The T queries are the last T of the S key positions (bottom-right aligned, so it also holds
+    for incremental decoding where S = L + T).
+    """
+
+    def build(self, query_len: int, key_len: int, device: torch.device | None = None) -> Tensor:
+        """The (1, 1, T, S) boolean tensor, equal to ``causal_mask(T, S, offset=S - T)``."""
+        return causal_mask(query_len, key_len, offset=key_len - query_len, device=device)
+
+
+CAUSAL = Causal()
+"""Pass as a mask: causal self-attention without building the mask tensor."""
+
+Mask: TypeAlias = Tensor | Causal | None
+"""What attention accepts as a mask: a boolean tensor (True = may attend), CAUSAL, or None."""
 
 
 def mask_fill_value(dtype: torch.dtype) -> float:

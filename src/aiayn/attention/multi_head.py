@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.attention.masks import Mask
 from aiayn.attention.scaled_dot_product import scaled_dot_product_attention
 
 
@@ -129,9 +130,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = qkv.chunk(3, dim=-1)  # 3 × (B, T, D)
         return self._split_heads(q), KVCache(self._split_heads(k), self._split_heads(v))
 
-    def attend(
-        self, query: Tensor, kv: KVCache, mask: Tensor | None, need_weights: bool
-    ) -> AttentionOutput:
+    def attend(self, query: Tensor, kv: KVCache, mask: Mask, need_weights: bool) -> AttentionOutput:
         """Attention per head, concatenation and W^O, given projected heads.
 
         Args:
@@ -189,14 +188,14 @@ class SelfAttention(MultiHeadAttention):
     def forward(  # type: ignore[override]
         self,
         x: Tensor,
-        mask: Tensor | None = None,
+        mask: Mask = None,
         *,
         cache: KVCache | None = None,
         need_weights: bool = False,
     ) -> AttentionOutput:
         """Args:
         x: (B, T, D).
-        mask: broadcastable to (B, H, T, L + T); True = may attend.
+        mask: broadcastable to (B, H, T, L + T); True = may attend; or CAUSAL.
         cache: keys/values (B, H, L, d_k) of earlier positions, or None.
         """
         query, kv = self.project_qkv(x)  # (B, H, T, d_k), 2 × (B, H, T, d_k)

@@ -6,8 +6,9 @@ Shape legend:
     d_k  query/key size    d_v  value size
 
 Masks follow :mod:`aiayn.attention.masks`: boolean, True = may attend, broadcastable to
-(B, H, T, S). A query row whose keys are all blocked returns a zero vector (and zero weights),
-never NaN, on both paths and in every floating dtype.
+(B, H, T, S), or :data:`~aiayn.attention.masks.CAUSAL` (the causal mask, unbuilt). A query row
+whose keys are all blocked returns a zero vector (and zero weights), never NaN, on both paths
+and in every floating dtype.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.attention.masks import mask_fill_value
+from aiayn.attention.masks import Causal, Mask, mask_fill_value
 
 
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
     value: Tensor,
-    mask: Tensor | None = None,
+    mask: Mask = None,
     *,
     dropout_p: float = 0.0,
     need_weights: bool = False,
@@ -41,12 +42,22 @@ def scaled_dot_product_attention(
         key: (B, H, S, d_k).
         value: (B, H, S, d_v).
         mask: boolean, broadcastable to (B, H, T, S); True = may attend. None = attend everywhere.
+            ``CAUSAL``: the causal mask; with T = S and no weights requested it is never built
+            (``is_causal=True``, no fully blocked rows to mend).
         dropout_p: dropout on the attention weights (0 in the paper; pass 0 at eval time).
         need_weights: return the (B, H, T, S) attention weights as well.
 
     Returns:
         ``(output, weights)``: output (B, H, T, d_v); weights (B, H, T, S) or None.
     """
+    if isinstance(mask, Causal):
+        t, s = query.size(-2), key.size(-2)
+        if t == s and not need_weights:
+            output = F.scaled_dot_product_attention(
+                query, key, value, dropout_p=dropout_p, is_causal=True
+            )  # (B, H, T, d_v)
+            return output, None
+        mask = mask.build(t, s, query.device)  # (1, 1, T, S)
     row_has_key: Tensor | None = None
     if mask is not None:
         if mask.dtype != torch.bool:

@@ -24,6 +24,7 @@ Shape legend:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from collections.abc import Iterable, Sequence
@@ -216,6 +217,15 @@ class Batch:
         """Fraction of padding over ``src`` and ``tgt_out`` together."""
         slots = self.src.numel() + self.tgt_out.numel()
         return 1.0 - (self.num_src_tokens + self.num_tgt_tokens) / max(slots, 1)
+
+    def pin_memory(self) -> Batch:
+        """The same batch in page-locked host memory (for asynchronous copies to a GPU)."""
+        return dataclasses.replace(
+            self,
+            src=self.src.pin_memory(),
+            tgt_in=self.tgt_in.pin_memory(),
+            tgt_out=self.tgt_out.pin_memory(),
+        )
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
         """The same batch with its tensors on ``device``."""

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from torch import Tensor, nn
 
-from aiayn.attention import CrossAttention, KVCache, SelfAttention
+from aiayn.attention import CrossAttention, KVCache, Mask, SelfAttention
 from aiayn.config import TransformerConfig
 from aiayn.layers.dropout import Dropout
 from aiayn.layers.feed_forward import FeedForward
@@ -55,7 +55,7 @@ class EncoderLayer(nn.Module):
         self.ff_sublayer = SublayerConnection(*sub)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False
+        self, x: Tensor, mask: Mask = None, *, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """Args:
             x: (B, S, D).
@@ -117,7 +117,7 @@ class DecoderLayer(nn.Module):
         self,
         x: Tensor,
         memory: Tensor | None,
-        self_mask: Tensor | None = None,
+        self_mask: Mask = None,
         memory_mask: Tensor | None = None,
         *,
         cache: DecoderLayerCache | None = None,
@@ -126,7 +126,7 @@ class DecoderLayer(nn.Module):
         """Args:
         x: (B, T, D) decoder states of the T new positions.
         memory: (B, S, D) encoder output (may be None when ``cache`` holds its keys/values).
-        self_mask: broadcastable to (B, H, T, L + T): causal (and target padding).
+        self_mask: broadcastable to (B, H, T, L + T): causal (and target padding), or CAUSAL.
         memory_mask: broadcastable to (B, H, T, S): source padding.
         cache: state from earlier steps, or None for a full (training) pass.
         """

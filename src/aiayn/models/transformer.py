@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from aiayn.attention import causal_mask, combine_masks, padding_mask
+from aiayn.attention import Mask, causal_mask, combine_masks, padding_mask
 from aiayn.config import TransformerConfig
 from aiayn.layers import (
     DecoderLayer,
@@ -120,7 +120,7 @@ class Decoder(nn.Module):
         self,
         tgt: Tensor,
         memory: Tensor | None,
-        self_mask: Tensor | None,
+        self_mask: Mask,
         memory_mask: Tensor | None,
         *,
         cache: list[DecoderLayerCache] | None = None,
@@ -130,7 +130,7 @@ class Decoder(nn.Module):
         """Args:
         tgt: (B, T) target token ids at positions ``offset .. offset + T - 1``.
         memory: (B, S, D) encoder output (None allowed when ``cache`` is given).
-        self_mask: broadcastable to (B, H, T, offset + T), True = may attend.
+        self_mask: broadcastable to (B, H, T, offset + T), True = may attend; or CAUSAL.
         memory_mask: (B, 1, 1, S) source padding mask.
         cache: per-layer state from the previous call, or None.
         offset: position of ``tgt[:, 0]``; equals the cached length L.

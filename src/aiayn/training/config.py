@@ -101,6 +101,12 @@ class TrainConfig:
             ``fully_shard``: parameters, gradients and optimizer state sharded over the ranks;
             for models that do not fit one GPU, e.g. the ``big`` preset). Ignored with one
             process. See docs/distributed.md.
+        compile: run the training step through ``torch.compile`` (measured in
+            docs/performance.md; compilation costs time at the start and needs a C++ compiler on
+            CPU).
+        keep_freed_memory: on CPU (Linux/glibc), let the allocator keep freed memory for the
+            next step instead of returning it to the OS (faster; the process keeps its peak
+            memory). See :func:`aiayn.training.performance.keep_freed_memory`.
     """
 
     max_tokens: int = 4096
@@ -125,6 +131,8 @@ class TrainConfig:
     threads: int | None = None
     progress: bool = True
     distributed: str = "ddp"
+    compile: bool = False
+    keep_freed_memory: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.adam_betas, list):

@@ -2,8 +2,9 @@
 
 Training calls this module, not the model, so that DDP/FSDP wrap the whole step's forward. It
 differs from ``log_probs = model(src, tgt_in)`` followed by :func:`label_smoothed_nll` only in
-speed: the final linear layer (§3.4) runs at the non-pad target positions alone, and the
-log-softmax is fused into the loss (:func:`label_smoothed_cross_entropy`).
+speed: the final linear layer (§3.4) runs at the non-pad target positions alone, the
+log-softmax is fused into the loss (:func:`label_smoothed_cross_entropy`), and masked decoder
+self-attention uses the causal kernel (:data:`~aiayn.attention.CAUSAL`).
 
 Shape legend:
     B batch   S source length   T target length   D d_model   V vocabulary
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from aiayn.attention import CAUSAL
 from aiayn.models import Transformer
 from aiayn.training.loss import LossSums, label_smoothed_cross_entropy
 
@@ -44,7 +46,9 @@ class TranslationObjective(nn.Module):
         m, config = self.model, self.model.config
         src_mask = m.source_mask(src)  # (B, 1, 1, S)
         memory = m.encoder(src, src_mask).memory  # (B, S, D)
-        hidden = m.decode(tgt_in, memory, src_mask).hidden  # (B, T, D)
+        # CAUSAL instead of causal + target padding: padding is on the right, so a real query
+        # never sees a pad key either way; pad queries' outputs differ but are dropped below.
+        hidden = m.decoder(tgt_in, memory, CAUSAL, src_mask).hidden  # (B, T, D)
         real = (tgt_out != config.pad_id).reshape(-1)  # (B·T,)
         keep = torch.nonzero_static(real, size=num_tgt_tokens)[:, 0]  # (N,) flat positions
         hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, keep)  # (B·T, D) -> (N, D)

@@ -49,6 +49,7 @@ from aiayn.training.checkpoint import (
 )
 from aiayn.training.config import RunConfig, TrainConfig
 from aiayn.training.objective import TranslationObjective
+from aiayn.training.performance import configure_device, keep_freed_memory
 from aiayn.training.plot import plot_curves
 from aiayn.training.schedule import transformer_lr
 
@@ -191,6 +192,9 @@ class Trainer:
             torch.set_num_threads(self.cfg.threads)
         self.dist = dist.init_distributed(self.cfg.device)
         self.device = self.dist.device
+        if self.cfg.keep_freed_memory and self.device.type == "cpu":
+            keep_freed_memory()
+        configure_device(self.device)
         self.amp_dtype = autocast_dtype(self.cfg.precision, self.device)
         self.sharded = self.dist.distributed and self.cfg.distributed == "fsdp"
         if self.sharded and self.amp_dtype == torch.float16:
@@ -209,12 +213,15 @@ class Trainer:
             self.model.load_state_dict(checkpoint.model.state_dict())
         self.objective = TranslationObjective(self.model)
         self.train_model = dist.wrap_model(self.objective, self.dist, self.cfg.distributed)
+        if self.cfg.compile:
+            self.train_model.compile()  # in place: the module's forward runs compiled
         self.optimizer = torch.optim.Adam(
             self.model.parameters(),
             lr=0.0,
             betas=self.cfg.adam_betas,
             eps=self.cfg.adam_eps,
             weight_decay=self.cfg.weight_decay,
+            fused=self.device.type == "cuda" or None,  # one kernel for all parameters on GPUs
         )
         # fp16 needs loss scaling against gradient underflow; bf16 and fp32 do not
         self.scaler = torch.amp.GradScaler(
@@ -423,6 +430,12 @@ class Trainer:
             nll_sum += sums.nll
         return loss_sum, nll_sum, total_tokens
 
+    def _to_device(self, batch: Batch) -> Batch:
+        """Host batch -> device; on a GPU through pinned memory, without waiting for the copy."""
+        if self.device.type != "cuda":
+            return batch
+        return batch.pin_memory().to(self.device, non_blocking=True)
+
     def _global_count(self, local: int) -> int:
         if not self.dist.distributed:
             return local
@@ -432,7 +445,7 @@ class Trainer:
     def train_step(self, micro: list[list[int]]) -> StepStats:
         """One optimizer step over the micro-batches (gradient accumulation), eq. (3) lr."""
         self.train_model.train()
-        batches = [self.data.train.collate(ids).to(self.device, non_blocking=True) for ids in micro]
+        batches = [self._to_device(self.data.train.collate(ids)) for ids in micro]
         loss_sum, nll_sum, total_tokens = self.accumulate_gradients(batches)
         if self.cfg.clip_norm is not None:
             self.scaler.unscale_(self.optimizer)
