@@ -1,6 +1,6 @@
 """Run every speed benchmark and write one summary table into the docs.
 
-    python benchmarks/run_all.py [--threads 2] [--rounds 3] [--compile] [--device cpu|cuda]
+    python benchmarks/run_all.py [--threads 2] [--rounds 3] [--compile-presets small] [--device cpu]
 
 Runs, each as its own process (so they never share the cores):
   1. train_vs_torch.py — training tokens/s against torch.nn.Transformer, fraction of the matmul
@@ -37,10 +37,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--compile", action="store_true", help="also measure torch.compile")
+    parser.add_argument(
+        "--compile-presets", default="small", help="presets also measured with torch.compile"
+    )
     args = parser.parse_args()
     train_args = ["--threads", str(args.threads), "--rounds", str(args.rounds)]
-    train_args += ["--device", args.device] + (["--compile"] if args.compile else [])
+    train_args += ["--device", args.device, "--compile-presets", args.compile_presets]
     run("train_vs_torch.py", "--presets", "small,base", *train_args)
     device = "cuda" if args.device.startswith("cuda") else "cpu"
     training = json.loads((RESULTS / f"train_vs_torch_{device}.json").read_text())

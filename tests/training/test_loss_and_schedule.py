@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.training import label_smoothed_nll, transformer_lr
-from aiayn.training.loss import label_smoothed_cross_entropy
+from aiayn.training.loss import linear_label_smoothed_cross_entropy
 
 
 def test_label_smoothing_by_hand() -> None:
@@ -56,33 +56,49 @@ def test_schedule_hand_values() -> None:
         transformer_lr(0, 512, 4000)
 
 
+@pytest.mark.parametrize("chunk_size", [1, 4, 512])
 @pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.4])
-def test_fused_cross_entropy_matches_reference_values_and_gradients(epsilon: float) -> None:
-    logits = torch.randn(13, 17, dtype=torch.float64, requires_grad=True)
+def test_fused_linear_cross_entropy_matches_reference(epsilon: float, chunk_size: int) -> None:
+    """Loss, NLL and the gradients w.r.t. hidden states and weight equal autograd through
+    F.cross_entropy(label_smoothing) on the full logits, whatever the chunking (13 = 3·4 + 1)."""
+    hidden = torch.randn(13, 6, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(17, 6, dtype=torch.float64, requires_grad=True)
     target = torch.randint(0, 17, (13,))
-    fused = label_smoothed_cross_entropy(logits, target, epsilon)
+    fused = linear_label_smoothed_cross_entropy(
+        hidden, weight, target, epsilon, chunk_size=chunk_size
+    )
+    logits = hidden @ weight.t()
     want = F.cross_entropy(logits, target, label_smoothing=epsilon, reduction="sum")
     torch.testing.assert_close(fused.loss, want)
     torch.testing.assert_close(fused.nll, F.cross_entropy(logits, target, reduction="sum"))
     assert fused.tokens.item() == 13 and not fused.nll.requires_grad
-    (grad,) = torch.autograd.grad(fused.loss * 0.7, logits)
-    (want_grad,) = torch.autograd.grad(want * 0.7, logits)
-    torch.testing.assert_close(grad, want_grad)
+    got = torch.autograd.grad(fused.loss * 0.7, (hidden, weight))
+    expected = torch.autograd.grad(want * 0.7, (hidden, weight))
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
     assert torch.autograd.gradcheck(
-        lambda z: label_smoothed_cross_entropy(z, target, epsilon).loss, (logits,)
+        lambda h, w: linear_label_smoothed_cross_entropy(h, w, target, epsilon, chunk_size=4).loss,
+        (hidden, weight),
     )
 
 
-def test_fused_cross_entropy_on_bf16_logits_computes_in_fp32() -> None:
-    logits = torch.randn(6, 40).to(torch.bfloat16).requires_grad_()
+def test_fused_linear_cross_entropy_in_bf16_and_without_grad() -> None:
+    hidden = torch.randn(6, 8).to(torch.bfloat16).requires_grad_()
+    weight = torch.randn(40, 8).to(torch.bfloat16).requires_grad_()
     target = torch.randint(0, 40, (6,))
-    fused = label_smoothed_cross_entropy(logits, target, 0.1)
-    want = F.cross_entropy(logits.float(), target, label_smoothing=0.1, reduction="sum")
+    fused = linear_label_smoothed_cross_entropy(hidden, weight, target, 0.1)
+    logits = (hidden @ weight.t()).float()
+    want = F.cross_entropy(logits, target, label_smoothing=0.1, reduction="sum")
     assert fused.loss.dtype == torch.float32
     torch.testing.assert_close(fused.loss, want)
     fused.loss.backward()
-    assert logits.grad is not None and logits.grad.dtype == torch.bfloat16
+    assert hidden.grad is not None and hidden.grad.dtype == torch.bfloat16
+    assert weight.grad is not None and weight.grad.dtype == torch.bfloat16
+    with torch.no_grad():  # evaluation: the loss alone
+        torch.testing.assert_close(
+            linear_label_smoothed_cross_entropy(hidden, weight, target, 0.1).loss, want
+        )
     with pytest.raises(ValueError, match="epsilon"):
-        label_smoothed_cross_entropy(logits, target, 1.0)
-    with pytest.raises(ValueError, match=r"\(N, V\)"):
-        label_smoothed_cross_entropy(logits[None], target, 0.1)
+        linear_label_smoothed_cross_entropy(hidden, weight, target, 1.0)
+    with pytest.raises(ValueError, match=r"hidden \(N, D\)"):
+        linear_label_smoothed_cross_entropy(hidden[None], weight, target, 0.1)

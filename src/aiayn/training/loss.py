@@ -14,13 +14,14 @@ Positions whose gold token is padding contribute nothing. Libraries differ here 
 ε over V − 1 classes, the Annotated Transformer over V − 2): this one is named to be compared.
 
 Two implementations of the same formula: :func:`label_smoothed_nll` takes log-probabilities
-(the explicit reference), :func:`label_smoothed_cross_entropy` takes logits and fuses the
-log-softmax into the loss with a hand-written backward (what training runs: fewer passes over
-the (N, V) logits and no (N, V) log-probability tensor). With ``lse = log Σ_k exp z_k``:
+(the explicit reference); :func:`linear_label_smoothed_cross_entropy` takes the final decoder
+states and the output projection and fuses the linear layer, the log-softmax and the loss,
+chunk by chunk, with the gradient written by hand (what training runs):
 
-    −log p(y)          = lse − z_y
-    Σ_k −log p(k)      = V·lse − Σ_k z_k
-    ∂loss/∂z_k         = softmax(z)_k − (1 − ε)·[k = y] − ε / V
+    ∂loss/∂z_k = softmax(z)_k − (1 − ε)·[k = y] − ε / V      (z = logits)
+
+so the (N, V) logits, log-probabilities and their gradients are never held whole: on CPU these
+~100 MB tensors cost more in allocation, page faults and memory traffic than their arithmetic.
 
 Shape legend:  B batch   T target length   V vocabulary size   N = B·T (or kept positions)
 """
@@ -76,55 +77,101 @@ def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-class _FusedLabelSmoothedCE(torch.autograd.Function):
-    """Σ label-smoothed CE and Σ NLL from logits; backward = softmax − smoothed target."""
+class _LinearLabelSmoothedCE(torch.autograd.Function):
+    """logits = hidden · Wᵀ and the loss, chunk by chunk; the gradients are made in the forward.
+
+    The loss is the last node of the graph, so its gradient with respect to each chunk's logits,
+    softmax(z) − q, is known as soon as the chunk's log-softmax is: the forward multiplies it
+    straight into ∂/∂hidden and ∂/∂W and drops the chunk. No (N, V) tensor ever exists; the
+    backward only scales the stored gradients by the incoming one.
+    """
 
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-        z = logits.to(_at_least_fp32(logits.dtype))  # (N, V); fp32 also under bf16/fp16 autocast
-        vocab = z.size(-1)
-        lse = torch.logsumexp(z, dim=-1)  # (N,)
-        nll = (lse - z.gather(1, target[:, None])[:, 0]).sum()  # Σ lse − z_y
-        smooth = (vocab * lse - z.sum(dim=-1)).sum()  # Σ_k −log p(k) = V·lse − Σ_k z_k
-        ctx.save_for_backward(logits, target, lse)
-        ctx.epsilon = epsilon
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        target: Tensor,
+        epsilon: float,
+        chunk: int,
+        need_grad: bool,
+    ) -> tuple[Tensor, Tensor]:
+        vocab = weight.size(0)
+        mm_dtype = (
+            torch.get_autocast_dtype(hidden.device.type)
+            if torch.is_autocast_enabled(hidden.device.type)
+            else weight.dtype
+        )
+        acc = _at_least_fp32(weight.dtype)
+        nll = hidden.new_zeros((), dtype=acc)
+        smooth = hidden.new_zeros((), dtype=acc)
+        grad_hidden = torch.empty_like(hidden) if need_grad else None
+        grad_weight = torch.zeros_like(weight, dtype=acc) if need_grad else None
+        w = weight.to(mm_dtype)  # (V, D)
+        for start in range(0, hidden.size(0), chunk):
+            h = hidden[start : start + chunk].to(mm_dtype)  # (n, D)
+            y = target[start : start + chunk, None]  # (n, 1)
+            log_probs = torch.log_softmax(h @ w.t(), dim=-1, dtype=acc)  # (n, D)@(D, V) -> (n, V)
+            nll -= log_probs.gather(1, y).sum()  # Σ −log p(y)
+            smooth -= log_probs.sum()  # Σ_k −log p(k)
+            if grad_hidden is None or grad_weight is None:
+                continue
+            g = log_probs.exp_().sub_(epsilon / vocab)  # (n, V): softmax(z) − ε/V
+            g.scatter_add_(1, y, g.new_full(y.shape, epsilon - 1.0))  # − (1 − ε) at the gold
+            g = g.to(mm_dtype)
+            grad_hidden[start : start + chunk] = g @ w  # (n, V) @ (V, D) -> (n, D)
+            grad_weight += g.t() @ h  # (V, n) @ (n, D) -> (V, D)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(nll)
         return (1.0 - epsilon) * nll + (epsilon / vocab) * smooth, nll
 
     @staticmethod
     def backward(
         ctx: Any, grad_loss: Tensor, _grad_nll: Tensor | None
-    ) -> tuple[Tensor, None, None]:
-        logits, target, lse = ctx.saved_tensors
-        eps, vocab = ctx.epsilon, logits.size(-1)
-        grad = torch.sub(logits.to(lse.dtype), lse[:, None]).exp_()  # (N, V) softmax(z)
-        grad.sub_(eps / vocab)
-        grad.scatter_add_(  # − (1 − ε) at the gold token
-            1, target[:, None], torch.full_like(lse, eps - 1.0)[:, None]
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None]:
+        grad_hidden, grad_weight = ctx.saved_tensors
+        if grad_hidden is None or grad_weight is None:
+            raise RuntimeError("the loss was computed without gradients (no_grad or no inputs)")
+        return (
+            grad_hidden * grad_loss.to(grad_hidden.dtype),
+            (grad_weight * grad_loss).to(ctx.weight_dtype),
+            None,
+            None,
+            None,
+            None,
         )
-        grad.mul_(grad_loss)
-        return grad.to(logits.dtype), None, None
 
 
-def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float) -> LossSums:
-    """The loss of the module docstring from logits, over every given position (fused).
+def linear_label_smoothed_cross_entropy(
+    hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, *, chunk_size: int = 512
+) -> LossSums:
+    """The loss of the module docstring for logits = hidden · Wᵀ (the final linear layer, §3.4),
+    computed ``chunk_size`` positions at a time without materialising the (N, V) logits.
 
     Select the non-pad positions first (padding is not skipped here).
 
     Args:
-        logits: (N, V) pre-softmax scores (any float dtype; computed in fp32 or fp64).
+        hidden: (N, D) final decoder states.
+        weight: (V, D) output projection (the tied embedding matrix).
         target: (N,) gold token ids.
         epsilon: ε_ls in [0, 1).
+        chunk_size: positions per chunk: a (chunk, V) buffer is the largest one made.
 
     Returns:
-        :class:`LossSums`: the loss (differentiable), the NLL (detached) and N.
+        :class:`LossSums`: the loss (differentiable w.r.t. hidden and weight; one backward
+        pass), the NLL (detached) and N.
     """
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"label smoothing epsilon must be in [0, 1), got {epsilon}")
-    if logits.dim() != 2 or target.shape != logits.shape[:1]:
+    if hidden.dim() != 2 or weight.dim() != 2 or target.shape != hidden.shape[:1]:
         raise ValueError(
-            f"expected logits (N, V) and target (N,), got {tuple(logits.shape)} and "
-            f"{tuple(target.shape)}"
+            f"expected hidden (N, D), weight (V, D) and target (N,), got {tuple(hidden.shape)}, "
+            f"{tuple(weight.shape)} and {tuple(target.shape)}"
         )
-    loss, nll = _FusedLabelSmoothedCE.apply(logits, target, epsilon)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    # decided here: inside Function.forward grad mode is off
+    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    loss, nll = _LinearLabelSmoothedCE.apply(hidden, weight, target, epsilon, chunk_size, need_grad)
     return LossSums(loss, nll, target.new_full((), target.numel()))

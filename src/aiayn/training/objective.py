@@ -2,8 +2,8 @@
 
 Training calls this module, not the model, so that DDP/FSDP wrap the whole step's forward. It
 differs from ``log_probs = model(src, tgt_in)`` followed by :func:`label_smoothed_nll` only in
-speed: the final linear layer (§3.4) runs at the non-pad target positions alone, the
-log-softmax is fused into the loss (:func:`label_smoothed_cross_entropy`), and masked decoder
+speed: the final linear layer (§3.4) runs at the non-pad target positions alone, fused with the
+log-softmax and the loss (:func:`linear_label_smoothed_cross_entropy`), and masked decoder
 self-attention uses the causal kernel (:data:`~aiayn.attention.CAUSAL`).
 
 Shape legend:
@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from aiayn.attention import CAUSAL
 from aiayn.models import Transformer
-from aiayn.training.loss import LossSums, label_smoothed_cross_entropy
+from aiayn.training.loss import LossSums, linear_label_smoothed_cross_entropy
 
 
 class TranslationObjective(nn.Module):
@@ -52,6 +52,8 @@ class TranslationObjective(nn.Module):
         real = (tgt_out != config.pad_id).reshape(-1)  # (B·T,)
         keep = torch.nonzero_static(real, size=num_tgt_tokens)[:, 0]  # (N,) flat positions
         hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, keep)  # (B·T, D) -> (N, D)
-        logits = m.output_proj(hidden)  # (N, D) @ (D, V) -> (N, V)
         gold = tgt_out.reshape(-1).index_select(0, keep)  # (N,)
-        return label_smoothed_cross_entropy(logits, gold, config.label_smoothing)
+        # the output projection (N, D) @ (D, V) happens inside, a chunk of positions at a time
+        return linear_label_smoothed_cross_entropy(
+            hidden, m.output_proj.weight, gold, config.label_smoothing
+        )
