@@ -33,7 +33,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
     bits = words.view(torch.int16)[: x.numel()].view(x.shape)  # uniform on [−2¹⁵, 2¹⁵)
     keep = bits >= dropped - _LEVELS // 2  # P(keep) = 1 − p'
-    return x * keep * (_LEVELS / (_LEVELS - dropped))  # x · keep / (1 − p')
+    return (x * keep).mul_(_LEVELS / (_LEVELS - dropped))  # x · keep / (1 − p')
 
 
 class Dropout(nn.Module):

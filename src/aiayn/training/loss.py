@@ -106,7 +106,7 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
         nll = hidden.new_zeros((), dtype=acc)
         smooth = hidden.new_zeros((), dtype=acc)
         grad_hidden = torch.empty_like(hidden) if need_grad else None
-        grad_weight = torch.zeros_like(weight, dtype=acc) if need_grad else None
+        grad_weight: Tensor | None = None  # (V, D), from the first chunk's product on
         w = weight.to(mm_dtype)  # (V, D)
         for start in range(0, hidden.size(0), chunk):
             h = hidden[start : start + chunk].to(mm_dtype)  # (n, D)
@@ -114,13 +114,16 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
             log_probs = torch.log_softmax(h @ w.t(), dim=-1, dtype=acc)  # (n, D)@(D, V) -> (n, V)
             nll -= log_probs.gather(1, y).sum()  # Σ −log p(y)
             smooth -= log_probs.sum()  # Σ_k −log p(k)
-            if grad_hidden is None or grad_weight is None:
+            if grad_hidden is None:
                 continue
             g = log_probs.exp_().sub_(epsilon / vocab)  # (n, V): softmax(z) − ε/V
             g.scatter_add_(1, y, g.new_full(y.shape, epsilon - 1.0))  # − (1 − ε) at the gold
             g = g.to(mm_dtype)
             grad_hidden[start : start + chunk] = g @ w  # (n, V) @ (V, D) -> (n, D)
-            grad_weight += g.t() @ h  # (V, n) @ (n, D) -> (V, D)
+            part = g.t() @ h  # (V, n) @ (n, D) -> (V, D)
+            grad_weight = part.to(acc) if grad_weight is None else grad_weight.add_(part)
+        if grad_hidden is not None and grad_weight is None:  # N = 0
+            grad_weight = torch.zeros_like(weight, dtype=acc)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         ctx.mark_non_differentiable(nll)
