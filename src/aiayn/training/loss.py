@@ -119,7 +119,11 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
             g = log_probs.exp_().sub_(epsilon / vocab)  # (n, V): softmax(z) − ε/V
             g.scatter_add_(1, y, g.new_full(y.shape, epsilon - 1.0))  # − (1 − ε) at the gold
             g = g.to(mm_dtype)
-            grad_hidden[start : start + chunk] = g @ w  # (n, V) @ (V, D) -> (n, D)
+            rows = grad_hidden[start : start + chunk]  # (n, D), written in place
+            if rows.dtype == g.dtype:
+                torch.mm(g, w, out=rows)  # (n, V) @ (V, D) -> (n, D)
+            else:
+                rows.copy_(g @ w)
             part = g.t() @ h  # (V, n) @ (n, D) -> (V, D)
             grad_weight = part.to(acc) if grad_weight is None else grad_weight.add_(part)
         if grad_hidden is not None and grad_weight is None:  # N = 0
@@ -147,7 +151,7 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
 
 
 def linear_label_smoothed_cross_entropy(
-    hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, *, chunk_size: int = 512
+    hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, *, chunk_size: int = 1024
 ) -> LossSums:
     """The loss of the module docstring for logits = hidden · Wᵀ (the final linear layer, §3.4),
     computed ``chunk_size`` positions at a time without materialising the (N, V) logits.
