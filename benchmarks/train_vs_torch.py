@@ -20,7 +20,8 @@ fraction of the measured matmul peak (model FLOPs / time / peak, FLOPs from
 GPU: peak allocated). Both processes get the same process settings (``--peer-settings same``,
 the default: aiayn's glibc allocator setting and TF32 matmuls apply to the torch loop too);
 ``--peer-settings default`` leaves the torch loop with the system defaults.
-Writes docs/results/train_vs_torch_DEVICE.{json,md}.
+Writes docs/results/train_vs_torch_DEVICE.{json,md} (``_peer_default`` added with
+``--peer-settings default``).
 """
 
 from __future__ import annotations
@@ -381,7 +382,8 @@ def main() -> None:
                 f"{fmt(row['peak_memory_mib'])} |"
             )
         report["presets"][preset] = rows
-    path = write_report(f"train_vs_torch_{args.device_name}", report, lines)
+    suffix = "" if args.peer_settings == "same" else "_peer_default"
+    path = write_report(f"train_vs_torch_{args.device_name}{suffix}", report, lines)
     print("\n".join(lines))
     print(f"wrote {path} and .json")
 
