@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aiayn.layers import Dropout, dropout, dropout_add
+from aiayn.layers import Dropout, dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
@@ -43,19 +43,3 @@ def test_seeded_gradient_and_eval_mode() -> None:
     assert module(x) is x and dropout(x, 0.0) is x
     with pytest.raises(ValueError, match=r"got 1\.0"):
         Dropout(1.0)
-
-
-def test_dropout_add_equals_residual_plus_dropout() -> None:
-    """The fused residual + dropout draws the same mask as dropout() and has its gradient."""
-    x = torch.randn(5, 7, requires_grad=True)
-    y = torch.randn(5, 7, requires_grad=True)
-    torch.manual_seed(11)
-    fused = dropout_add(x, y, 0.25)
-    torch.manual_seed(11)
-    want = x + dropout(y, 0.25)
-    torch.testing.assert_close(fused, want)
-    g_fused = torch.autograd.grad(fused.sum(), (x, y))
-    g_want = torch.autograd.grad(want.sum(), (x, y))
-    for a, b in zip(g_fused, g_want, strict=True):
-        torch.testing.assert_close(a, b)
-    torch.testing.assert_close(dropout_add(x, y, 0.25, training=False), x + y)

@@ -1,6 +1,6 @@
 """Building blocks: embeddings and positions (§3.4–3.5), feed-forward (§3.3), layers (§3.1)."""
 
-from aiayn.layers.dropout import Dropout, dropout, dropout_add
+from aiayn.layers.dropout import Dropout, dropout
 from aiayn.layers.embedding import (
     LearnedPositionalEmbedding,
     NoPositionalEncoding,
@@ -30,6 +30,5 @@ __all__ = [
     "SublayerConnection",
     "TokenEmbedding",
     "dropout",
-    "dropout_add",
     "sinusoidal_encoding",
 ]

@@ -23,40 +23,17 @@ _LEVELS = 1 << 16
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Inverted dropout of ``x`` (any shape) with drop probability ``p`` (see module docstring)."""
-    _check(p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, training=True)
-    keep, scale = _keep_mask(x, p)
-    return (x * keep).mul_(scale)  # x · keep / (1 − p')
-
-
-def dropout_add(residual: Tensor, x: Tensor, p: float, training: bool = True) -> Tensor:
-    """``residual + dropout(x)``: the residual connection of §3.1 with the dropout of §5.4.
-
-    On CPU one ``addcmul`` with the scaled mask, so the backward is a single multiply.
-    """
-    _check(p)
-    if not training or p == 0.0:
-        return residual + x
-    if x.device.type != "cpu":
-        return residual + F.dropout(x, p, training=True)
-    keep, scale = _keep_mask(x, p)
-    return torch.addcmul(residual, x, keep.to(x.dtype).mul_(scale))  # residual + x·keep/(1 − p')
-
-
-def _check(p: float) -> None:
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-
-
-def _keep_mask(x: Tensor, p: float) -> tuple[Tensor, float]:
-    """Boolean keep mask shaped like ``x`` with P(keep) = 1 − p', and the scale 1 / (1 − p')."""
     dropped = round(p * _LEVELS)  # p' · 2¹⁶
     words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
     bits = words.view(torch.int16)[: x.numel()].view(x.shape)  # uniform on [−2¹⁵, 2¹⁵)
-    return bits >= dropped - _LEVELS // 2, _LEVELS / (_LEVELS - dropped)
+    keep = bits >= dropped - _LEVELS // 2  # P(keep) = 1 − p'
+    return (x * keep).mul_(_LEVELS / (_LEVELS - dropped))  # x · keep / (1 − p')
 
 
 class Dropout(nn.Module):
@@ -64,7 +41,8 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float):
         super().__init__()
-        _check(p)
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:

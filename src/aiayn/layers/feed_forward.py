@@ -10,13 +10,7 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-def _relu_(x: Tensor) -> Tensor:
-    """max(0, x), in place (the linear layer's output is not needed for its backward)."""
-    return F.relu(x, inplace=True)
-
-
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": _relu_, "gelu": F.gelu}
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
 
 class FeedForward(nn.Module):

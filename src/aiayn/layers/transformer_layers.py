@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from aiayn.attention import CrossAttention, KVCache, Mask, SelfAttention
 from aiayn.config import TransformerConfig
-from aiayn.layers.dropout import Dropout, dropout_add
+from aiayn.layers.dropout import Dropout
 from aiayn.layers.feed_forward import FeedForward
 
 
@@ -38,7 +38,7 @@ class SublayerConnection(nn.Module):
 
     def after(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
         """(B, T, D) residual stream + (B, T, D) sub-layer output -> new residual stream."""
-        y = dropout_add(x, sublayer_out, self.dropout.p, self.training)
+        y = x + self.dropout(sublayer_out)
         return y if self.norm_first else self.norm(y)
 
 
