@@ -27,6 +27,7 @@ Writes docs/results/train_vs_torch_DEVICE.{json,md} (``_peer_default`` added wit
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -46,12 +47,13 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, fmt, machine, matmul_peak, spread, sync, write_report
 from aiayn.config import TransformerConfig
-from aiayn.data import Batch
+from aiayn.data import Batch, TokenBatchSampler
 from aiayn.layers import sinusoidal_encoding
 from aiayn.models.flops import training_flops
 from aiayn.training.config import RunConfig, run_config_from_dict
 from aiayn.training.performance import configure_device, keep_freed_memory
 from aiayn.training.schedule import transformer_lr
+from aiayn.training.trainer import Trainer, autocast_dtype, prepare_data, resolve_device
 
 
 class TorchReference(nn.Module):
@@ -100,7 +102,9 @@ class TorchReference(nn.Module):
         return self.output(hidden)  # (B, T, D) @ (D, V) -> (B, T, V)
 
 
-def run_config(args: argparse.Namespace, preset: str, run_dir: Path) -> RunConfig:
+def run_config(
+    args: argparse.Namespace, preset: str, run_dir: Path, *, compile_: bool = False
+) -> RunConfig:
     return run_config_from_dict(
         {
             "run_dir": str(run_dir),
@@ -113,7 +117,7 @@ def run_config(args: argparse.Namespace, preset: str, run_dir: Path) -> RunConfi
                 "precision": args.precision,
                 "threads": args.threads,
                 "progress": False,
-                "compile": False,
+                "compile": compile_,
                 "log_every": 10**6,
                 "eval_every": 0,
                 "save_every": 0,
@@ -151,12 +155,8 @@ def _time_steps(
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     """One implementation, one round, in this process."""
-    from aiayn.training.trainer import Trainer, autocast_dtype, prepare_data
 
-    run = run_config(args, args.preset, Path(args.run_dir))
-    run = run_config_from_dict(
-        {**run.to_dict(), "train": {**run.to_dict()["train"], "compile": args.compile}}
-    )
+    run = run_config(args, args.preset, Path(args.run_dir), compile_=args.compile)
     n = args.warmup + args.steps
     if args.worker == "aiayn":
         trainer = Trainer(run, resume=True)  # resume: reuse the tokenizer the parent trained
@@ -167,15 +167,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             trainer.train_step([ids])
 
     else:
-        torch.set_num_threads(args.threads)
         data = prepare_data(run, reuse_tokenizer=True)
-        device = torch.device(
-            "cuda"
-            if args.device == "auto" and torch.cuda.is_available()
-            else args.device
-            if args.device != "auto"
-            else "cpu"
-        )
+        device = resolve_device(args.device)
         if args.peer_settings == "same":
             if device.type == "cpu":
                 keep_freed_memory()
@@ -193,8 +186,6 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             fused=device.type == "cuda" or None,
         )
         amp = autocast_dtype(run.train.precision, device)
-        from aiayn.data import TokenBatchSampler
-
         sampler = TokenBatchSampler(
             data.train.src_lengths,
             data.train.tgt_lengths,
@@ -202,7 +193,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             seed=run.train.seed,
         )
         batches = sampler.batches(0)[:n]
-        count = [0]
+        step_number = itertools.count(1)
 
         def step(ids: list[int]) -> None:
             batch: Batch = data.train.collate(ids)
@@ -218,9 +209,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
                 reduction="sum",
             )
             (loss / batch.num_tgt_tokens).backward()
-            count[0] += 1
+            lr = transformer_lr(next(step_number), config.d_model, run.train.warmup_steps)
             for group in optimizer.param_groups:
-                group["lr"] = transformer_lr(count[0], config.d_model, run.train.warmup_steps)
+                group["lr"] = lr
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
@@ -294,16 +285,12 @@ def main() -> None:
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.device_name = (
-        "cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
-    )
+    args.device_name = resolve_device(args.device).type
     if args.worker:
         if args.device_name == "cpu":
             torch.set_num_threads(args.threads)
         Path(args.out).write_text(json.dumps(worker(args)))
         return
-
-    from aiayn.training.trainer import prepare_data
 
     torch.set_num_threads(args.threads)
     on_gpu = args.device_name == "cuda"
