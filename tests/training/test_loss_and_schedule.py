@@ -102,3 +102,21 @@ def test_fused_linear_cross_entropy_in_bf16_and_without_grad() -> None:
         linear_label_smoothed_cross_entropy(hidden, weight, target, 1.0)
     with pytest.raises(ValueError, match=r"hidden \(N, D\)"):
         linear_label_smoothed_cross_entropy(hidden[None], weight, target, 0.1)
+
+
+def test_fused_linear_cross_entropy_under_bf16_autocast() -> None:
+    """The GPU training path: fp32 states and weights, bf16 matmuls inside autocast, fp32
+    log-softmax and accumulation; values and gradients against the same bf16 logits."""
+    hidden = torch.randn(9, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    target = torch.randint(0, 50, (9,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = linear_label_smoothed_cross_entropy(hidden, weight, target, 0.1, chunk_size=4)
+    got = torch.autograd.grad(fused.loss, (hidden, weight))
+    logits = (hidden.bfloat16() @ weight.bfloat16().t()).float()
+    want = F.cross_entropy(logits, target, label_smoothing=0.1, reduction="sum")
+    expected = torch.autograd.grad(want, (hidden, weight))
+    torch.testing.assert_close(fused.loss, want, rtol=1e-3, atol=1e-3)
+    for g, e in zip(got, expected, strict=True):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, e, rtol=2e-2, atol=2e-2)

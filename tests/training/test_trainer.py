@@ -73,10 +73,13 @@ def test_two_half_batches_equal_one_full_batch(
     trainer.model.eval()  # no dropout: the two gradients must agree exactly up to rounding
     data = trainer.data.train
     ids = list(range(16))
-    trainer.accumulate_gradients([data.collate(ids)])
+    full_batch = data.collate(ids)
+    trainer.accumulate_gradients([full_batch], full_batch.num_tgt_tokens)
     full = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
     trainer.model.zero_grad()
-    trainer.accumulate_gradients([data.collate(ids[:5]), data.collate(ids[5:])])
+    trainer.accumulate_gradients(
+        [data.collate(ids[:5]), data.collate(ids[5:])], full_batch.num_tgt_tokens
+    )
     for name, param in trainer.model.named_parameters():
         assert param.grad is not None
         torch.testing.assert_close(param.grad, full[name], atol=1e-6, rtol=1e-5)
@@ -133,7 +136,8 @@ def test_compiled_step_matches_eager(tmp_path: Path, reverse_task: Task, make_ru
     for name, compile_ in (("eager", False), ("compiled", True)):
         trainer = Trainer(make_run(tmp_path / name, train, max_steps=1, compile=compile_))
         trainer.train_model.eval()
-        loss, _, _ = trainer.accumulate_gradients([trainer.data.train.collate(range(12))])
+        batch = trainer.data.train.collate(range(12))
+        loss, _, _ = trainer.accumulate_gradients([batch], batch.num_tgt_tokens)
         grads.append((loss, {n: p.grad for n, p in trainer.model.named_parameters()}))
     (loss_a, a), (loss_b, b) = grads
     torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=1e-5)

@@ -108,6 +108,7 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if need_grad else None
         grad_weight: Tensor | None = None  # (V, D), from the first chunk's product on
         w = weight.to(mm_dtype)  # (V, D)
+        gold_delta = hidden.new_full((chunk, 1), epsilon - 1.0, dtype=acc)  # − (1 − ε)
         for start in range(0, hidden.size(0), chunk):
             h = hidden[start : start + chunk].to(mm_dtype)  # (n, D)
             y = target[start : start + chunk, None]  # (n, 1)
@@ -117,7 +118,7 @@ class _LinearLabelSmoothedCE(torch.autograd.Function):
             if grad_hidden is None:
                 continue
             g = log_probs.exp_().sub_(epsilon / vocab)  # (n, V): softmax(z) − ε/V
-            g.scatter_add_(1, y, g.new_full(y.shape, epsilon - 1.0))  # − (1 − ε) at the gold
+            g.scatter_add_(1, y, gold_delta[: y.size(0)])  # − (1 − ε) at the gold token
             g = g.to(mm_dtype)
             rows = grad_hidden[start : start + chunk]  # (n, D), written in place
             if rows.dtype == g.dtype:

@@ -28,8 +28,10 @@ from aiayn.data import (
     Tokenizer,
     demo_corpus_path,
     filter_pairs,
+    padding_fraction,
     read_parallel,
 )
+from aiayn.data.batching import SPECIALS_PER_ROW
 from aiayn.decoding.translate import DecodeOptions, translate_ids, translate_texts
 from aiayn.errors import UserError
 from aiayn.evaluation import corpus_bleu, corpus_chrf
@@ -374,13 +376,15 @@ class Trainer:
             f.write(json.dumps(entry) + "\n")
 
     # -- the step --------------------------------------------------------------------------------
-    def _micro_batches(self) -> list[list[int]] | None:
-        """This rank's batches for the next step (None when the epoch is over).
+    def _micro_batches(self) -> tuple[list[list[int]], int] | None:
+        """This rank's batches for the next step and the step's target tokens over all ranks
+        (None when the epoch is over).
 
         A step takes the next ``world_size × accum_steps`` batches of the epoch order; rank r
         gets the r-th run of ``accum_steps`` of them. ``batch_index`` counts globally (the same
         on every rank). With one process a short last step takes what is left; with several a
-        short tail is skipped, so that all ranks take the same steps.
+        short tail is skipped, so that all ranks take the same steps. Every rank knows the whole
+        epoch order, so the global token count needs no communication.
         """
         batches = self._epoch_batches()
         world, accum = self.dist.world_size, self.cfg.accum_steps
@@ -388,10 +392,12 @@ class Trainer:
             world > 1 and self.batch_index + world * accum > len(batches)
         ):
             return None
-        start = self.batch_index + self.dist.rank * accum
-        chunk = batches[start : start + accum]
+        step = batches[self.batch_index : self.batch_index + world * accum]
+        start = self.dist.rank * accum
         self.batch_index = min(self.batch_index + world * accum, len(batches))
-        return chunk
+        ids = np.concatenate(step)
+        tokens = int(self.data.train.tgt_lengths[ids].sum()) + SPECIALS_PER_ROW * ids.size
+        return step[start : start + accum], tokens
 
     def _epoch_batches(self) -> list[list[int]]:
         """The current epoch's batch order, built once per epoch (not once per step)."""
@@ -400,18 +406,18 @@ class Trainer:
             self._batches_epoch = self.epoch
         return self._batches
 
-    def accumulate_gradients(self, batches: list[Batch]) -> tuple[Tensor, Tensor, int]:
-        """Backward over micro-batches, each loss divided by the target tokens of them all.
+    def accumulate_gradients(
+        self, batches: list[Batch], total_tokens: int
+    ) -> tuple[Tensor, Tensor, int]:
+        """Backward over micro-batches, each loss divided by ``total_tokens``, the non-pad
+        target tokens of the whole effective batch (of every rank's micro-batches).
 
         So the gradient is that of the whole effective batch's mean loss, however it is split.
-        With several processes "all" means over every rank's micro-batches (the count is
-        all-reduced first), only the last micro-batch reduces the gradients (``no_sync``), and
-        the loss is multiplied by the world size because DDP/FSDP average over ranks: the
+        With several processes only the last micro-batch reduces the gradients (``no_sync``),
+        and the loss is multiplied by the world size because DDP/FSDP average over ranks: the
         result is a one-process step over the global batch. Returns this rank's (loss sum,
-        NLL sum) and the global target tokens.
+        NLL sum) and ``total_tokens``.
         """
-        local_tokens = sum(b.num_tgt_tokens for b in batches)
-        total_tokens = self._global_count(local_tokens)  # the whole effective batch
         world = self.dist.world_size
         loss_sum = torch.zeros((), device=self.device)
         nll_sum = torch.zeros((), device=self.device)
@@ -436,17 +442,16 @@ class Trainer:
             return batch
         return batch.pin_memory().to(self.device, non_blocking=True)
 
-    def _global_count(self, local: int) -> int:
-        if not self.dist.distributed:
-            return local
-        count = torch.tensor([local], dtype=torch.int64, device=self.device)
-        return int(dist.all_reduce_sum(count).item())
+    def train_step(self, micro: list[list[int]], total_tokens: int | None = None) -> StepStats:
+        """One optimizer step over the micro-batches (gradient accumulation), eq. (3) lr.
 
-    def train_step(self, micro: list[list[int]]) -> StepStats:
-        """One optimizer step over the micro-batches (gradient accumulation), eq. (3) lr."""
-        self.train_model.train()
+        ``total_tokens``: target tokens of the step over all ranks (from :meth:`_micro_batches`);
+        None = the micro-batches are the whole step (one process).
+        """
         batches = [self._to_device(self.data.train.collate(ids)) for ids in micro]
-        loss_sum, nll_sum, total_tokens = self.accumulate_gradients(batches)
+        if total_tokens is None:
+            total_tokens = sum(b.num_tgt_tokens for b in batches)
+        loss_sum, nll_sum, total_tokens = self.accumulate_gradients(batches, total_tokens)
         if self.cfg.clip_norm is not None:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
@@ -459,9 +464,9 @@ class Trainer:
         self.scaler.step(self.optimizer)  # = optimizer.step() unless fp16
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        padded = sum(b.src.numel() + b.tgt_out.numel() for b in batches)
-        real = sum(b.num_src_tokens + b.num_tgt_tokens for b in batches)
-        return StepStats(loss_sum, nll_sum, total_tokens, lr, 1 - real / padded)
+        train = self.data.train
+        padding = padding_fraction(micro, train.src_lengths, train.tgt_lengths)
+        return StepStats(loss_sum, nll_sum, total_tokens, lr, padding)
 
     # -- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -522,6 +527,7 @@ class Trainer:
         )
         if self.dist.is_main:
             plot_curves(self.history, self.run_dir / "curves.png")
+        self.train_model.train()  # evaluate() switched the model to eval mode
         return metrics
 
     # -- the loop --------------------------------------------------------------------------------
@@ -540,15 +546,15 @@ class Trainer:
             ):
                 log(f"stop: time budget of {cfg.max_minutes} minutes reached")
                 break
-            micro = self._micro_batches()
-            if micro is None:
+            step = self._micro_batches()
+            if step is None:
                 self.epoch, self.batch_index = self.epoch + 1, 0
                 if cfg.max_epochs is not None and self.epoch >= cfg.max_epochs:
                     log(f"stop: {cfg.max_epochs} epochs done")
                     break
                 continue
-            window.append(self.train_step(micro))
-            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+            window.append(self.train_step(*step))
+            if self.step % cfg.log_every == 0:
                 self._log_window(window, time.perf_counter() - window_start, bar)
                 window, window_start = [], time.perf_counter()
             progress.advance(self.step)
@@ -556,6 +562,8 @@ class Trainer:
                 last_valid = self._validate_and_save()
             elif cfg.save_every and self.step % cfg.save_every == 0:
                 self.save()
+        if window:  # the steps since the last line, however the loop stopped
+            self._log_window(window, time.perf_counter() - window_start, bar)
         progress.close()
         minutes = (time.perf_counter() - started) / 60
         if last_valid is None or self._validated_at != self.step:
@@ -639,7 +647,6 @@ class Trainer:
             )
         if self.data.test_pairs:
             result.test_bleu = self.score_test_set(model)
-        plot_curves(self.history, self.run_dir / "curves.png")
 
     def score_test_set(self, model: Transformer | None = None) -> float:
         """Greedy-translate the test set with ``model`` (default: self.model); write and score."""
