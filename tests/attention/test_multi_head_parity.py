@@ -45,10 +45,8 @@ def test_self_attention_with_key_padding() -> None:
     mask = lengths_mask(lengths, 7)  # (B, 1, 1, S)
     got = ours(x, mask, need_weights=True)
     want, want_w = ref(x, x, x, key_padding_mask=~mask[:, 0, 0], average_attn_weights=False)
-    real = mask[:, 0, 0]  # compare all query rows: padding only removes keys
     torch.testing.assert_close(got.output, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got.weights, want_w, atol=1e-5, rtol=1e-5)
-    assert real.any()
     fast = ours(x, mask).output  # the fused path without weights agrees too
     torch.testing.assert_close(fast, want, atol=1e-5, rtol=1e-5)
 

@@ -70,15 +70,16 @@ def test_non_boolean_mask_is_rejected() -> None:
 @pytest.mark.parametrize("need_weights", [False, True])
 @pytest.mark.parametrize(("t", "s"), [(6, 6), (2, 6), (1, 6)])
 def test_causal_stand_in_equals_the_built_causal_mask(need_weights: bool, t: int, s: int) -> None:
-    """CAUSAL (the is_causal kernel when T = S) == the causal_mask tensor, also bottom-right
-    aligned for T < S (incremental decoding), on the fast and the explicit path."""
+    """CAUSAL (the is_causal kernel when T = S, no mask when T = 1) == a hand-built lower
+    triangle, bottom-right aligned for T < S (incremental decoding), on both paths."""
     q, k, v = torch.randn(2, 3, t, 8), torch.randn(2, 3, s, 8), torch.randn(2, 3, s, 8)
-    want, want_w = scaled_dot_product_attention(
-        q, k, v, causal_mask(t, s, offset=s - t), need_weights=True
-    )
+    allowed = torch.ones(t, s, dtype=torch.bool).tril(s - t)  # query i sees keys ≤ s - t + i
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)
+    want_w = scores.masked_fill(~allowed, -math.inf).softmax(-1)
+    want = want_w @ v
     got, got_w = scaled_dot_product_attention(q, k, v, CAUSAL, need_weights=need_weights)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
     if need_weights:
         assert got_w is not None
         torch.testing.assert_close(got_w, want_w)
-    assert torch.equal(Causal().build(t, s), causal_mask(t, s, offset=s - t))
+    assert torch.equal(Causal().build(t, s)[0, 0], allowed)

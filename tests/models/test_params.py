@@ -29,7 +29,13 @@ def test_closed_form_equals_model(changes: dict[str, object]) -> None:
     config = preset("tiny", vocab_size=91).replace(**changes)
     model = Transformer(config)
     assert count_parameters(model) == expected_parameter_count(config)
-    assert sum(parameter_breakdown(model).values()) == count_parameters(model)
+    breakdown = parameter_breakdown(model)
+    assert sum(breakdown.values()) == count_parameters(model)
+    assert "other" not in breakdown
+    d, n_enc = config.d_model, config.num_encoder_layers
+    assert breakdown["encoder self-attention"] == n_enc * 4 * (d * d + d)
+    target_table = 0 if config.share_embeddings else config.target_vocab_size * d
+    assert breakdown["token embeddings"] == config.vocab_size * d + target_table
 
 
 def test_hand_count_of_one_tiny_model() -> None:

@@ -122,11 +122,11 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
     return result
 
 
-def decoder_self_attention_mask(tgt_tokens: Tensor, pad_id: int, *, offset: int = 0) -> Tensor:
+def decoder_self_attention_mask(tgt_tokens: Tensor, pad_id: int) -> Tensor:
     """Mask for masked decoder self-attention: causal AND target key-padding.
 
     Args:
-        tgt_tokens: (B, T) decoder input tokens (all positions seen so far when ``offset`` is 0).
+        tgt_tokens: (B, T) decoder input tokens, the whole prefix (position 0 first).
         pad_id: padding id.
 
     Returns:
@@ -135,7 +135,7 @@ def decoder_self_attention_mask(tgt_tokens: Tensor, pad_id: int, *, offset: int 
     t = tgt_tokens.size(1)
     mask = combine_masks(
         padding_mask(tgt_tokens, pad_id),  # (B, 1, 1, T)
-        causal_mask(t, offset=offset, device=tgt_tokens.device),  # (1, 1, T, T)
+        causal_mask(t, device=tgt_tokens.device),  # (1, 1, T, T)
     )
     assert mask is not None
     return mask

@@ -57,7 +57,8 @@ def scaled_dot_product_attention(
                 query, key, value, dropout_p=dropout_p, is_causal=True
             )  # (B, H, T, d_v)
             return output, None
-        mask = mask.build(t, s, query.device)  # (1, 1, T, S)
+        # one new query (incremental decoding) sees every key: nothing to mask
+        mask = None if t == 1 else mask.build(t, s, query.device)  # (1, 1, T, S)
     row_has_key: Tensor | None = None
     if mask is not None:
         if mask.dtype != torch.bool:

@@ -30,12 +30,9 @@ def parameter_breakdown(model: nn.Module) -> OrderedDict[str, int]:
     decoder self-attention / cross-attention / feed-forward / layer norms, output projection.
     """
     groups: OrderedDict[str, int] = OrderedDict()
-    seen: set[int] = set()
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in seen:
-            continue
-        seen.add(id(param))
-        groups[_group_of(name)] = groups.get(_group_of(name), 0) + param.numel()
+    for name, param in model.named_parameters():  # a shared tensor once, under its first name
+        group = _group_of(name)
+        groups[group] = groups.get(group, 0) + param.numel()
     return groups
 
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from aiayn.attention import Mask, causal_mask, combine_masks, padding_mask
+from aiayn.attention import CAUSAL, Mask, decoder_self_attention_mask, padding_mask
 from aiayn.config import TransformerConfig
 from aiayn.layers import (
     DecoderLayer,
@@ -188,21 +188,16 @@ class Transformer(nn.Module):
         """(B, S) source ids -> (B, 1, 1, S) padding mask, True = real token."""
         return padding_mask(src, self.config.pad_id)
 
-    def target_mask(self, tgt: Tensor, offset: int = 0) -> Tensor | None:
-        """(B, T) target ids -> (B, 1, T, offset + T) causal mask (and padding when offset=0).
+    def target_mask(self, tgt: Tensor, offset: int = 0) -> Mask:
+        """Mask of masked decoder self-attention for (B, T) target ids at ``offset``.
 
-        During incremental decoding (offset > 0) only the causal part is built: the cached
-        positions are not known here, and decoders never feed padding as a prefix. One new
-        position (T = 1) may see every cached one, so it needs no mask at all (None).
+        A whole prefix (offset 0): causal AND target padding, (B, 1, T, T). During incremental
+        decoding (offset > 0) only the causal part, left unbuilt (``CAUSAL``): the cached
+        positions are not known here, and decoders never feed padding as a prefix.
         """
-        if offset > 0 and tgt.size(1) == 1:
-            return None
-        causal = causal_mask(tgt.size(1), offset=offset, device=tgt.device)  # (1, 1, T, L + T)
         if offset > 0:
-            return causal
-        mask = combine_masks(padding_mask(tgt, self.config.pad_id), causal)  # (B, 1, T, T)
-        assert mask is not None
-        return mask
+            return CAUSAL
+        return decoder_self_attention_mask(tgt, self.config.pad_id)  # (B, 1, T, T)
 
     def encode(self, src: Tensor, *, need_weights: bool = False) -> EncoderOutput:
         """(B, S) source ids -> memory (B, S, D)."""
