@@ -74,6 +74,7 @@ def encoder_decoder_step(
     PAD and BOS, which are never outputs), set to −inf without renormalising the rest.
     """
     banned = (model.config.pad_id, BOS_ID) if banned is None else banned
+    banned_ids = torch.tensor(banned, dtype=torch.long, device=src.device)  # once, not per step
     src_mask = model.source_mask(src)  # (B, 1, 1, S)
     memory = model.encoder(src, src_mask).memory  # (B, S, D)
 
@@ -84,7 +85,7 @@ def encoder_decoder_step(
         )
         log_probs = model.log_probs(out.hidden[:, -1])  # (B, D) -> (B, V)
         if banned:
-            log_probs[:, list(banned)] = -torch.inf
+            log_probs.index_fill_(1, banned_ids, -torch.inf)
         return log_probs, Seq2SeqState(state.src_mask, None, out.cache, state.offset + 1)
 
     return step, Seq2SeqState(src_mask, memory, None, 0)

@@ -84,7 +84,7 @@ def translate_ids(
         rows.append(ids)
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in rows]
     todo = [i for i, r in enumerate(rows) if r]
-    lengths = np.array([len(rows[i]) + 1 for i in todo], dtype=np.int64)
+    lengths = np.array([len(rows[i]) for i in todo], dtype=np.int64)  # the sampler adds EOS
     budget = max(1, options.max_tokens // options.beam_size)  # K rows per sentence
     sampler = TokenBatchSampler(lengths, lengths, budget, seed=0, shuffle=False)
     batches = sampler.batches(0) if todo else []
