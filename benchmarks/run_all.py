@@ -5,7 +5,8 @@
 Runs, each as its own process (so they never share the cores):
   1. train_vs_torch.py — training tokens/s against torch.nn.Transformer, fraction of the matmul
      peak, peak memory, for the `small` and `base` presets;
-  2. decode_vs_hf.py — decoding tokens/s against Hugging Face generate, `small` and `base`
+  2. profile_train_step.py — where the `small` training step spends its time (grouped profile);
+  3. decode_vs_hf.py — decoding tokens/s against Hugging Face generate, `small` and `base`
      (CPU only).
 Then prints one table and writes docs/results/summary.{json,md} with the machine, the torch
 version and this command; each benchmark also leaves its own detailed files there.
@@ -44,6 +45,7 @@ def main() -> None:
     train_args = ["--threads", str(args.threads), "--rounds", str(args.rounds)]
     train_args += ["--device", args.device, "--compile-presets", args.compile_presets]
     run("train_vs_torch.py", "--presets", "small,base", *train_args)
+    run("profile_train_step.py", "--preset", "small", "--threads", str(args.threads))
     device = "cuda" if args.device.startswith("cuda") else "cpu"
     training = json.loads((RESULTS / f"train_vs_torch_{device}.json").read_text())
     decoding: dict[str, Any] = {}
