@@ -145,3 +145,19 @@ def test_evaluate_files_and_checkpoint(
     short.write_text("eins\n")
     assert main(["evaluate", "--hyp", str(short), "--ref", str(ref)]) == 2
     assert "1 hypotheses but 2 references" in capsys.readouterr().err
+
+
+def test_stdin_and_file_inputs_split_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A form feed or U+2028 inside a line does not split it, on stdin as in a file; a BOM goes."""
+    import io
+
+    from aiayn.cli.translate import read_input
+
+    data = "\ufeffone\x0cline\nsecond\u2028line\r\n".encode()
+    file = tmp_path / "in.txt"
+    file.write_bytes(data)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert read_input(None) == read_input(str(file)) == ["one\x0cline", "second\u2028line"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    file.write_bytes(b"")
+    assert read_input(None) == read_input(str(file)) == []

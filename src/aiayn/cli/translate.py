@@ -68,19 +68,12 @@ def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 
 def read_input(path: str | None) -> list[str]:
-    """Lines of a file or of stdin (a missing file is a clear error)."""
-    from aiayn.data import read_lines
-    from aiayn.errors import UserError
+    """Lines of a file or of stdin, split alike (an empty input gives no lines)."""
+    from aiayn.data.corpus import decode_lines, read_lines
 
     if path is None:
-        try:
-            return sys.stdin.buffer.read().decode("utf-8").splitlines()
-        except UnicodeDecodeError as error:
-            raise UserError(f"standard input is not UTF-8 (byte {error.start})") from None
-    file = Path(path)
-    if file.is_file() and file.stat().st_size == 0:
-        return []
-    return read_lines(file)
+        return decode_lines(sys.stdin.buffer.read(), "standard input", allow_empty=True)
+    return read_lines(path, allow_empty=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -57,7 +57,7 @@ def _read_bytes(path: Path) -> bytes:
         raise UserError(f"cannot read corpus file {path}: {exc}") from exc
 
 
-def read_lines(path: str | Path) -> list[str]:
+def read_lines(path: str | Path, *, allow_empty: bool = False) -> list[str]:
     """The lines of a UTF-8 text file (plain, or gzip when the name ends in ``.gz``).
 
     Lines are split on ``\\n`` only (a stray U+2028 or form feed inside a sentence does not break
@@ -65,22 +65,29 @@ def read_lines(path: str | Path) -> list[str]:
     Line contents are otherwise returned unchanged.
 
     Raises:
-        UserError: the file is missing, is not valid gzip, is empty, or holds bytes that are not
-            UTF-8 (the message names the line).
+        UserError: the file is missing, is not valid gzip, is empty (unless ``allow_empty``), or
+            holds bytes that are not UTF-8 (the message names the line).
     """
     path = Path(path)
-    data = _read_bytes(path)
+    return decode_lines(_read_bytes(path), str(path), allow_empty=allow_empty)
+
+
+def decode_lines(data: bytes, name: str, *, allow_empty: bool = False) -> list[str]:
+    """The lines of UTF-8 ``data`` (from a file or standard input) as :func:`read_lines` splits
+    them; ``name`` is what error messages call the source."""
     if data.startswith(_UTF8_BOM):
         data = data[len(_UTF8_BOM) :]
     if not data:
-        raise UserError(f"corpus file is empty: {path}")
+        if allow_empty:
+            return []
+        raise UserError(f"corpus file is empty: {name}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         bad = data[exc.start : exc.end]
         raise UserError(
-            f"{path}, line {line}: not valid UTF-8 (byte {bad!r}); "
+            f"{name}, line {line}: not valid UTF-8 (byte {bad!r}); "
             "convert the file to UTF-8, e.g. with iconv"
         ) from exc
     lines = text.split("\n")
