@@ -14,20 +14,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import command_line, machine, write_report
 from aiayn.config import preset
 from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search
 from aiayn.decoding.step import DecoderState
 from aiayn.models import Transformer
 
-ROOT = Path(__file__).resolve().parents[1]
 PAD, BOS, EOS = 0, 1, 2
 
 
@@ -178,19 +179,14 @@ def main() -> None:
     import transformers
 
     report = {
-        "command": f"python benchmarks/decode_vs_hf.py --preset {args.preset} "
-        f"--threads {args.threads} --out-len {n}",
-        "machine": f"{platform.machine()}, {args.threads} torch threads",
-        "torch": torch.__version__,
+        "command": command_line(),
+        "machine": machine(),
         "transformers": transformers.__version__,
         "model": f"{args.preset} (d_model {ours.config.d_model}, "
         f"{ours.config.num_encoder_layers}+{ours.config.num_decoder_layers} layers), "
         f"vocab {args.vocab_size}, source length {args.src_len}",
         "rows": rows,
     }
-    out = ROOT / "docs" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"decode_vs_hf_{args.preset}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         "| batch | search | aiayn tok/s | HF generate tok/s | ratio | cache speed-up |",
         "|---|---|---|---|---|---|",
@@ -202,7 +198,7 @@ def main() -> None:
             f"| {r['batch']} | {search} | {r['aiayn_tok_s']:.0f} | {r['hf_tok_s']:.0f} "
             f"| {r['ratio']:.2f}× | {cache} |"
         )
-    (out / f"decode_vs_hf_{args.preset}.md").write_text("\n".join(lines) + "\n")
+    write_report(f"decode_vs_hf_{args.preset}", report, lines)
     print("\n".join(lines))
 
 

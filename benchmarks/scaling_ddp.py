@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -30,12 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import command_line, machine, write_report
 from aiayn.training.config import DEMO_CONFIG
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _free_port() -> int:
@@ -111,17 +110,13 @@ def main() -> None:
         row["speedup"] = row["tgt_tokens_per_s"] / base
         row["efficiency"] = row["speedup"] / row["processes"]
     report = {
-        "command": "nice -n 10 python benchmarks/scaling_ddp.py "
-        f"--steps {args.steps} --log-every {args.log_every} --max-tokens {args.max_tokens}",
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, 1 torch thread per process",
-        "torch": torch.__version__,
+        "command": command_line(),
+        "machine": machine(),
+        "threads_per_process": 1,
         "model": "demo: d_model 256, 4 heads, d_ff 1024, 3+3 pre-norm layers, vocab 4000",
         "global_batch": f"2 x {args.max_tokens} tokens per step (same batches in every row)",
         "rows": rows,
     }
-    out = ROOT / "docs" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scaling_ddp.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         "| processes | strategy | micro-batches / process | target tokens/s | speed-up | "
         "efficiency |",
@@ -132,7 +127,7 @@ def main() -> None:
             for r in rows
         ),
     ]
-    (out / "scaling_ddp.md").write_text("\n".join(lines) + "\n")
+    write_report("scaling_ddp", report, [f"`{report['command']}`", "", *lines])
     print(json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=2))
     print("\n".join(lines))
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import statistics
+import sys
 import time
 from pathlib import Path
 
-import torch
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import command_line, machine, write_report
 from aiayn.data import Tokenizer
 from aiayn.decoding.translate import DecodeOptions, translate_texts
 from aiayn.evaluation import corpus_bleu, corpus_chrf
@@ -82,21 +83,16 @@ def main() -> None:
     metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
     rates = [m["tgt_tokens_per_s"] for m in metrics if m["kind"] == "train"]
     report = {
-        "command": f"python benchmarks/train_multi30k.py --data-dir {args.data_dir} "
-        f"--minutes {args.minutes:g}",
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
-        "torch": torch.__version__,
+        "command": command_line(),
+        "machine": machine(),
         "training_minutes": result.minutes,
         "wall_minutes_incl_data_and_eval": wall / 60,
         "steps": result.steps,
-        "median_tgt_tokens_per_s": sorted(rates)[len(rates) // 2] if rates else None,
+        "median_tgt_tokens_per_s": statistics.median(rates) if rates else None,
         "test_2016_flickr": rows,
         "signature": corpus_bleu(["a"], ["a"]).signature,
         "peer_bleu_greedy": PEER_BLEU,
     }
-    out = ROOT / "docs" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "multi30k_small.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         "| aiayn small (60 min) | BLEU | chrF | vs. peer's 34.6 (greedy) |",
         "|---|---|---|---|",
@@ -105,7 +101,7 @@ def main() -> None:
             for k, v in rows.items()
         ),
     ]
-    (out / "multi30k_small.md").write_text("\n".join(lines) + "\n")
+    write_report("multi30k_small", report, [f"`{report['command']}`", "", *lines])
     print(json.dumps(report, indent=2))
     print("\n".join(lines))
 
