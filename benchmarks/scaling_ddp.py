@@ -36,7 +36,6 @@ from _common import command_line, machine, write_report
 from aiayn.training.config import DEMO_CONFIG
 
 
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
