@@ -193,3 +193,18 @@ def test_sampled_first_tokens_follow_the_filtered_distribution() -> None:
     probs = probs / probs.sum()
     freq = torch.tensor([firsts.count(t) / 4000 for t in sorted(allowed)])
     torch.testing.assert_close(freq, probs, atol=0.03, rtol=0)
+
+
+def test_per_sentence_length_limits() -> None:
+    """A (B,) max_len (what translate passes): sentences reach their own limits at different
+    steps, each forced to EOS there, with the result it gets decoded alone under that limit."""
+    model, src = _model(), _sources()
+    limits = [2, 5, 9]
+    together = _beam(model, src, 3, n_best=3, max_len=torch.tensor(limits), min_len=9)
+    for i, limit in enumerate(limits):
+        assert all(len(h.tokens) == limit for h in together[i])  # min_len 9 > limit: forced
+        alone = src[i : i + 1, : int((src[i] != PAD).sum())]
+        single = _beam(model, alone, 3, n_best=3, max_len=limit, min_len=9)[0]
+        assert [h.tokens for h in single] == [h.tokens for h in together[i]]
+        for a, b in zip(single, together[i], strict=True):
+            assert a.score == pytest.approx(b.score, abs=1e-5)

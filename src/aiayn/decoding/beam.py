@@ -89,8 +89,8 @@ def beam_search(
         log_probs, state = step(tokens, state)  # (b·K, V)
         vocab = log_probs.size(-1)
         log_probs = log_probs.view(len(active), k, vocab).float()  # (b, K, V)
-        at_limit = torch.tensor([t >= limits[s] for s in active], device=device)  # (b,)
-        log_probs = _constrain(log_probs, eos_id, allow_eos=t >= min_len, only_eos=at_limit)
+        at_limit = [t >= limits[s] for s in active]  # (b,) on the host
+        log_probs = _constrain(log_probs, eos_id, allow_eos=t >= min_len, at_limit=at_limit)
         candidates = (scores[:, :, None] + log_probs).view(len(active), k * vocab)  # (b, K·V)
         top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=1)  # (b, 2K)
         top_beam, top_token = top_index // vocab, top_index % vocab  # (b, 2K) each
@@ -110,20 +110,21 @@ def beam_search(
         rows = (torch.arange(len(active), device=device)[:, None] * k + parent).view(-1)  # (b·K,)
         history = torch.cat([history[rows], top_token.gather(1, chosen).view(-1, 1)], dim=1)
         keep = [
-            not _done(finished[s], scores[r], k, n_best, alpha, limits[s], bool(at_limit[r]))
+            not _done(finished[s], scores[r], k, n_best, alpha, limits[s], at_limit[r])
             for r, s in enumerate(active)
         ]
         if not any(keep):
             break
-        keep_rows = torch.tensor(keep, device=device).repeat_interleave(k)  # (b·K,)
+        kept = torch.tensor(keep, device=device)  # (b,)
+        keep_rows = kept.repeat_interleave(k)  # (b·K,)
         state = state.index_select(rows[keep_rows])
-        history, scores = history[keep_rows], scores[torch.tensor(keep, device=device)]
+        history, scores = history[keep_rows], scores[kept]
         tokens = history[:, -1:]  # (b'·K, 1)
         active = [s for s, kept in zip(active, keep, strict=True) if kept]
     return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
 
 
-def _constrain(log_probs: Tensor, eos_id: int, *, allow_eos: bool, only_eos: Tensor) -> Tensor:
+def _constrain(log_probs: Tensor, eos_id: int, *, allow_eos: bool, at_limit: list[bool]) -> Tensor:
     """Forbid EOS before min_len; force EOS for sentences at their length limit.
 
     Edits (b, K, V) ``log_probs`` in place: the step's output belongs to the search. A forced
@@ -131,7 +132,8 @@ def _constrain(log_probs: Tensor, eos_id: int, *, allow_eos: bool, only_eos: Ten
     """
     if not allow_eos:
         log_probs[..., eos_id] = -math.inf
-    if bool(only_eos.any()):
+    if any(at_limit):
+        only_eos = torch.tensor(at_limit, device=log_probs.device)  # (b,)
         floor = torch.finfo(log_probs.dtype).min
         eos_column = log_probs[only_eos][..., eos_id].clamp(min=floor)  # (b', K)
         log_probs[only_eos] = -math.inf
