@@ -24,7 +24,6 @@ A vocabulary is saved as one JSON file (Hugging Face's ``tokenizer.json`` format
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -121,9 +120,7 @@ class Tokenizer:
         if not path.is_file():
             raise UserError(f"tokenizer file not found: {path}")
         try:
-            text = path.read_text(encoding="utf-8")
-            json.loads(text)
-            hf = _HFTokenizer.from_str(text)
+            hf = _HFTokenizer.from_str(path.read_text(encoding="utf-8"))
         except Exception as exc:  # OSError, bad UTF-8/JSON, or tokenizers' bare Exception
             raise UserError(f"{path}: not a valid tokenizer JSON file ({exc})") from exc
         try:
