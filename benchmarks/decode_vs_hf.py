@@ -87,6 +87,9 @@ def no_cache_step(model: Transformer, src: torch.Tensor):  # type: ignore[no-unt
         def index_select(self, index: torch.Tensor) -> Prefix:
             return Prefix(self.tokens.index_select(0, index))
 
+        def repeat_interleave(self, repeats: int) -> Prefix:
+            raise NotImplementedError("used for greedy search only")
+
     def step(tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState]:
         assert isinstance(state, Prefix)
         prefix = torch.cat([state.tokens, tokens], dim=1)  # (B, t + 1)

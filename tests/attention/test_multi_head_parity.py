@@ -8,6 +8,7 @@ from torch import nn
 
 from aiayn.attention import (
     CrossAttention,
+    KVCache,
     MultiHeadAttention,
     SelfAttention,
     causal_mask,
@@ -102,3 +103,69 @@ def test_incremental_self_attention_equals_full_causal(steps: int) -> None:
         cache = step.cache
     assert cache.length == 6
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_kv_cache_appends_in_place_and_copies_on_write() -> None:
+    k0, v0 = torch.randn(2, H, 3, 8), torch.randn(2, H, 3, 8)
+    cache = KVCache(k0, v0)
+    steps = [(torch.randn(2, H, 1, 8), torch.randn(2, H, 1, 8)) for _ in range(40)]
+    for k, v in steps:  # 43 positions: the buffers grow past their first capacity
+        cache = cache.append(k, v)
+    want_k = torch.cat([k0, *(k for k, _ in steps)], dim=2)
+    want_v = torch.cat([v0, *(v for _, v in steps)], dim=2)
+    assert cache.length == 43
+    torch.testing.assert_close(cache.key, want_k, rtol=0, atol=0)
+    torch.testing.assert_close(cache.value, want_v, rtol=0, atol=0)
+    # two continuations of one prefix: neither sees the other's position
+    a = cache.append(torch.zeros(2, H, 1, 8), torch.zeros(2, H, 1, 8))
+    b = cache.append(torch.ones(2, H, 1, 8), torch.ones(2, H, 1, 8))
+    assert torch.all(a.key[:, :, -1] == 0) and torch.all(b.key[:, :, -1] == 1)
+    torch.testing.assert_close(a.key[:, :, :43], want_k, rtol=0, atol=0)
+    assert cache.length == 43
+    # reordered rows keep their whole history and can be appended to
+    index = torch.tensor([1, 1, 0])
+    picked = b.index_select(index).append(torch.full((3, H, 1, 8), 2.0), torch.zeros(3, H, 1, 8))
+    torch.testing.assert_close(picked.key[:, :, :44], b.key[index], rtol=0, atol=0)
+    assert torch.all(picked.key[:, :, 44] == 2)
+    assert torch.all(b.key[:, :, -1] == 1)  # the source of the reorder is untouched
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_grouped_queries_share_keys_values_exactly_like_copies(need_weights: bool) -> None:
+    # 3 sentences × 4 beams of queries over each sentence's one memory row
+    attn = CrossAttention(D, H).eval()
+    memory = torch.randn(3, 5, D)
+    pad = lengths_mask(torch.tensor([5, 2, 4]), 5)  # (3, 1, 1, 5)
+    x = torch.randn(12, 2, D)
+    grouped = attn(x, memory, pad, need_weights=need_weights)
+    copied = attn(
+        x,
+        memory.repeat_interleave(4, dim=0),
+        pad.repeat_interleave(4, dim=0),
+        need_weights=need_weights,
+    )
+    assert grouped.cache.key.size(0) == 3  # the source keys/values were not copied
+    torch.testing.assert_close(grouped.output, copied.output, atol=1e-6, rtol=1e-5)
+    if need_weights:
+        assert grouped.weights is not None and copied.weights is not None
+        assert grouped.weights.shape == (12, H, 2, 5)
+        torch.testing.assert_close(grouped.weights, copied.weights, atol=1e-6, rtol=1e-5)
+
+
+def test_grouped_queries_reject_a_mask_that_varies_per_query() -> None:
+    attn = CrossAttention(D, H).eval()
+    memory = torch.randn(2, 5, D)
+    per_query = torch.ones(2, 1, 3, 5, dtype=torch.bool)
+    with pytest.raises(ValueError, match="cannot share"):
+        attn(torch.randn(4, 3, D), memory, per_query)
+    with pytest.raises(ValueError, match="cannot share"):
+        attn(torch.randn(5, 3, D), memory)  # 5 rows cannot be split over 2
+
+
+def test_kv_cache_concatenates_while_autograd_records() -> None:
+    k0 = torch.randn(1, H, 2, 8, requires_grad=True)
+    k1 = torch.randn(1, H, 1, 8, requires_grad=True)
+    cache = KVCache(k0, k0 * 2).append(k1, k1 * 2).append(k1, k1)
+    (cache.key.sum() + cache.value.sum()).backward()
+    assert k0.grad is not None and torch.all(k0.grad == 3)
+    assert k1.grad is not None and torch.all(k1.grad == 5)

@@ -15,6 +15,7 @@ from aiayn.attention import (
     lengths_mask,
     scaled_dot_product_attention,
 )
+from aiayn.attention.scaled_dot_product import _explicit_is_faster
 
 
 def test_matches_the_formula_by_hand() -> None:
@@ -83,3 +84,18 @@ def test_causal_stand_in_equals_the_built_causal_mask(need_weights: bool, t: int
         assert got_w is not None
         torch.testing.assert_close(got_w, want_w)
     assert torch.equal(Causal().build(t, s)[0, 0], allowed)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_many_short_queries_take_the_explicit_path_and_match_torch(masked: bool) -> None:
+    # 32·4 query rows of length 4: the decoding shape where the plain ops beat the fused kernel
+    q, k, v = torch.randn(32, 4, 4, 16), torch.randn(32, 4, 9, 16), torch.randn(32, 4, 9, 16)
+    assert _explicit_is_faster(q, 0.0)
+    assert not _explicit_is_faster(q.requires_grad_(), 0.0)  # training keeps the fused kernel
+    assert not _explicit_is_faster(q[:1], 0.0)  # one sentence: the fused kernel is faster
+    q = q.detach()
+    mask = lengths_mask(torch.randint(1, 10, (32,)), 9) if masked else None
+    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    assert weights is None
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-5)

@@ -208,3 +208,30 @@ def test_per_sentence_length_limits() -> None:
         assert [h.tokens for h in single] == [h.tokens for h in together[i]]
         for a, b in zip(single, together[i], strict=True):
             assert a.score == pytest.approx(b.score, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        [1, 0, 5, 5, 2, 3],  # beams reordered within their sentences: the source is shared
+        [2, 3],  # sentences 0 and 2 leave: the source rows are selected
+        [0, 2, 1, 3, 4, 5],  # a group mixes sentences: the source is copied per row
+    ],
+)
+@torch.no_grad()  # as searches run: the caches write into preallocated buffers
+def test_beam_state_shares_the_source_and_reorders_like_copies(index: list[int]) -> None:
+    model, src = _model(), _sources()
+    tokens = torch.randint(3, 20, (6, 3))
+    tokens[:, 0] = BOS
+    step, grouped = encoder_decoder_step(model, src)
+    grouped = grouped.repeat_interleave(2)  # rows b·2 + k
+    _, copied = encoder_decoder_step(model, src.repeat_interleave(2, dim=0))
+    for t in range(2):
+        _, grouped = step(tokens[:, t : t + 1], grouped)
+        _, copied = step(tokens[:, t : t + 1], copied)
+    rows = torch.tensor(index)
+    grouped, copied = grouped.index_select(rows), copied.index_select(rows)
+    want, _ = step(tokens[rows, 2:3], copied)
+    got, grouped = step(tokens[rows, 2:3], grouped)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert grouped.group == (1 if index[:2] == [0, 2] else 2)

@@ -16,15 +16,39 @@ Shape legend:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.attention.masks import Mask
+from aiayn.attention.masks import Causal, Mask
 from aiayn.attention.scaled_dot_product import scaled_dot_product_attention
+
+
+class _Storage:
+    """Preallocated key/value buffers (B, H, capacity, d) shared by the successive caches of one
+    decoding run; ``filled`` is how many positions some cache has written so far."""
+
+    __slots__ = ("filled", "key", "value")
+
+    def __init__(self, key: Tensor, value: Tensor, filled: int):
+        self.key, self.value, self.filled = key, value, filled
+
+    @property
+    def capacity(self) -> int:
+        return self.key.size(2)
+
+    @staticmethod
+    def allocate(like: KVCache, batch: int, capacity: int) -> _Storage:
+        """Uninitialised buffers: ``batch`` rows × ``capacity`` positions, shaped like ``like``."""
+        _, h, _, d_k = like.key.shape
+        return _Storage(
+            like.key.new_empty(batch, h, capacity, d_k),  # (B, H, capacity, d_k)
+            like.value.new_empty(batch, h, capacity, like.value.size(-1)),  # (B, H, capacity, d_v)
+            0,
+        )
 
 
 @dataclass(frozen=True)
@@ -34,13 +58,21 @@ class KVCache:
     Self-attention appends one step at a time (:meth:`append`); cross-attention computes the
     source's keys/values once per source and reuses them at every step.
 
+    Appending writes into preallocated buffers (their capacity doubles when full, as a list's
+    does), so a step copies only its new positions, not the whole cache. The buffers are shared
+    copy-on-write: appending to a cache that is no longer the newest one of its buffers (two
+    continuations of one prefix) copies it first, so no cache ever sees another's writes. While
+    autograd records (a cache of tensors that require grad), it concatenates instead: in-place
+    writes would change tensors saved for the backward pass.
+
     Attributes:
-        key: (B, H, L, d_k).
+        key: (B, H, L, d_k), a view of the valid positions.
         value: (B, H, L, d_v).
     """
 
     key: Tensor
     value: Tensor
+    _storage: _Storage | None = field(default=None, repr=False, compare=False)
 
     @property
     def length(self) -> int:
@@ -48,15 +80,37 @@ class KVCache:
         return self.key.size(2)
 
     def append(self, key: Tensor, value: Tensor) -> KVCache:
-        """A new cache with (B, H, T, d) keys/values concatenated after the cached ones."""
-        return KVCache(
-            torch.cat([self.key, key], dim=2),  # (B, H, L + T, d_k)
-            torch.cat([self.value, value], dim=2),  # (B, H, L + T, d_v)
-        )
+        """A new cache with (B, H, T, d) keys/values after the cached ones: (B, H, L + T, d)."""
+        if _records_grad(self.key, self.value, key, value):
+            return KVCache(
+                torch.cat([self.key, key], dim=2),  # (B, H, L + T, d_k)
+                torch.cat([self.value, value], dim=2),  # (B, H, L + T, d_v)
+            )
+        old, new = self.length, self.length + key.size(2)
+        storage = self._storage
+        if storage is None or storage.filled != old or storage.capacity < new:
+            storage = _Storage.allocate(self, self.key.size(0), max(2 * new, 16))
+            storage.key[:, :, :old] = self.key  # (B, H, L, d_k)
+            storage.value[:, :, :old] = self.value
+        storage.key[:, :, old:new] = key  # (B, H, T, d_k) into positions L .. L + T - 1
+        storage.value[:, :, old:new] = value
+        storage.filled = new
+        return KVCache(storage.key[:, :, :new], storage.value[:, :, :new], storage)
 
     def index_select(self, index: Tensor) -> KVCache:
         """Reorder/select batch rows (e.g. surviving beams): index is (B',) into B."""
-        return KVCache(self.key.index_select(0, index), self.value.index_select(0, index))
+        if self._storage is None or _records_grad(self.key, self.value):
+            return KVCache(self.key.index_select(0, index), self.value.index_select(0, index))
+        storage = _Storage.allocate(self, index.numel(), self._storage.capacity)
+        n = self.length
+        torch.index_select(self.key, 0, index, out=storage.key[:, :, :n])  # (B', H, L, d_k)
+        torch.index_select(self.value, 0, index, out=storage.value[:, :, :n])
+        storage.filled = n
+        return KVCache(storage.key[:, :, :n], storage.value[:, :, :n], storage)
+
+
+def _records_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 class AttentionOutput(NamedTuple):
@@ -134,10 +188,16 @@ class MultiHeadAttention(nn.Module):
         """Attention per head, concatenation and W^O, given projected heads.
 
         Args:
-            query: (B, H, T, d_k) projected queries.
+            query: (B·G, H, T, d_k) projected queries: G ≥ 1 consecutive query rows share each
+                key/value row (G = K when the K beams of a sentence attend to its one source).
             kv: keys/values (B, H, S, d_k).
-            mask: boolean, broadcastable to (B, H, T, S); True = may attend.
+            mask: boolean, broadcastable to (B, H, T, S); True = may attend. With G > 1 it must
+                not vary along T (a source padding mask), as the G·T queries share it.
         """
+        b_q, _, t, _ = query.shape
+        groups = b_q // kv.key.size(0)
+        if b_q != kv.key.size(0):
+            query = _fold_groups(query, kv.key.size(0), mask)  # -> (B, H, G·T, d_k)
         heads, weights = scaled_dot_product_attention(
             query,
             kv.key,
@@ -145,10 +205,14 @@ class MultiHeadAttention(nn.Module):
             mask,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights,
-        )  # (B, H, T, d_v)
-        b, _, t, _ = heads.shape
-        concat = heads.transpose(1, 2).reshape(b, t, self.d_model)  # (B, H, T, d_v) -> (B, T, D)
-        return AttentionOutput(self.out_proj(concat), weights, kv)  # (B, T, D) @ W^O -> (B, T, D)
+        )  # (B, H, G·T, d_v)
+        b, h = heads.shape[:2]
+        heads = heads.view(b, h, groups, t, self.d_k)  # (B, H, G·T, d_v) -> (B, H, G, T, d_v)
+        concat = heads.permute(0, 2, 3, 1, 4).reshape(b_q, t, self.d_model)  # -> (B·G, T, D)
+        if weights is not None:
+            weights = weights.view(b, h, groups, t, -1).transpose(1, 2)  # (B, G, H, T, S)
+            weights = weights.reshape(b_q, h, t, -1)  # (B·G, H, T, S)
+        return AttentionOutput(self.out_proj(concat), weights, kv)  # (B·G, T, D) @ W^O
 
     def forward(
         self,
@@ -231,3 +295,16 @@ class CrossAttention(MultiHeadAttention):
                 raise ValueError("CrossAttention needs `memory` or a `cache` of its keys/values")
             cache = self.project_key_value(memory)  # 2 × (B, H, S, d_k)
         return self.attend(self.project_query(x), cache, mask, need_weights)
+
+
+def _fold_groups(query: Tensor, batch: int, mask: Mask) -> Tensor:
+    """(B·G, H, T, d_k) queries -> (B, H, G·T, d_k) for ``batch`` = B key/value rows: the G rows
+    that share one key/value row become G·T query positions of it (no key/value is copied)."""
+    b_q, h, t, d_k = query.shape
+    if b_q % batch or isinstance(mask, Causal) or (mask is not None and mask.size(-2) != 1):
+        raise ValueError(
+            f"{b_q} query rows cannot share {batch} key/value rows: grouped queries need a batch "
+            "that is a multiple of the key/value batch, and a mask that is the same for every query"
+        )
+    query = query.view(batch, b_q // batch, h, t, d_k)  # (B, G, H, T, d_k)
+    return query.transpose(1, 2).reshape(batch, h, b_q // batch * t, d_k)  # (B, H, G·T, d_k)

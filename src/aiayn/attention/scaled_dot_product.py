@@ -68,19 +68,38 @@ def scaled_dot_product_attention(
         row_has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, T|1, 1)
         mask = mask | ~row_has_key
 
+    weights: Tensor | None = None
     if need_weights:
         output, weights = _explicit_attention(query, key, value, mask, dropout_p)
+    elif _explicit_is_faster(query, dropout_p):
+        output, _ = _explicit_attention(query, key, value, mask, dropout_p)
     else:
         output = F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, dropout_p=dropout_p
         )  # (B, H, T, d_v)
-        weights = None
 
     if row_has_key is not None:
         output = output * row_has_key  # (B, H, T, d_v): zero the fully blocked rows
         if weights is not None:
             weights = weights * row_has_key  # (B, H, T, S)
     return output, weights
+
+
+def _explicit_is_faster(query: Tensor, dropout_p: float) -> bool:
+    """Whether the three plain ops (Q Kᵀ, softmax, · V) beat PyTorch's fused CPU kernel.
+
+    They do for many short queries without gradients, the shape of batched and beam decoding
+    (B·H·T ≥ 512 query rows of length T ≤ 8): the fused kernel's blocking is made for long
+    sequences. Measured by ``benchmarks/attention_kernels.py`` (docs/performance.md).
+    """
+    b, h, t, _ = query.shape
+    return (
+        query.device.type == "cpu"
+        and not (query.requires_grad and torch.is_grad_enabled())
+        and dropout_p == 0.0
+        and t <= 8
+        and b * h * t >= 512
+    )
 
 
 def _explicit_attention(

@@ -55,6 +55,7 @@ def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from aiayn.data import Tokenizer
     from aiayn.decoding.translate import DecodeOptions
     from aiayn.training.checkpoint import load_checkpoint
+    from aiayn.training.performance import keep_freed_memory
     from aiayn.training.trainer import resolve_device
 
     options = DecodeOptions(
@@ -63,7 +64,10 @@ def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         max_tokens=args.max_tokens,
         n_best=getattr(args, "n_best", 1),
     )
-    ckpt = load_checkpoint(args.checkpoint, map_location=resolve_device(args.device))
+    device = resolve_device(args.device)
+    if device.type == "cpu":
+        keep_freed_memory()  # beam search reallocates its caches every step: keep them mapped
+    ckpt = load_checkpoint(args.checkpoint, map_location=device)
     return ckpt.model, Tokenizer.load(ckpt.tokenizer_path), options
 
 

@@ -78,7 +78,7 @@ def beam_search(
         )
     k = beam_size
     limits = torch.as_tensor(max_len, device=device).expand(batch_size).tolist()
-    state = state.index_select(torch.arange(batch_size, device=device).repeat_interleave(k))
+    state = state.repeat_interleave(k)  # row b·K + k: beam k of sentence b
     scores = torch.full((batch_size, k), -math.inf, device=device)  # (B, K) log P of each beam
     scores[:, 0] = 0.0  # one live beam to start: the others would duplicate it
     tokens = torch.full((batch_size * k, 1), bos_id, dtype=torch.long, device=device)  # (B·K, 1)

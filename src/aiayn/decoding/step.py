@@ -3,16 +3,16 @@
     step(tokens, state) -> (log_probs, state)
 
 ``tokens`` (B, 1) are the newest tokens; ``log_probs`` (B, V) the distribution of the next one;
-``state`` is opaque to the search except that it can be reordered along the batch with
-``state.index_select(index)`` (beam search keeps the surviving beams). Decoder-only models supply
-their own state class with the same two methods.
+``state`` is opaque to the search except for two batch operations: ``state.repeat_interleave(K)``
+(each sentence becomes K beams) and ``state.index_select(index)`` (beam search keeps the surviving
+beams). Decoder-only models supply their own state class with the same two methods.
 
 Shape legend:  B batch (sentences × beams)   S source length   V vocabulary   D d_model
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -30,6 +30,10 @@ class DecoderState(Protocol):
         """Select/reorder batch rows: index is (B',) into B."""
         ...
 
+    def repeat_interleave(self, repeats: int) -> DecoderState:
+        """Each batch row becomes ``repeats`` consecutive rows, B -> B·repeats (beams)."""
+        ...
+
 
 class StepFunction(Protocol):
     """(tokens (B, 1), state) -> (log-probabilities (B, V), new state)."""
@@ -43,26 +47,72 @@ class StepFunction(Protocol):
 class Seq2SeqState:
     """Incremental state of the encoder–decoder model.
 
+    The source side (mask, memory, cross-attention keys/values) is stored once per sentence even
+    when G beams of it are decoded: decoder row ``b·G + g`` reads source row ``b``.
+
     Attributes:
         src_mask: (B, 1, 1, S) source padding mask.
         memory: (B, S, D) encoder output; only needed before the first step fills ``cache``.
-        cache: per-layer self- and cross-attention keys/values, or None before the first step.
+        cache: per-layer self-attention keys/values (B·G, H, L, d_k) and cross-attention
+            keys/values (B, H, S, d_k), or None before the first step.
         offset: number of target positions decoded so far.
+        group: G, the number of consecutive decoder rows that share one source row.
     """
 
     src_mask: Tensor
     memory: Tensor | None
     cache: list[DecoderLayerCache] | None
     offset: int
+    group: int = 1
+
+    def repeat_interleave(self, repeats: int) -> Seq2SeqState:
+        """Each decoder row becomes ``repeats`` rows (the beams); the source side is not copied."""
+        rows = self.src_mask.size(0) * self.group
+        index = torch.arange(rows, device=self.src_mask.device).repeat_interleave(repeats)
+        cache = None if self.cache is None else [c.index_select(index, None) for c in self.cache]
+        return replace(self, cache=cache, group=self.group * repeats)
 
     def index_select(self, index: Tensor) -> Seq2SeqState:
-        """Reorder/select batch rows (sentences or beams)."""
+        """Reorder/select decoder rows (sentences or beams): index is (B'·G,) into B·G.
+
+        When each group of G selected rows comes from one sentence (beam search keeps the beams
+        of a sentence together), the source side is selected per sentence, or left untouched if
+        no sentence left; otherwise it is copied out to one source row per decoder row (G = 1).
+        """
+        source = index // self.group  # (B'·G,) source row of each selected decoder row
+        sentences = _shared_source_rows(source, self.group)  # (B',) or None
+        if sentences is None:  # rows of different sentences in one group: one source row each
+            sentences, group = source, 1
+        else:
+            group, n = self.group, self.src_mask.size(0)
+            all_stay = sentences.numel() == n  # then, in beam search, in their order
+            if all_stay and bool((sentences == torch.arange(n, device=index.device)).all()):
+                return replace(self, cache=self._select_cache(index, None))
         return Seq2SeqState(
-            self.src_mask.index_select(0, index),
-            None if self.memory is None else self.memory.index_select(0, index),
-            None if self.cache is None else [c.index_select(index) for c in self.cache],
+            self.src_mask.index_select(0, sentences),
+            None if self.memory is None else self.memory.index_select(0, sentences),
+            self._select_cache(index, sentences),
             self.offset,
+            group,
         )
+
+    def _select_cache(
+        self, index: Tensor, sentences: Tensor | None
+    ) -> list[DecoderLayerCache] | None:
+        if self.cache is None:
+            return None
+        return [c.index_select(index, sentences) for c in self.cache]
+
+
+def _shared_source_rows(source: Tensor, group: int) -> Tensor | None:
+    """(N,) source rows of N decoder rows -> (N / G,) one per group of G, or None if a group
+    mixes sentences."""
+    if group == 1:
+        return source
+    if source.numel() % group:
+        return None
+    groups = source.view(-1, group)  # (N / G, G)
+    return groups[:, 0] if bool((groups == groups[:, :1]).all()) else None
 
 
 def encoder_decoder_step(
@@ -86,6 +136,8 @@ def encoder_decoder_step(
         log_probs = model.log_probs(out.hidden[:, -1])  # (B, D) -> (B, V)
         if banned:
             log_probs.index_fill_(1, banned_ids, -torch.inf)
-        return log_probs, Seq2SeqState(state.src_mask, None, out.cache, state.offset + 1)
+        return log_probs, Seq2SeqState(
+            state.src_mask, None, out.cache, state.offset + 1, state.group
+        )
 
     return step, Seq2SeqState(src_mask, memory, None, 0)

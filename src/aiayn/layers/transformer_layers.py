@@ -75,18 +75,20 @@ class DecoderLayerCache:
     """Incremental-decoding state of one decoder layer.
 
     Attributes:
-        self_attn: keys/values of the L target positions decoded so far, (B, H, L, d_k).
-        cross_attn: keys/values of the encoder output, (B, H, S, d_k), computed once per source.
+        self_attn: keys/values of the L target positions decoded so far, (B·G, H, L, d_k).
+        cross_attn: keys/values of the encoder output, (B, H, S, d_k), computed once per source;
+            G ≥ 1 consecutive decoder rows share each source row (the beams of one sentence).
     """
 
     self_attn: KVCache | None
     cross_attn: KVCache
 
-    def index_select(self, index: Tensor) -> DecoderLayerCache:
-        """Select/reorder batch rows (for beam search): index is (B',) into B."""
+    def index_select(self, index: Tensor, source_index: Tensor | None) -> DecoderLayerCache:
+        """Select/reorder rows: ``index`` (B',) into the decoder rows, ``source_index`` into the
+        source rows of the cross-attention keys/values (None: keep them as they are)."""
         return DecoderLayerCache(
             None if self.self_attn is None else self.self_attn.index_select(index),
-            self.cross_attn.index_select(index),
+            self.cross_attn if source_index is None else self.cross_attn.index_select(source_index),
         )
 
 
@@ -124,10 +126,11 @@ class DecoderLayer(nn.Module):
         need_weights: bool = False,
     ) -> DecoderLayerOutput:
         """Args:
-        x: (B, T, D) decoder states of the T new positions.
+        x: (B·G, T, D) decoder states of the T new positions; G ≥ 1 consecutive rows share one
+            source row (the beams of a sentence), else G = 1.
         memory: (B, S, D) encoder output (may be None when ``cache`` holds its keys/values).
-        self_mask: broadcastable to (B, H, T, L + T): causal (and target padding), or CAUSAL.
-        memory_mask: broadcastable to (B, H, T, S): source padding.
+        self_mask: broadcastable to (B·G, H, T, L + T): causal (and target padding), or CAUSAL.
+        memory_mask: broadcastable to (B, H, T, S): source padding (constant along T if G > 1).
         cache: state from earlier steps, or None for a full (training) pass.
         """
         self_cache = None if cache is None else cache.self_attn

@@ -128,7 +128,8 @@ class Decoder(nn.Module):
         need_weights: bool = False,
     ) -> DecoderOutput:
         """Args:
-        tgt: (B, T) target token ids at positions ``offset .. offset + T - 1``.
+        tgt: (B·G, T) target token ids at positions ``offset .. offset + T - 1``; G ≥ 1
+            consecutive rows share one source row (the beams of a sentence), usually G = 1.
         memory: (B, S, D) encoder output (None allowed when ``cache`` is given).
         self_mask: broadcastable to (B, H, T, offset + T), True = may attend; or CAUSAL.
         memory_mask: (B, 1, 1, S) source padding mask.
@@ -216,7 +217,8 @@ class Transformer(nn.Module):
         """Decoder states for target positions ``offset .. offset + T - 1``.
 
         Args:
-            tgt: (B, T) target inputs (shifted right: they start with BOS).
+            tgt: (B·G, T) target inputs (shifted right: they start with BOS); G ≥ 1 consecutive
+                rows share one source row (beam search), usually G = 1.
             memory: (B, S, D) from :meth:`encode` (None allowed when ``cache`` is given).
             src_mask: (B, 1, 1, S) source padding mask.
             cache: per-layer caches returned by the previous call, for incremental decoding.
