@@ -7,6 +7,14 @@ embeddings), same sizes and vocabulary, random weights, the same source batches,
 forced to exactly `--out-len` tokens (EOS forbidden before, forced at the end) so both do the same
 work. Reports output tokens/s, the ratio aiayn / HF, and aiayn's KV-cache speed-up over
 recomputing the whole prefix at every step. Medians of `--repeats` runs, min and max kept.
+aiayn decodes with oneDNN-packed linear layers, as `aiayn translate` does on CPU; it is also
+timed with PyTorch's own `F.linear` (MKL), the kernels HF uses.
+
+Both run in this one process with the same allocator setting (glibc keeps freed memory, as
+`aiayn translate` sets it on CPU). A separate pass times every `F.linear` call of each (both
+are made of them, aiayn here with PyTorch's linears): "in F.linear" is the share of the wall
+time spent inside them, and "HF / aiayn's F.linear time" the HF time over that time, the
+highest ratio an fp32 implementation with PyTorch's linear kernels could reach.
 Writes docs/results/decode_vs_hf_PRESET.{json,md}.
 """
 
@@ -17,17 +25,20 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, machine, write_report
 from aiayn.config import preset
-from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search
+from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search, pack_for_inference
 from aiayn.decoding.step import DecoderState
 from aiayn.models import Transformer
+from aiayn.training.performance import keep_freed_memory
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -75,6 +86,34 @@ def time_it(fn: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
+@contextmanager
+def linear_timer() -> Iterator[list[float]]:
+    """Time spent inside ``torch.nn.functional.linear`` (nn.Linear calls it too), in seconds."""
+    spent = [0.0]
+    original = F.linear
+
+    def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        out = original(*args, **kwargs)
+        spent[0] += time.perf_counter() - start
+        return out
+
+    F.linear = timed  # type: ignore[assignment]
+    try:
+        yield spent
+    finally:
+        F.linear = original  # type: ignore[assignment]
+
+
+def matmul_seconds(fn: Callable[[], object]) -> tuple[float, float]:
+    """(wall time, time inside F.linear) of one call of ``fn``."""
+    with linear_timer() as spent:
+        start = time.perf_counter()
+        fn()
+        wall = time.perf_counter() - start
+    return wall, spent[0]
+
+
 def no_cache_step(model: Transformer, src: torch.Tensor):  # type: ignore[no-untyped-def]
     """A step function that re-runs the decoder over the whole prefix (no KV cache)."""
     src_mask = model.source_mask(src)
@@ -112,9 +151,11 @@ def main() -> None:
     parser.add_argument("--batches", default="1,32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # for both: they share this process
     torch.manual_seed(0)
-    ours = Transformer(preset(args.preset, vocab_size=args.vocab_size, dropout=0.0)).eval()
-    theirs = hf_model(ours)
+    plain = Transformer(preset(args.preset, vocab_size=args.vocab_size, dropout=0.0)).eval()
+    ours = pack_for_inference(plain)  # as `aiayn translate` decodes on CPU
+    theirs = hf_model(plain)
     n = args.out_len
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
@@ -122,8 +163,8 @@ def main() -> None:
         src[:, -1] = EOS
         for beam in (1, 4):
 
-            def run_ours(step_fn=encoder_decoder_step, beam=beam, src=src):  # type: ignore[no-untyped-def]
-                step, state = step_fn(ours, src)
+            def run_ours(step_fn=encoder_decoder_step, beam=beam, src=src, model=ours):  # type: ignore[no-untyped-def]
+                step, state = step_fn(model, src)
                 if beam == 1:
                     return greedy_search(
                         step,
@@ -163,6 +204,7 @@ def main() -> None:
             lengths = {len(x) if beam == 1 else len(x[0].tokens) for x in out}
             assert lengths == {n}, lengths  # forced length reached
             t_ours = time_it(run_ours, args.repeats)
+            t_plain = time_it(lambda: run_ours(model=plain), args.repeats)
             t_hf = time_it(run_hf, args.repeats)
             row = {
                 "batch": batch,
@@ -170,10 +212,20 @@ def main() -> None:
                 "out_len": n,
                 "aiayn_tok_s": batch * n / statistics.median(t_ours),
                 "hf_tok_s": batch * n / statistics.median(t_hf),
+                "aiayn_torch_linear_tok_s": batch * n / statistics.median(t_plain),
                 "aiayn_s": [min(t_ours), statistics.median(t_ours), max(t_ours)],
+                "aiayn_torch_linear_s": [min(t_plain), statistics.median(t_plain), max(t_plain)],
                 "hf_s": [min(t_hf), statistics.median(t_hf), max(t_hf)],
             }
             row["ratio"] = row["aiayn_tok_s"] / row["hf_tok_s"]
+            row["ratio_torch_linear"] = row["aiayn_torch_linear_tok_s"] / row["hf_tok_s"]
+            wall, mm = matmul_seconds(lambda: run_ours(model=plain))
+            hf_wall, hf_mm = matmul_seconds(run_hf)
+            row["aiayn_torch_linear_matmul_share"] = mm / wall
+            row["hf_matmul_share"] = hf_mm / hf_wall
+            row["ratio_ceiling_torch_linear"] = statistics.median(t_hf) / (
+                row["aiayn_torch_linear_matmul_share"] * statistics.median(t_plain)
+            )
             if beam == 1:
                 t_nc = time_it(lambda src=src: run_ours(no_cache_step, 1, src), 1)
                 row["cache_speedup"] = statistics.median(t_nc) / statistics.median(t_ours)
@@ -188,18 +240,23 @@ def main() -> None:
         "model": f"{args.preset} (d_model {ours.config.d_model}, "
         f"{ours.config.num_encoder_layers}+{ours.config.num_decoder_layers} layers), "
         f"vocab {args.vocab_size}, source length {args.src_len}",
+        "allocator": "glibc keeps freed memory (both)",
         "rows": rows,
     }
     lines = [
-        "| batch | search | aiayn tok/s | HF generate tok/s | ratio | cache speed-up |",
-        "|---|---|---|---|---|---|",
+        "| batch | search | aiayn tok/s | HF generate tok/s | **ratio** | cache speed-up "
+        "| aiayn, PyTorch linears: tok/s, ratio | in F.linear (aiayn / HF) "
+        "| HF / aiayn's F.linear time |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
         cache = f"{r['cache_speedup']:.1f}×" if "cache_speedup" in r else ""
         lines.append(
             f"| {r['batch']} | {search} | {r['aiayn_tok_s']:.0f} | {r['hf_tok_s']:.0f} "
-            f"| {r['ratio']:.2f}× | {cache} |"
+            f"| **{r['ratio']:.2f}×** | {cache} | {r['aiayn_torch_linear_tok_s']:.0f}, "
+            f"{r['ratio_torch_linear']:.2f}× | {r['aiayn_torch_linear_matmul_share']:.0%} / "
+            f"{r['hf_matmul_share']:.0%} | {r['ratio_ceiling_torch_linear']:.2f}× |"
         )
     write_report(f"decode_vs_hf_{args.preset}", report, lines)
     print("\n".join(lines))

@@ -165,8 +165,11 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2)  # (B, N, H, d_k) -> (B, H, N, d_k)
 
     def _proj(self, x: Tensor, block: slice) -> Tensor:
+        """(B, N, D) @ W[block]ᵀ -> (B, N, k·D) for a block of the stacked rows [W^Q; W^K; W^V]."""
+        if not isinstance(self.in_proj, nn.Linear):  # packed for inference: it slices itself
+            return self.in_proj(x, block)  # see aiayn.decoding.packed
         bias = None if self.in_proj.bias is None else self.in_proj.bias[block]
-        return F.linear(x, self.in_proj.weight[block], bias)  # (B, N, D) @ (D, k·D) -> (B, N, k·D)
+        return F.linear(x, self.in_proj.weight[block], bias)
 
     def project_query(self, x: Tensor) -> Tensor:
         """Q W^Q for all heads: (B, T, D) -> (B, H, T, d_k)."""

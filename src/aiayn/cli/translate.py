@@ -48,6 +48,12 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = F
             help="write the n best hypotheses per line, tab-separated with scores",
         )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument(
+        "--no-pack",
+        dest="pack",
+        action="store_false",
+        help="on CPU, keep PyTorch's own linear kernels instead of oneDNN-packed weights",
+    )
 
 
 def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
@@ -63,6 +69,7 @@ def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         alpha=args.alpha,
         max_tokens=args.max_tokens,
         n_best=getattr(args, "n_best", 1),
+        pack=args.pack,
     )
     device = resolve_device(args.device)
     if device.type == "cpu":

@@ -2,12 +2,14 @@
 
 from aiayn.decoding.beam import Hypothesis, beam_search, gnmt_length_penalty
 from aiayn.decoding.greedy import greedy_search
+from aiayn.decoding.packed import PackedLinear, pack_for_inference, packing_available
 from aiayn.decoding.sampling import filter_logits, sample
 from aiayn.decoding.step import DecoderState, Seq2SeqState, StepFunction, encoder_decoder_step
 
 __all__ = [
     "DecoderState",
     "Hypothesis",
+    "PackedLinear",
     "Seq2SeqState",
     "StepFunction",
     "beam_search",
@@ -15,5 +17,7 @@ __all__ = [
     "filter_logits",
     "gnmt_length_penalty",
     "greedy_search",
+    "pack_for_inference",
+    "packing_available",
     "sample",
 ]

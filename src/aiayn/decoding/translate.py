@@ -17,6 +17,7 @@ import torch
 from aiayn.data import TokenBatchSampler, Tokenizer, normalize
 from aiayn.decoding.beam import Hypothesis, beam_search
 from aiayn.decoding.greedy import greedy_search
+from aiayn.decoding.packed import pack_for_inference
 from aiayn.decoding.step import encoder_decoder_step
 from aiayn.errors import UserError
 from aiayn.models import Transformer
@@ -34,6 +35,9 @@ class DecodeOptions:
         n_best: hypotheses returned per sentence (≤ beam_size).
         max_tokens: source-token budget of one batch.
         max_src_tokens: longer sources are truncated with a warning (None = the model's limit).
+        pack: on CPU, decode with a copy of the model whose linear layers are packed for
+            oneDNN (:func:`~aiayn.decoding.packed.pack_for_inference`; same fp32 arithmetic up
+            to summation order, 1.5–2× faster). Ignored on GPU.
     """
 
     beam_size: int = 4
@@ -43,6 +47,7 @@ class DecodeOptions:
     n_best: int = 1
     max_tokens: int = 4096
     max_src_tokens: int | None = None
+    pack: bool = True
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -71,6 +76,8 @@ def translate_ids(
     """
     model.eval()
     device = next(model.parameters()).device
+    if options.pack:
+        model = pack_for_inference(model)  # the same model where packing does not apply
     limit = options.max_src_tokens or model.config.max_len - 1
     rows: list[list[int]] = []
     for i, source in enumerate(sources):

@@ -1,0 +1,78 @@
+"""oneDNN-packed inference copies: same outputs as the model they copy, which stays unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn.config import preset
+from aiayn.decoding import (
+    PackedLinear,
+    beam_search,
+    encoder_decoder_step,
+    greedy_search,
+    pack_for_inference,
+    packing_available,
+)
+from aiayn.models import Transformer
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="PyTorch built without oneDNN")
+PAD, BOS, EOS = 0, 1, 2
+
+
+def _model() -> Transformer:
+    torch.manual_seed(0)
+    config = preset("tiny", vocab_size=40, d_model=32, d_ff=64, num_heads=4, dropout=0.0)
+    return Transformer(config).eval()
+
+
+def test_packed_linear_matches_f_linear_whole_and_by_row_blocks() -> None:
+    layer = nn.Linear(16, 48)
+    packed = PackedLinear(layer, (slice(0, 16), slice(16, 48)))
+    x = torch.randn(3, 5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(packed(x), layer(x), atol=1e-5, rtol=1e-5)
+        want = nn.functional.linear(x, layer.weight[16:], layer.bias[16:])
+        torch.testing.assert_close(packed(x, slice(16, 48)), want, atol=1e-5, rtol=1e-5)
+        with pytest.raises(KeyError, match="not packed"):
+            packed(x, slice(0, 8))
+    with pytest.raises(RuntimeError, match="inference"):
+        packed(x.requires_grad_())
+
+
+def test_packed_copy_gives_the_same_log_probs_and_leaves_the_model_alone() -> None:
+    model = _model()
+    packed = pack_for_inference(model)
+    assert packed is not model
+    assert all(type(m) is not PackedLinear for m in model.modules())
+    kinds = [type(m) for m in packed.modules()]
+    assert nn.Linear not in kinds and PackedLinear in kinds
+    src = torch.tensor([[5, 6, 7, EOS], [8, 9, EOS, PAD]])
+    tgt = torch.tensor([[BOS, 11, 12], [BOS, 13, 14]])
+    with torch.no_grad():
+        torch.testing.assert_close(packed(src, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_packed_copy_decodes_the_same_tokens(beam: int) -> None:
+    model = _model()
+    src = torch.randint(3, 40, (4, 7))
+    src[:, -1] = EOS
+
+    def decode(m: Transformer) -> list:
+        step, state = encoder_decoder_step(m, src)
+        if beam == 1:
+            return greedy_search(step, state, bos_id=BOS, eos_id=EOS, max_len=10, batch_size=4)
+        hyps = beam_search(
+            step, state, batch_size=4, beam_size=beam, bos_id=BOS, eos_id=EOS, max_len=10
+        )
+        return [[h.tokens for h in sentence] for sentence in hyps]
+
+    with torch.no_grad():
+        assert decode(pack_for_inference(model)) == decode(model)
+
+
+def test_packing_does_not_apply_off_cpu_fp32() -> None:
+    model = _model().to(torch.bfloat16)
+    assert pack_for_inference(model) is model
