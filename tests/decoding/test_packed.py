@@ -76,3 +76,13 @@ def test_packed_copy_decodes_the_same_tokens(beam: int) -> None:
 def test_packing_does_not_apply_off_cpu_fp32() -> None:
     model = _model().to(torch.bfloat16)
     assert pack_for_inference(model) is model
+
+
+def test_one_row_inputs_of_small_layers_match_too() -> None:
+    layer = nn.Linear(16, 48)  # small: one row goes through F.linear
+    packed = PackedLinear(layer, (slice(16, 48),))
+    x = torch.randn(1, 1, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(packed(x), layer(x), atol=1e-6, rtol=1e-6)
+        want = nn.functional.linear(x, layer.weight[16:], layer.bias[16:])
+        torch.testing.assert_close(packed(x, slice(16, 48)), want, atol=1e-6, rtol=1e-6)

@@ -4,8 +4,10 @@ On CPU, PyTorch's fp32 ``F.linear`` calls MKL's GEMM. On this project's AMD mach
 its AVX2 code although the CPU has AVX-512, and re-packs the weight at every call, which costs
 the most at the few rows of a decoding step. oneDNN (shipped inside PyTorch, used by its
 compiler for the same purpose) reorders each weight once into its blocked layout and runs its
-own AVX-512 kernels: 1.5–5× faster per call at 1–128 rows, same fp32 arithmetic up to summation
-order. Measured by ``benchmarks/cpu_kernels.py`` (docs/performance.md).
+own AVX-512 kernels: 2–8× faster per call at 4–128 rows, same fp32 arithmetic up to summation
+order. At a single row its fixed cost (~15 µs) loses to MKL on weights of up to 2^19 entries,
+so those keep PyTorch's kernel for one-row inputs. Measured by ``benchmarks/cpu_kernels.py``
+(docs/performance.md).
 
 :func:`pack_for_inference` returns a copy of a model whose ``nn.Linear`` layers are
 :class:`PackedLinear`: CPU, fp32, inference only (no gradients; the packed weights cannot be
@@ -20,11 +22,13 @@ import copy
 from typing import TypeVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import MultiHeadAttention
 
 M = TypeVar("M", bound=nn.Module)
+_SMALL = 1 << 19  # weights of up to this many entries keep MKL for one-row inputs
 
 
 def packing_available() -> bool:
@@ -56,6 +60,8 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         bias = None if linear.bias is None else linear.bias.detach().clone()
         self._bias = bias
+        # small weights at one row: MKL's GEMV is faster (benchmarks/cpu_kernels.py)
+        self._dense = weight.clone() if weight.numel() <= _SMALL else None
         self._packed = {_key(None): _pack(weight)}
         for rows in row_blocks:
             self._packed[_key(rows)] = _pack(weight[rows])
@@ -68,6 +74,8 @@ class PackedLinear(nn.Module):
         if packed is None:
             raise KeyError(f"rows {rows} were not packed; packed: {list(self._packed)}")
         bias = self._bias if self._bias is None or rows is None else self._bias[rows]
+        if self._dense is not None and x.numel() == self.in_features:  # one row
+            return F.linear(x, self._dense if rows is None else self._dense[rows], bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
     def extra_repr(self) -> str:
