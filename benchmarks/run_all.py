@@ -7,7 +7,8 @@ Runs, each as its own process (so they never share the cores):
      peak, peak memory, for the `small` and `base` presets;
   2. profile_train_step.py — where the `small` training step spends its time (grouped profile);
   3. decode_vs_hf.py — decoding tokens/s against Hugging Face generate, `small` and `base`
-     (CPU only).
+     (CPU only);
+  4. cpu_kernels.py — the linear and attention kernels behind decoding (CPU only).
 Then prints one table and writes docs/results/summary.{json,md} with the machine, the torch
 version and this command; each benchmark also leaves its own detailed files there.
 """
@@ -53,6 +54,7 @@ def main() -> None:
         for preset in ("small", "base"):
             run("decode_vs_hf.py", "--preset", preset, "--threads", str(args.threads))
             decoding[preset] = json.loads((RESULTS / f"decode_vs_hf_{preset}.json").read_text())
+        run("cpu_kernels.py", "--threads", str(args.threads))
 
     peak = training["matmul_peak_flops"]
     lines = [

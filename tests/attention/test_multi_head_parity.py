@@ -162,10 +162,24 @@ def test_grouped_queries_reject_a_mask_that_varies_per_query() -> None:
         attn(torch.randn(5, 3, D), memory)  # 5 rows cannot be split over 2
 
 
-def test_kv_cache_concatenates_while_autograd_records() -> None:
+def test_kv_cache_can_be_trained_through_step_by_step() -> None:
+    # each step attends to the cache (saving it for backward) and then appends to it: in-place
+    # writes into shared buffers would break the backward pass
     k0 = torch.randn(1, H, 2, 8, requires_grad=True)
     k1 = torch.randn(1, H, 1, 8, requires_grad=True)
-    cache = KVCache(k0, k0 * 2).append(k1, k1 * 2).append(k1, k1)
-    (cache.key.sum() + cache.value.sum()).backward()
-    assert k0.grad is not None and torch.all(k0.grad == 3)
-    assert k1.grad is not None and torch.all(k1.grad == 5)
+    q = torch.randn(1, H, 1, 8)
+    cache = KVCache(k0, k0 * 2).append(k1, k1 * 2)
+    first = (q @ cache.key.transpose(-2, -1)).softmax(-1) @ cache.value  # (1, H, 1, 8)
+    cache = cache.append(k1, k1)
+    second = (q @ cache.key.transpose(-2, -1)).softmax(-1) @ cache.value
+    (first.sum() + second.sum() + cache.key.sum()).backward()
+    assert k0.grad is not None and k1.grad is not None
+    # the same computation on plain concatenated tensors gives the same gradients
+    a0, a1 = k0.detach().requires_grad_(), k1.detach().requires_grad_()
+    key1, value1 = torch.cat([a0, a1], 2), torch.cat([a0 * 2, a1 * 2], 2)
+    key2, value2 = torch.cat([key1, a1], 2), torch.cat([value1, a1], 2)
+    want = (q @ key1.transpose(-2, -1)).softmax(-1) @ value1
+    want2 = (q @ key2.transpose(-2, -1)).softmax(-1) @ value2
+    (want.sum() + want2.sum() + key2.sum()).backward()
+    torch.testing.assert_close(k0.grad, a0.grad)
+    torch.testing.assert_close(k1.grad, a1.grad)

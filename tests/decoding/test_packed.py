@@ -86,3 +86,22 @@ def test_one_row_inputs_of_small_layers_match_too() -> None:
         torch.testing.assert_close(packed(x), layer(x), atol=1e-6, rtol=1e-6)
         want = nn.functional.linear(x, layer.weight[16:], layer.bias[16:])
         torch.testing.assert_close(packed(x, slice(16, 48)), want, atol=1e-6, rtol=1e-6)
+
+
+def test_packed_attention_layers_project_every_block_they_use() -> None:
+    from aiayn.attention import CrossAttention, MultiHeadAttention, SelfAttention, causal_mask
+
+    torch.manual_seed(0)
+    x, memory = torch.randn(2, 3, 32), torch.randn(2, 5, 32)
+    value = torch.randn(2, 5, 32)
+    cases = [
+        (SelfAttention(32, 4), (x, causal_mask(3))),
+        (CrossAttention(32, 4), (x, memory)),
+        (MultiHeadAttention(32, 4), (x, memory, value)),  # key is not value: K and V apart
+    ]
+    for layer, args in cases:
+        layer.eval()
+        with torch.no_grad():
+            want = layer(*args).output
+            got = pack_for_inference(layer)(*args).output
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

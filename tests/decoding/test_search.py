@@ -213,7 +213,8 @@ def test_per_sentence_length_limits() -> None:
 @pytest.mark.parametrize(
     "index",
     [
-        [1, 0, 5, 5, 2, 3],  # beams reordered within their sentences: the source is shared
+        [1, 0, 3, 3, 5, 4],  # beams reordered within their sentences: the source is untouched
+        [1, 0, 5, 5, 2, 3],  # whole sentences reordered: the source rows follow
         [2, 3],  # sentences 0 and 2 leave: the source rows are selected
         [0, 2, 1, 3, 4, 5],  # a group mixes sentences: the source is copied per row
     ],
@@ -230,7 +231,10 @@ def test_beam_state_shares_the_source_and_reorders_like_copies(index: list[int])
         _, grouped = step(tokens[:, t : t + 1], grouped)
         _, copied = step(tokens[:, t : t + 1], copied)
     rows = torch.tensor(index)
+    source_side = grouped.src_mask
     grouped, copied = grouped.index_select(rows), copied.index_select(rows)
+    if index == [1, 0, 3, 3, 5, 4]:
+        assert grouped.src_mask is source_side  # nothing was copied
     want, _ = step(tokens[rows, 2:3], copied)
     got, grouped = step(tokens[rows, 2:3], grouped)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -90,7 +90,7 @@ def _explicit_is_faster(query: Tensor, dropout_p: float) -> bool:
 
     They do for many short queries without gradients, the shape of batched and beam decoding
     (B·H·T ≥ 512 query rows of length T ≤ 8): the fused kernel's blocking is made for long
-    sequences. Measured by ``benchmarks/attention_kernels.py`` (docs/performance.md).
+    sequences. Measured by ``benchmarks/cpu_kernels.py`` (docs/performance.md).
     """
     b, h, t, _ = query.shape
     return (

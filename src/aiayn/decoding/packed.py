@@ -4,10 +4,11 @@ On CPU, PyTorch's fp32 ``F.linear`` calls MKL's GEMM. On this project's AMD mach
 its AVX2 code although the CPU has AVX-512, and re-packs the weight at every call, which costs
 the most at the few rows of a decoding step. oneDNN (shipped inside PyTorch, used by its
 compiler for the same purpose) reorders each weight once into its blocked layout and runs its
-own AVX-512 kernels: 2–8× faster per call at 4–128 rows, same fp32 arithmetic up to summation
-order. At a single row its fixed cost (~15 µs) loses to MKL on weights of up to 2^19 entries,
-so those keep PyTorch's kernel for one-row inputs. Measured by ``benchmarks/cpu_kernels.py``
-(docs/performance.md).
+own AVX-512 kernels: 1.8–8× faster per call at 4–128 rows on the decoder weights of ``small``
+and ``base``, same fp32 arithmetic up to summation order (the smallest, 256 × 256, gains only
+at 32 rows and more). At a single row its fixed cost (~15 µs) loses to MKL on weights of up to
+2^19 entries, so those keep PyTorch's kernel for one-row inputs. Measured by
+``benchmarks/cpu_kernels.py`` (docs/benchmarks.md).
 
 :func:`pack_for_inference` returns a copy of a model whose ``nn.Linear`` layers are
 :class:`PackedLinear`: CPU, fp32, inference only (no gradients; the packed weights cannot be
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.attention import MultiHeadAttention
+from aiayn.attention import CrossAttention, MultiHeadAttention, SelfAttention
 
 M = TypeVar("M", bound=nn.Module)
 _SMALL = 1 << 19  # weights of up to this many entries keep MKL for one-row inputs
@@ -89,7 +90,8 @@ def _key(rows: slice | None) -> tuple[int, int] | None:
 def pack_for_inference(model: M) -> M:
     """A copy of ``model`` (fp32, on CPU) with every ``nn.Linear`` packed for inference.
 
-    Multi-head attention layers also get their query and key/value row blocks packed. Returns
+    Multi-head attention layers also get the row blocks of W^Q; W^K; W^V that they project with
+    (cross-attention: queries, and keys/values; self-attention: none). Returns
     ``model`` itself, unchanged, where packing is unavailable (a build without oneDNN) or the
     model is not fp32 on CPU.
     """
@@ -100,12 +102,19 @@ def pack_for_inference(model: M) -> M:
         return model
     packed = copy.deepcopy(model).eval()
     for module in list(packed.modules()):
-        blocks: tuple[slice, ...] = ()
-        if isinstance(module, MultiHeadAttention):
-            d = module.d_model
-            blocks = (slice(0, d), slice(d, 3 * d), slice(d, 2 * d), slice(2 * d, 3 * d))
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
-                rows = blocks if name == "in_proj" else ()
+                rows = _row_blocks(module) if name == "in_proj" else ()
                 setattr(module, name, PackedLinear(child, rows))
     return packed
+
+
+def _row_blocks(module: nn.Module) -> tuple[slice, ...]:
+    """The blocks of the stacked rows [W^Q; W^K; W^V] that ``module`` projects with alone."""
+    if isinstance(module, SelfAttention) or not isinstance(module, MultiHeadAttention):
+        return ()  # Q, K and V in one matmul
+    d = module.d_model
+    query, key_value = slice(0, d), slice(d, 3 * d)
+    if isinstance(module, CrossAttention):
+        return (query, key_value)
+    return (query, key_value, slice(d, 2 * d), slice(2 * d, 3 * d))  # key is not value
