@@ -10,6 +10,14 @@ recomputing the whole prefix at every step. Medians of `--repeats` runs, min and
 aiayn decodes with oneDNN-packed linear layers, as `aiayn translate` does on CPU; it is also
 timed with PyTorch's own `F.linear` (MKL), the kernels HF uses.
 
+At batch 1 (a decoding step reads every decoder weight for a few rows), two floors bound what
+any decoder could reach: the step's linear layers alone, called in step order with nothing
+between them ("linears only"), and a plain read of the same weights (`Tensor.sum`, "read only").
+HF's time per token over a floor is the highest ratio an fp32 decoder using those kernels, or
+reading its weights at that speed, could reach. Also at batch 1, aiayn is timed with the other
+choice of `pack_for_inference`'s rule for small products (`dense_small`: products of up to
+2^18 multiply–adds on PyTorch's kernel or on oneDNN's), against the automatic choice.
+
 Both run in this one process with the same allocator setting (glibc keeps freed memory, as
 `aiayn translate` sets it on CPU). A separate pass times every `F.linear` call of each (both
 are made of them, aiayn here with PyTorch's linears): "in F.linear" is the share of the wall
@@ -27,15 +35,18 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, machine, write_report
 from aiayn.config import preset
 from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search, pack_for_inference
+from aiayn.decoding.packed import last_level_cache_bytes, step_weight_bytes
 from aiayn.decoding.step import DecoderState
 from aiayn.models import Transformer
 from aiayn.training.performance import keep_freed_memory
@@ -114,6 +125,49 @@ def matmul_seconds(fn: Callable[[], object]) -> tuple[float, float]:
     return wall, spent[0]
 
 
+def step_linears(model: Transformer, rows: int) -> list[Callable[[], object]]:
+    """The linear-layer calls of one decoding step over ``rows`` decoder rows, in step order
+    (the cross-attention keys/values are projected once per source, so they are not among
+    them; the output projection is)."""
+    c = model.config
+    x = torch.randn(rows, 1, c.d_model)  # (rows, 1, D)
+    h = torch.randn(rows, 1, c.d_ff)  # (rows, 1, d_ff)
+    calls: list[Callable[[], object]] = []
+    for layer in model.decoder.layers:
+        sa, ca, ff = layer.self_attn, layer.cross_attn, layer.feed_forward
+        calls += [
+            partial(sa.in_proj, x),  # (rows, 1, D) -> (rows, 1, 3D)
+            partial(sa.out_proj, x),
+            partial(ca._proj, x, slice(0, c.d_model)),  # queries only
+            partial(ca.out_proj, x),
+            partial(ff.linear1, x),  # -> (rows, 1, d_ff)
+            partial(ff.linear2, h),  # (rows, 1, d_ff) -> (rows, 1, D)
+        ]
+    return [*calls, partial(model.output_proj, x)]  # -> (rows, 1, V)
+
+
+def step_weight_tensors(model: Transformer) -> list[Tensor]:
+    """The weights :func:`step_linears` reads, from the unpacked model."""
+    weights: list[Tensor] = []
+    for layer in model.decoder.layers:
+        sa, ca, ff = layer.self_attn, layer.cross_attn, layer.feed_forward
+        weights += [sa.in_proj.weight, sa.out_proj.weight, ca.in_proj.weight[: ca.d_model]]
+        weights += [ca.out_proj.weight, ff.linear1.weight, ff.linear2.weight]
+    return [w.detach() for w in [*weights, model.output_proj.weight]]
+
+
+def floor_seconds(calls: list[Callable[[], object]], repeats: int = 30) -> float:
+    """Median seconds of one pass over ``calls`` (after two warm-up passes)."""
+    times = []
+    for i in range(repeats + 2):
+        start = time.perf_counter()
+        for call in calls:
+            call()
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def no_cache_step(model: Transformer, src: torch.Tensor):  # type: ignore[no-untyped-def]
     """A step function that re-runs the decoder over the whole prefix (no KV cache)."""
     src_mask = model.source_mask(src)
@@ -138,6 +192,18 @@ def no_cache_step(model: Transformer, src: torch.Tensor):  # type: ignore[no-unt
     return step, Prefix(torch.zeros(src.size(0), 0, dtype=torch.long))
 
 
+def add_floors(
+    row: dict, packed: Transformer, plain: Transformer, rows: int, hf_s_per_token: float
+) -> None:
+    """Record the batch-1 floors (seconds per token) and the ratios over HF they allow."""
+    weights = step_weight_tensors(plain)
+    row["weight_mb"] = sum(w.numel() * w.element_size() for w in weights) / 1e6
+    row["floor_linears_s"] = floor_seconds(step_linears(packed, rows))
+    row["floor_read_s"] = floor_seconds([w.sum for w in weights])
+    row["ceiling_linears"] = hf_s_per_token / row["floor_linears_s"]
+    row["ceiling_read"] = hf_s_per_token / row["floor_read_s"]
+
+
 @torch.inference_mode()
 def main() -> None:
     """Run every configuration and write the tables."""
@@ -155,6 +221,8 @@ def main() -> None:
     torch.manual_seed(0)
     plain = Transformer(preset(args.preset, vocab_size=args.vocab_size, dropout=0.0)).eval()
     ours = pack_for_inference(plain)  # as `aiayn translate` decodes on CPU
+    dense_small = step_weight_bytes(plain) <= last_level_cache_bytes()  # automatic rule
+    other_rule = pack_for_inference(plain, dense_small=not dense_small)
     theirs = hf_model(plain)
     n = args.out_len
     rows = []
@@ -229,6 +297,11 @@ def main() -> None:
             if beam == 1:
                 t_nc = time_it(lambda src=src: run_ours(no_cache_step, 1, src), 1)
                 row["cache_speedup"] = statistics.median(t_nc) / statistics.median(t_ours)
+            if batch == 1:
+                add_floors(row, ours, plain, beam, statistics.median(t_hf) / n)
+                t_other = time_it(lambda: run_ours(model=other_rule), args.repeats)
+                row["dense_small"] = dense_small
+                row["other_rule_tok_s"] = n / statistics.median(t_other)
             rows.append(row)
             print(json.dumps(row), flush=True)
     import transformers
@@ -258,6 +331,29 @@ def main() -> None:
             f"{r['ratio_torch_linear']:.2f}× | {r['aiayn_torch_linear_matmul_share']:.0%} / "
             f"{r['hf_matmul_share']:.0%} | {r['ratio_ceiling_torch_linear']:.2f}× |"
         )
+    floors = [r for r in rows if "floor_linears_s" in r]
+    if floors:
+        lines += [
+            "",
+            f"Batch 1: one step reads {floors[0]['weight_mb']:.0f} MB of weights. Floors per "
+            "output token, and the most a decoder at that floor could reach over HF:",
+            "",
+            "| search | aiayn ms/token | HF ms/token | linears only: ms, ceiling "
+            "| read only: ms, ceiling | other small-product rule: tok/s |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in floors:
+            search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+            other = ""
+            if "other_rule_tok_s" in r:
+                where = "oneDNN" if r["dense_small"] else "MKL"
+                other = f"{r['other_rule_tok_s']:.0f} (small products on {where})"
+            lines.append(
+                f"| {search} | {1e3 / r['aiayn_tok_s']:.2f} | {1e3 / r['hf_tok_s']:.2f} "
+                f"| {1e3 * r['floor_linears_s']:.2f}, {r['ceiling_linears']:.2f}× "
+                f"| {1e3 * r['floor_read_s']:.2f}, {r['ceiling_read']:.2f}× "
+                f"| {other} |"
+            )
     write_report(f"decode_vs_hf_{args.preset}", report, lines)
     print("\n".join(lines))
 

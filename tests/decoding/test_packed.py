@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
 
+import aiayn.decoding.packed as packed_module
 from aiayn.config import preset
 from aiayn.decoding import (
     PackedLinear,
@@ -15,6 +18,7 @@ from aiayn.decoding import (
     pack_for_inference,
     packing_available,
 )
+from aiayn.decoding.packed import step_weight_bytes
 from aiayn.models import Transformer
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="PyTorch built without oneDNN")
@@ -79,7 +83,7 @@ def test_packing_does_not_apply_off_cpu_fp32() -> None:
 
 
 def test_one_row_inputs_of_small_layers_match_too() -> None:
-    layer = nn.Linear(16, 48)  # small: one row goes through F.linear
+    layer = nn.Linear(16, 48)  # small: the product goes through F.linear
     packed = PackedLinear(layer, (slice(16, 48),))
     x = torch.randn(1, 1, 16)
     with torch.no_grad():
@@ -105,3 +109,55 @@ def test_packed_attention_layers_project_every_block_they_use() -> None:
             want = layer(*args).output
             got = pack_for_inference(layer)(*args).output
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_one_row_rule_follows_the_step_weights_against_the_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = _model()
+    c = model.config
+    # decoder: 12·D² weights per layer (self 4D², cross 4D², FFN 2·D·d_ff = 4D² for d_ff = 2D), the
+    # output projection, tied to the embedding and counted once; the encoder is not counted
+    want = 4 * (c.num_decoder_layers * 12 * c.d_model**2 + c.target_vocab_size * c.d_model)
+    assert c.d_ff == 2 * c.d_model and step_weight_bytes(model) == want
+
+    def dense_layers(m: nn.Module) -> int:
+        return sum(isinstance(x, PackedLinear) and x._dense is not None for x in m.modules())
+
+    monkeypatch.setattr(packed_module, "last_level_cache_bytes", lambda: want)  # fits
+    assert dense_layers(pack_for_inference(model)) > 0
+    monkeypatch.setattr(packed_module, "last_level_cache_bytes", lambda: want - 1)  # overflows
+    streamed = pack_for_inference(model)
+    assert dense_layers(streamed) == 0
+    assert dense_layers(pack_for_inference(model, dense_small=True)) > 0
+
+    src = torch.randint(3, 40, (1, 7))  # one sentence, greedy: one-row products throughout
+    src[:, -1] = EOS
+
+    def decode(m: Transformer) -> list:
+        step, state = encoder_decoder_step(m, src)
+        return greedy_search(step, state, bos_id=BOS, eos_id=EOS, max_len=10, batch_size=1)
+
+    with torch.no_grad():
+        assert decode(streamed) == decode(model)
+
+
+def test_small_products_take_pytorchs_kernel_up_to_2_to_the_18(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+
+    def counting_linear(x: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
+        calls.append(x.size(0))
+        return nn.functional.linear(x, *args)
+
+    monkeypatch.setattr(packed_module, "F", SimpleNamespace(linear=counting_linear))
+    layer = nn.Linear(64, 64)
+    dense, packed = PackedLinear(layer), PackedLinear(layer, dense_small=False)
+    with torch.no_grad():
+        for rows in (1, 64, 65):  # 64 · 64 · 64 = 2^18 multiply–adds: the last dense product
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(dense(x), layer(x), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(packed(x), layer(x), atol=1e-5, rtol=1e-5)
+    assert calls == [1, 64]
+    assert PackedLinear(nn.Linear(512, 513))._dense is None  # over 2^18 at any row count

@@ -6,9 +6,15 @@ the most at the few rows of a decoding step. oneDNN (shipped inside PyTorch, use
 compiler for the same purpose) reorders each weight once into its blocked layout and runs its
 own AVX-512 kernels: 1.8–8× faster per call at 4–128 rows on the decoder weights of ``small``
 and ``base``, same fp32 arithmetic up to summation order (the smallest, 256 × 256, gains only
-at 32 rows and more). At a single row its fixed cost (~15 µs) loses to MKL on weights of up to
-2^19 entries, so those keep PyTorch's kernel for one-row inputs. Measured by
-``benchmarks/cpu_kernels.py`` (docs/benchmarks.md).
+at 32 rows and more). Measured by ``benchmarks/cpu_kernels.py`` (docs/benchmarks.md).
+
+Small products are the exception. oneDNN's call costs ~12 µs however small the product, and
+MKL's is cheap for a few rows. While a decoding step's weights stay in the last-level cache,
+products of up to 2^18 multiply–adds (rows × D_in × D_out: one row of a 512 × 512 weight, four
+of a 256 × 256 one) are faster on PyTorch's kernel, so they keep it. Once the step's weights
+overflow that cache (``base``: 117 MB), every product streams its weight from memory, which
+MKL's one-row product does on one thread and oneDNN on all of them, so every product uses
+oneDNN. Measured end to end by ``benchmarks/decode_vs_hf.py`` (docs/benchmarks.md).
 
 :func:`pack_for_inference` returns a copy of a model whose ``nn.Linear`` layers are
 :class:`PackedLinear`: CPU, fp32, inference only (no gradients; the packed weights cannot be
@@ -20,6 +26,7 @@ Shape legend:  N any leading dimensions   D_in input size   D_out output size
 from __future__ import annotations
 
 import copy
+import os
 from typing import TypeVar
 
 import torch
@@ -29,7 +36,8 @@ from torch import Tensor, nn
 from aiayn.attention import CrossAttention, MultiHeadAttention, SelfAttention
 
 M = TypeVar("M", bound=nn.Module)
-_SMALL = 1 << 19  # weights of up to this many entries keep MKL for one-row inputs
+_SMALL = 1 << 18  # products of up to this many multiply–adds may keep PyTorch's kernel
+_DEFAULT_CACHE = 32 << 20  # bytes, when the last-level cache's size cannot be read
 
 
 def packing_available() -> bool:
@@ -49,9 +57,13 @@ class PackedLinear(nn.Module):
     Args:
         linear: the layer to copy (fp32, on CPU).
         row_blocks: row blocks of W that :meth:`forward` will be asked for, packed up front.
+        dense_small: keep PyTorch's kernel for products of up to 2^18 multiply–adds: faster
+            while W stays in the cache between calls (see the module docstring).
     """
 
-    def __init__(self, linear: nn.Linear, row_blocks: tuple[slice, ...] = ()):
+    def __init__(
+        self, linear: nn.Linear, row_blocks: tuple[slice, ...] = (), *, dense_small: bool = True
+    ):
         super().__init__()
         weight = linear.weight.detach()
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
@@ -61,8 +73,8 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         bias = None if linear.bias is None else linear.bias.detach().clone()
         self._bias = bias
-        # small weights at one row: MKL's GEMV is faster (benchmarks/cpu_kernels.py)
-        self._dense = weight.clone() if weight.numel() <= _SMALL else None
+        # the dense weight, for products small enough to be faster on PyTorch's kernel
+        self._dense = weight.clone() if dense_small and weight.numel() <= _SMALL else None
         self._packed = {_key(None): _pack(weight)}
         for rows in row_blocks:
             self._packed[_key(rows)] = _pack(weight[rows])
@@ -75,8 +87,10 @@ class PackedLinear(nn.Module):
         if packed is None:
             raise KeyError(f"rows {rows} were not packed; packed: {list(self._packed)}")
         bias = self._bias if self._bias is None or rows is None else self._bias[rows]
-        if self._dense is not None and x.numel() == self.in_features:  # one row
-            return F.linear(x, self._dense if rows is None else self._dense[rows], bias)
+        if self._dense is not None:
+            width = self.out_features if rows is None else rows.stop - rows.start
+            if x.numel() * width <= _SMALL:  # (N · D_in) · D_out multiply–adds
+                return F.linear(x, self._dense if rows is None else self._dense[rows], bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
     def extra_repr(self) -> str:
@@ -87,26 +101,57 @@ def _key(rows: slice | None) -> tuple[int, int] | None:
     return None if rows is None else (rows.start, rows.stop)
 
 
-def pack_for_inference(model: M) -> M:
+def pack_for_inference(model: M, *, dense_small: bool | None = None) -> M:
     """A copy of ``model`` (fp32, on CPU) with every ``nn.Linear`` packed for inference.
 
     Multi-head attention layers also get the row blocks of W^Q; W^K; W^V that they project with
-    (cross-attention: queries, and keys/values; self-attention: none). Returns
-    ``model`` itself, unchanged, where packing is unavailable (a build without oneDNN) or the
-    model is not fp32 on CPU.
+    (cross-attention: queries, and keys/values; self-attention: none). Returns ``model`` itself,
+    unchanged, where packing is unavailable (a build without oneDNN) or the model is not fp32 on
+    CPU.
+
+    Args:
+        model: the model to copy.
+        dense_small: whether products of up to 2^18 multiply–adds keep PyTorch's kernel (see
+            :class:`PackedLinear`). None (default): while a decoding step's weights
+            (:func:`step_weight_bytes`) fit in the last-level cache.
     """
     first = next(model.parameters(), None)
     if not packing_available() or first is None or first.device.type != "cpu":
         return model
     if first.dtype != torch.float32:
         return model
+    if dense_small is None:
+        dense_small = step_weight_bytes(model) <= last_level_cache_bytes()
     packed = copy.deepcopy(model).eval()
     for module in list(packed.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
                 rows = _row_blocks(module) if name == "in_proj" else ()
-                setattr(module, name, PackedLinear(child, rows))
+                setattr(module, name, PackedLinear(child, rows, dense_small=dense_small))
     return packed
+
+
+def step_weight_bytes(model: nn.Module) -> int:
+    """Bytes of the linear-layer weights one decoding step reads: every ``nn.Linear`` outside
+    a child module named ``encoder`` (which runs once per source), shared weights counted once."""
+    seen: dict[int, int] = {}
+    for name, module in model.named_modules():
+        if type(module) is nn.Linear and "encoder" not in name.split("."):
+            w = module.weight
+            seen[id(w)] = w.numel() * w.element_size()
+    return sum(seen.values())
+
+
+def last_level_cache_bytes() -> int:
+    """Size of the CPU's last-level cache (L3, else L2) as the OS reports it, else 32 MiB."""
+    for name in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        try:
+            size = os.sysconf(name)
+        except (ValueError, OSError):  # not a name this OS knows
+            continue
+        if size > 0:
+            return size
+    return _DEFAULT_CACHE
 
 
 def _row_blocks(module: nn.Module) -> tuple[slice, ...]:
