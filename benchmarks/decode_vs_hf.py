@@ -221,7 +221,7 @@ def main() -> None:
     torch.manual_seed(0)
     plain = Transformer(preset(args.preset, vocab_size=args.vocab_size, dropout=0.0)).eval()
     ours = pack_for_inference(plain)  # as `aiayn translate` decodes on CPU
-    dense_small = step_weight_bytes(plain) <= last_level_cache_bytes()  # automatic rule
+    dense_small = 2 * step_weight_bytes(plain) <= last_level_cache_bytes()  # automatic rule
     other_rule = pack_for_inference(plain, dense_small=not dense_small)
     theirs = hf_model(plain)
     n = args.out_len

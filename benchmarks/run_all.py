@@ -1,6 +1,7 @@
 """Run every speed benchmark and write one summary table into the docs.
 
     python benchmarks/run_all.py [--threads 2] [--rounds 3] [--compile-presets small] [--device cpu]
+    python benchmarks/run_all.py --from-results   # rebuild the summary from the files already there
 
 Runs, each as its own process (so they never share the cores):
   1. train_vs_torch.py — training tokens/s against torch.nn.Transformer, fraction of the matmul
@@ -10,7 +11,9 @@ Runs, each as its own process (so they never share the cores):
      (CPU only);
   4. cpu_kernels.py — the linear and attention kernels behind decoding (CPU only).
 Then prints one table and writes docs/results/summary.{json,md} with the machine, the torch
-version and this command; each benchmark also leaves its own detailed files there.
+version and this command; each benchmark also leaves its own detailed files there. With
+``--from-results`` nothing runs: the summary is assembled from those files, and names the
+command that wrote each of them.
 """
 
 from __future__ import annotations
@@ -42,12 +45,38 @@ def main() -> None:
     parser.add_argument(
         "--compile-presets", default="small", help="presets also measured with torch.compile"
     )
+    parser.add_argument(
+        "--from-results",
+        action="store_true",
+        help="run nothing; rebuild the summary from the result files in docs/results",
+    )
     args = parser.parse_args()
+    device = "cuda" if args.device.startswith("cuda") else "cpu"
+    if args.from_results:
+        training, decoding = load_results(device)
+    else:
+        training, decoding = run_all(args, device)
+    write_summary(args.threads, training, decoding, from_results=args.from_results)
+
+
+def load_results(device: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The training and decoding reports already in docs/results."""
+    training = json.loads((RESULTS / f"train_vs_torch_{device}.json").read_text())
+    decoding: dict[str, Any] = {}
+    for preset in ("small", "base"):
+        path = RESULTS / f"decode_vs_hf_{preset}.json"
+        if device == "cpu" and path.exists():
+            decoding[preset] = json.loads(path.read_text())
+    return training, decoding
+
+
+def run_all(args: argparse.Namespace, device: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run every benchmark (each in its own process) and return the training and decoding
+    reports."""
     train_args = ["--threads", str(args.threads), "--rounds", str(args.rounds)]
     train_args += ["--device", args.device, "--compile-presets", args.compile_presets]
     run("train_vs_torch.py", "--presets", "small,base", *train_args)
     run("profile_train_step.py", "--preset", "small", "--threads", str(args.threads))
-    device = "cuda" if args.device.startswith("cuda") else "cpu"
     training = json.loads((RESULTS / f"train_vs_torch_{device}.json").read_text())
     decoding: dict[str, Any] = {}
     if device == "cpu":
@@ -55,7 +84,13 @@ def main() -> None:
             run("decode_vs_hf.py", "--preset", preset, "--threads", str(args.threads))
             decoding[preset] = json.loads((RESULTS / f"decode_vs_hf_{preset}.json").read_text())
         run("cpu_kernels.py", "--threads", str(args.threads))
+    return training, decoding
 
+
+def write_summary(
+    threads: int, training: dict[str, Any], decoding: dict[str, Any], *, from_results: bool
+) -> None:
+    """Print the summary table and write docs/results/summary.{json,md}."""
     peak = training["matmul_peak_flops"]
     lines = [
         "# Benchmark summary",
@@ -63,10 +98,22 @@ def main() -> None:
         f"`{command_line()}`",
         "",
         f"Machine: {training['machine']['cpu']}, {training['machine'].get('gpu', 'no GPU')}, "
-        f"{args.threads} threads; torch {training['machine']['torch']}; measured "
+        f"{threads} threads; torch {training['machine']['torch']}; measured "
         f"{training['matmul_peak_dtype']} matmul peak {peak / 1e9:,.0f} GFLOP/s. "
         "Every ratio is aiayn / peer, both measured in the same run (medians).",
         "",
+        *(
+            [
+                "Assembled from the result files of: "
+                + "; ".join(
+                    f"`{r['command']}`" for r in [training, *decoding.values()] if "command" in r
+                )
+                + ".",
+                "",
+            ]
+            if from_results
+            else []
+        ),
         "| what | preset | aiayn | peer | ratio | aiayn, fraction of matmul peak |",
         "|---|---|---|---|---|---|",
     ]

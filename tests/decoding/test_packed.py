@@ -111,7 +111,7 @@ def test_packed_attention_layers_project_every_block_they_use() -> None:
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_one_row_rule_follows_the_step_weights_against_the_cache(
+def test_small_product_rule_follows_the_step_weights_against_the_cache(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = _model()
@@ -124,9 +124,9 @@ def test_one_row_rule_follows_the_step_weights_against_the_cache(
     def dense_layers(m: nn.Module) -> int:
         return sum(isinstance(x, PackedLinear) and x._dense is not None for x in m.modules())
 
-    monkeypatch.setattr(packed_module, "last_level_cache_bytes", lambda: want)  # fits
+    monkeypatch.setattr(packed_module, "last_level_cache_bytes", lambda: 2 * want)  # half
     assert dense_layers(pack_for_inference(model)) > 0
-    monkeypatch.setattr(packed_module, "last_level_cache_bytes", lambda: want - 1)  # overflows
+    monkeypatch.setattr(packed_module, "last_level_cache_bytes", lambda: 2 * want - 1)  # more
     streamed = pack_for_inference(model)
     assert dense_layers(streamed) == 0
     assert dense_layers(pack_for_inference(model, dense_small=True)) > 0

@@ -9,12 +9,13 @@ and ``base``, same fp32 arithmetic up to summation order (the smallest, 256 × 2
 at 32 rows and more). Measured by ``benchmarks/cpu_kernels.py`` (docs/benchmarks.md).
 
 Small products are the exception. oneDNN's call costs ~12 µs however small the product, and
-MKL's is cheap for a few rows. While a decoding step's weights stay in the last-level cache,
-products of up to 2^18 multiply–adds (rows × D_in × D_out: one row of a 512 × 512 weight, four
-of a 256 × 256 one) are faster on PyTorch's kernel, so they keep it. Once the step's weights
-overflow that cache (``base``: 117 MB), every product streams its weight from memory, which
-MKL's one-row product does on one thread and oneDNN on all of them, so every product uses
-oneDNN. Measured end to end by ``benchmarks/decode_vs_hf.py`` (docs/benchmarks.md).
+MKL's is cheap for a few rows. While a decoding step's weights stay in cache (at most half the
+last-level cache: ``tiny``, 2.6 MB), products of up to 2^18 multiply–adds (rows × D_in × D_out:
+one row of a 512 × 512 weight, four of a 256 × 256 one) are faster on PyTorch's kernel, so
+they keep it. When the step's weights do not stay there (``small``, 21 MB of a 32 MB cache;
+``base``, 117 MB), products read their weights from memory, which MKL's one-row product does
+on one thread and oneDNN on all of them, so every product uses oneDNN. Measured end to end by
+``benchmarks/decode_vs_hf.py`` (docs/benchmarks.md).
 
 :func:`pack_for_inference` returns a copy of a model whose ``nn.Linear`` layers are
 :class:`PackedLinear`: CPU, fp32, inference only (no gradients; the packed weights cannot be
@@ -112,8 +113,8 @@ def pack_for_inference(model: M, *, dense_small: bool | None = None) -> M:
     Args:
         model: the model to copy.
         dense_small: whether products of up to 2^18 multiply–adds keep PyTorch's kernel (see
-            :class:`PackedLinear`). None (default): while a decoding step's weights
-            (:func:`step_weight_bytes`) fit in the last-level cache.
+            :class:`PackedLinear`). None (default): if a decoding step's weights
+            (:func:`step_weight_bytes`) take at most half the last-level cache.
     """
     first = next(model.parameters(), None)
     if not packing_available() or first is None or first.device.type != "cpu":
@@ -121,7 +122,7 @@ def pack_for_inference(model: M, *, dense_small: bool | None = None) -> M:
     if first.dtype != torch.float32:
         return model
     if dense_small is None:
-        dense_small = step_weight_bytes(model) <= last_level_cache_bytes()
+        dense_small = 2 * step_weight_bytes(model) <= last_level_cache_bytes()
     packed = copy.deepcopy(model).eval()
     for module in list(packed.modules()):
         for name, child in list(module.named_children()):
