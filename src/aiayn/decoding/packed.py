@@ -10,11 +10,12 @@ at 32 rows and more). Measured by ``benchmarks/cpu_kernels.py`` (docs/benchmarks
 
 Small products are the exception. oneDNN's call costs ~12 µs however small the product, and
 MKL's is cheap for a few rows. While a decoding step's weights stay in cache (at most half the
-last-level cache: ``tiny``, 2.6 MB), products of up to 2^18 multiply–adds (rows × D_in × D_out:
-one row of a 512 × 512 weight, four of a 256 × 256 one) are faster on PyTorch's kernel, so
-they keep it. When the step's weights do not stay there (``small``, 21 MB of a 32 MB cache;
-``base``, 117 MB), products read their weights from memory, which MKL's one-row product does
-on one thread and oneDNN on all of them, so every product uses oneDNN. Measured end to end by
+last-level cache: ``tiny`` at vocabulary 8,000, 2.6 MB), products of up to 2^18 multiply–adds
+(rows × D_in × D_out: one row of a 512 × 512 weight, four of a 256 × 256 one) keep PyTorch's
+kernel: ``tiny`` decodes 1.2–1.5× faster at batch 1 than with all of them on oneDNN. When the
+step's weights do not stay there (``small``, 21 MB of a 32 MB cache; ``base``, 117 MB), every
+product uses oneDNN, which reads a weight on all threads where MKL's one-row product uses one;
+end to end the two choices are within run-to-run noise there. Measured by
 ``benchmarks/decode_vs_hf.py`` (docs/benchmarks.md).
 
 :func:`pack_for_inference` returns a copy of a model whose ``nn.Linear`` layers are
