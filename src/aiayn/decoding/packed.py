@@ -13,7 +13,7 @@ MKL's is cheap for a few rows. While a decoding step's weights stay in cache (at
 last-level cache: ``tiny`` at vocabulary 8,000, 2.6 MB), products of up to 2^18 multiply–adds
 (rows × D_in × D_out: one row of a 512 × 512 weight, four of a 256 × 256 one) keep PyTorch's
 kernel: ``tiny`` decodes 1.2–1.5× faster at batch 1 than with all of them on oneDNN. When the
-step's weights do not stay there (``small``, 21 MB of a 32 MB cache; ``base``, 117 MB), every
+step's weights do not stay there (``small``: 21 MB for a 32 MB cache; ``base``: 117 MB), every
 product uses oneDNN, which reads a weight on all threads where MKL's one-row product uses one;
 end to end the two choices are within run-to-run noise there. Measured by
 ``benchmarks/decode_vs_hf.py`` (docs/benchmarks.md).
@@ -134,8 +134,10 @@ def pack_for_inference(model: M, *, dense_small: bool | None = None) -> M:
 
 
 def step_weight_bytes(model: nn.Module) -> int:
-    """Bytes of the linear-layer weights one decoding step reads: every ``nn.Linear`` outside
-    a child module named ``encoder`` (which runs once per source), shared weights counted once."""
+    """Bytes of the linear-layer weights on the decoding side: every ``nn.Linear`` outside a
+    child module named ``encoder`` (which runs once per source), shared weights counted once. An
+    upper bound on what one step reads (cross-attention reads its key/value rows once per
+    source)."""
     seen: dict[int, int] = {}
     for name, module in model.named_modules():
         if type(module) is nn.Linear and "encoder" not in name.split("."):
