@@ -4,9 +4,9 @@ On CPU, PyTorch's fp32 ``F.linear`` calls MKL's GEMM. On this project's AMD mach
 its AVX2 code although the CPU has AVX-512, and re-packs the weight at every call, which costs
 the most at the few rows of a decoding step. oneDNN (shipped inside PyTorch, used by its
 compiler for the same purpose) reorders each weight once into its blocked layout and runs its
-own AVX-512 kernels: 1.8–8× faster per call at 4–128 rows on the decoder weights of ``small``
-and ``base``, same fp32 arithmetic up to summation order (the smallest, 256 × 256, gains only
-at 32 rows and more). Measured by ``benchmarks/cpu_kernels.py`` (docs/benchmarks.md).
+own AVX-512 kernels: 1.8–7.4× faster per call at 4–128 rows on the decoder weights of
+``small`` and ``base``, same fp32 arithmetic up to summation order (the smallest, 256 × 256,
+gains only at 32 rows and more). Measured by ``benchmarks/cpu_kernels.py`` (docs/benchmarks.md).
 
 Small products are the exception. oneDNN's call costs ~12 µs however small the product, and
 MKL's is cheap for a few rows. While a decoding step's weights stay in cache (at most half the
