@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, machine, matmul_peak, write_report
 from aiayn.attention.scaled_dot_product import _explicit_attention, _explicit_is_faster
 from aiayn.decoding import PackedLinear
-from aiayn.decoding.packed import _SMALL
+from aiayn.decoding.packed import small_product
 
 SHAPES = {  # (D_in, D_out) of the decoder's linear layers and the output layer
     "small": [(256, 768), (256, 256), (256, 1024), (1024, 256), (256, 8000)],
@@ -94,7 +94,7 @@ def main() -> None:
                         "f_linear_gflops": flops / torchs / 1e3,
                         "packed_gflops": flops / ours / 1e3,
                         # pack_for_inference's rule while a step's weights stay in cache
-                        "aiayn_uses": "F.linear" if flops // 2 <= _SMALL else "packed",
+                        "aiayn_uses": "F.linear" if small_product(x, d_out) else "packed",
                     }
                 )
                 print(linear_rows[-1], flush=True)

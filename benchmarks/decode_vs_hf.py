@@ -35,8 +35,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -48,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, machine, write_report
 from aiayn.config import preset
 from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search, pack_for_inference
-from aiayn.decoding.packed import PackedLinear, last_level_cache_bytes, step_weight_bytes
+from aiayn.decoding.packed import PackedLinear, step_weights_stay_in_cache
 from aiayn.decoding.step import DecoderState
 from aiayn.models import Transformer
 from aiayn.training.performance import keep_freed_memory
@@ -99,75 +98,59 @@ def time_it(fn: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
-@contextmanager
-def linear_timer() -> Iterator[list[float]]:
-    """Time spent inside ``torch.nn.functional.linear`` (nn.Linear calls it too), in seconds."""
-    spent = [0.0]
-    original = F.linear
+def share_inside(fn: Callable[[], object], owner: object, name: str) -> float:
+    """The share of one call of ``fn``'s wall time spent inside ``owner.name`` (a function of a
+    module, or a method of a class), timed by wrapping it for that call."""
+    spent = 0.0
+    original = getattr(owner, name)
 
     def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal spent
         start = time.perf_counter()
         out = original(*args, **kwargs)
-        spent[0] += time.perf_counter() - start
+        spent += time.perf_counter() - start
         return out
 
-    F.linear = timed  # type: ignore[assignment]
+    setattr(owner, name, timed)
     try:
-        yield spent
-    finally:
-        F.linear = original  # type: ignore[assignment]
-
-
-def matmul_seconds(fn: Callable[[], object]) -> tuple[float, float]:
-    """(wall time, time inside F.linear) of one call of ``fn``."""
-    with linear_timer() as spent:
         start = time.perf_counter()
         fn()
         wall = time.perf_counter() - start
-    return wall, spent[0]
+    finally:
+        setattr(owner, name, original)
+    return spent / wall
 
 
-def step_linears(model: Transformer, rows: int) -> list[Callable[[], object]]:
-    """The linear-layer calls of one decoding step over ``rows`` decoder rows, in step order
-    (the cross-attention keys/values are projected once per source, so they are not among
-    them; the output projection is)."""
-    c = model.config
+def step_linears(
+    packed: Transformer, plain: Transformer, rows: int
+) -> list[tuple[Callable[[], object], Tensor]]:
+    """The linear-layer calls of one decoding step over ``rows`` decoder rows, in step order,
+    each with the weight it reads (from the unpacked model). The cross-attention keys/values are
+    projected once per source, so they are not among them; the output projection is."""
+    c = packed.config
     x = torch.randn(rows, 1, c.d_model)  # (rows, 1, D)
     h = torch.randn(rows, 1, c.d_ff)  # (rows, 1, d_ff)
-    calls: list[Callable[[], object]] = []
-    for layer in model.decoder.layers:
-        sa, ca, ff = layer.self_attn, layer.cross_attn, layer.feed_forward
+    query = slice(0, c.d_model)
+    calls: list[tuple[Callable[[], object], Tensor]] = []
+    for ours, dense in zip(packed.decoder.layers, plain.decoder.layers, strict=True):
+        sa, ca, ff = ours.self_attn, ours.cross_attn, ours.feed_forward
+        w_sa, w_ca, w_ff = dense.self_attn, dense.cross_attn, dense.feed_forward
         calls += [
-            partial(sa.in_proj, x),  # (rows, 1, D) -> (rows, 1, 3D)
-            partial(sa.out_proj, x),
-            partial(ca._proj, x, slice(0, c.d_model)),  # queries only
-            partial(ca.out_proj, x),
-            partial(ff.linear1, x),  # -> (rows, 1, d_ff)
-            partial(ff.linear2, h),  # (rows, 1, d_ff) -> (rows, 1, D)
+            (partial(sa.in_proj, x), w_sa.in_proj.weight),  # (rows, 1, D) -> (rows, 1, 3D)
+            (partial(sa.out_proj, x), w_sa.out_proj.weight),
+            (partial(ca._proj, x, query), w_ca.in_proj.weight[query]),  # queries only
+            (partial(ca.out_proj, x), w_ca.out_proj.weight),
+            (partial(ff.linear1, x), w_ff.linear1.weight),  # -> (rows, 1, d_ff)
+            (partial(ff.linear2, h), w_ff.linear2.weight),  # (rows, 1, d_ff) -> (rows, 1, D)
         ]
-    return [*calls, partial(model.output_proj, x)]  # -> (rows, 1, V)
+    calls.append((partial(packed.output_proj, x), plain.output_proj.weight))  # -> (rows, 1, V)
+    return [(call, weight.detach()) for call, weight in calls]
 
 
-def step_weight_tensors(model: Transformer) -> list[Tensor]:
-    """The weights :func:`step_linears` reads, from the unpacked model."""
-    weights: list[Tensor] = []
-    for layer in model.decoder.layers:
-        sa, ca, ff = layer.self_attn, layer.cross_attn, layer.feed_forward
-        weights += [sa.in_proj.weight, sa.out_proj.weight, ca.in_proj.weight[: ca.d_model]]
-        weights += [ca.out_proj.weight, ff.linear1.weight, ff.linear2.weight]
-    return [w.detach() for w in [*weights, model.output_proj.weight]]
-
-
-def floor_seconds(calls: list[Callable[[], object]], repeats: int = 30) -> float:
-    """Median seconds of one pass over ``calls`` (after two warm-up passes)."""
-    times = []
-    for i in range(repeats + 2):
-        start = time.perf_counter()
-        for call in calls:
-            call()
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def run_all(calls: Sequence[Callable[[], object]]) -> None:
+    """Call each of ``calls`` in order."""
+    for call in calls:
+        call()
 
 
 def no_cache_step(model: Transformer, src: torch.Tensor):  # type: ignore[no-untyped-def]
@@ -194,25 +177,6 @@ def no_cache_step(model: Transformer, src: torch.Tensor):  # type: ignore[no-unt
     return step, Prefix(torch.zeros(src.size(0), 0, dtype=torch.long))
 
 
-@contextmanager
-def packed_linear_timer() -> Iterator[list[float]]:
-    """Time spent inside :class:`PackedLinear` calls (either kernel), in seconds."""
-    spent = [0.0]
-    original = PackedLinear.forward
-
-    def timed(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        start = time.perf_counter()
-        out = original(self, *args, **kwargs)
-        spent[0] += time.perf_counter() - start
-        return out
-
-    PackedLinear.forward = timed  # type: ignore[method-assign]
-    try:
-        yield spent
-    finally:
-        PackedLinear.forward = original  # type: ignore[method-assign]
-
-
 def add_floors(
     row: dict,
     packed: Transformer,
@@ -224,17 +188,13 @@ def add_floors(
     """Record the batch-1 floors (seconds per token) and the ratios over HF they allow: the
     time ``decode`` (one decode of ``row["out_len"]`` tokens) spends in its linear layers, the
     step's linear layers alone, and a plain read of their weights."""
-    with packed_linear_timer() as spent:
-        start = time.perf_counter()
-        decode()
-        wall = time.perf_counter() - start
-    row["in_linears_share"] = spent[0] / wall
+    row["in_linears_share"] = share_inside(decode, PackedLinear, "forward")
     row["in_linears_s"] = row["in_linears_share"] / row["aiayn_tok_s"]  # batch 1
-    row["ceiling_in_linears"] = hf_s_per_token / row["in_linears_s"]
-    weights = step_weight_tensors(plain)
+    calls, weights = zip(*step_linears(packed, plain, rows), strict=True)
     row["weight_mb"] = sum(w.numel() * w.element_size() for w in weights) / 1e6
-    row["floor_linears_s"] = floor_seconds(step_linears(packed, rows))
-    row["floor_read_s"] = floor_seconds([w.sum for w in weights])
+    row["floor_linears_s"] = statistics.median(time_it(partial(run_all, calls), 30))
+    row["floor_read_s"] = statistics.median(time_it(partial(run_all, [w.sum for w in weights]), 30))
+    row["ceiling_in_linears"] = hf_s_per_token / row["in_linears_s"]
     row["ceiling_linears"] = hf_s_per_token / row["floor_linears_s"]
     row["ceiling_read"] = hf_s_per_token / row["floor_read_s"]
 
@@ -256,7 +216,7 @@ def main() -> None:
     torch.manual_seed(0)
     plain = Transformer(preset(args.preset, vocab_size=args.vocab_size, dropout=0.0)).eval()
     ours = pack_for_inference(plain)  # as `aiayn translate` decodes on CPU
-    dense_small = 2 * step_weight_bytes(plain) <= last_level_cache_bytes()  # automatic rule
+    dense_small = step_weights_stay_in_cache(plain)  # pack_for_inference's default
     other_rule = pack_for_inference(plain, dense_small=not dense_small)
     theirs = hf_model(plain)
     n = args.out_len
@@ -322,10 +282,10 @@ def main() -> None:
             }
             row["ratio"] = row["aiayn_tok_s"] / row["hf_tok_s"]
             row["ratio_torch_linear"] = row["aiayn_torch_linear_tok_s"] / row["hf_tok_s"]
-            wall, mm = matmul_seconds(lambda: run_ours(model=plain))
-            hf_wall, hf_mm = matmul_seconds(run_hf)
-            row["aiayn_torch_linear_matmul_share"] = mm / wall
-            row["hf_matmul_share"] = hf_mm / hf_wall
+            row["aiayn_torch_linear_matmul_share"] = share_inside(
+                lambda: run_ours(model=plain), F, "linear"
+            )
+            row["hf_matmul_share"] = share_inside(run_hf, F, "linear")
             row["ratio_ceiling_torch_linear"] = statistics.median(t_hf) / (
                 row["aiayn_torch_linear_matmul_share"] * statistics.median(t_plain)
             )

@@ -122,7 +122,7 @@ def test_small_product_rule_follows_the_step_weights_against_the_cache(
     assert c.d_ff == 2 * c.d_model and step_weight_bytes(model) == want
 
     def dense_layers(m: nn.Module) -> int:
-        return sum(isinstance(x, PackedLinear) and x._dense is not None for x in m.modules())
+        return sum(isinstance(x, PackedLinear) and x.has_dense for x in m.modules())
 
     monkeypatch.setattr(packed_module, "last_level_cache_bytes", lambda: 2 * want)  # half
     assert dense_layers(pack_for_inference(model)) > 0
@@ -160,4 +160,4 @@ def test_small_products_take_pytorchs_kernel_up_to_2_to_the_18(
             torch.testing.assert_close(dense(x), layer(x), atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(packed(x), layer(x), atol=1e-5, rtol=1e-5)
     assert calls == [1, 64]
-    assert PackedLinear(nn.Linear(512, 513))._dense is None  # over 2^18 at any row count
+    assert not PackedLinear(nn.Linear(512, 513)).has_dense  # over 2^18 at any row count

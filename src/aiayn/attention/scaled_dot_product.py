@@ -90,7 +90,10 @@ def _explicit_is_faster(query: Tensor, dropout_p: float) -> bool:
 
     They do for many short queries without gradients, the shape of batched and beam decoding
     (B·H·T ≥ 512 query rows of length T ≤ 8): the fused kernel's blocking is made for long
-    sequences. Measured by ``benchmarks/cpu_kernels.py`` (docs/performance.md).
+    sequences. Timed alone (``benchmarks/cpu_kernels.py``, docs/results/cpu_kernels.md) they
+    already win from 128 rows, but inside a decode (batch 32, greedy, ``small`` and ``base``)
+    the fused kernel was faster at 128–256 rows (interleaved A/B on 2026-11-21, not kept), so
+    the cut is 512.
     """
     b, h, t, _ = query.shape
     return (

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +50,14 @@ def packing_available() -> bool:
 def _pack(weight: Tensor) -> Tensor:
     """(D_out, D_in) dense weight -> the same weight in oneDNN's blocked layout."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+
+
+class _Block(NamedTuple):
+    """One row block of W (or all of it), ready for either kernel."""
+
+    packed: Tensor  # (D_out', D_in) in oneDNN's blocked layout
+    bias: Tensor | None  # (D_out',)
+    dense: Tensor | None  # (D_out', D_in) as is, kept for small products only
 
 
 class PackedLinear(nn.Module):
@@ -74,29 +82,37 @@ class PackedLinear(nn.Module):
             )
         self.in_features, self.out_features = linear.in_features, linear.out_features
         bias = None if linear.bias is None else linear.bias.detach().clone()
-        self._bias = bias
-        # the dense weight, for products small enough to be faster on PyTorch's kernel
-        self._dense = weight.clone() if dense_small and weight.numel() <= _SMALL else None
-        self._packed = {_key(None): _pack(weight)}
-        for rows in row_blocks:
-            self._packed[_key(rows)] = _pack(weight[rows])
+        # the dense weight too, if some product with it can be small enough for PyTorch's kernel
+        self.has_dense = dense_small and weight.numel() <= _SMALL
+        dense = weight.clone() if self.has_dense else None
+        self._blocks: dict[tuple[int, int] | None, _Block] = {}
+        for rows in (None, *row_blocks):
+            part = slice(None) if rows is None else rows
+            self._blocks[_key(rows)] = _Block(
+                _pack(weight[part]),
+                None if bias is None else bias[part],
+                None if dense is None else dense[part],
+            )
 
     def forward(self, x: Tensor, rows: slice | None = None) -> Tensor:
         """(N, D_in) -> (N, D_out), or (N, len(rows)) for a packed block of rows."""
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError("PackedLinear is for inference: its input must not require grad")
-        packed = self._packed.get(_key(rows))
-        if packed is None:
-            raise KeyError(f"rows {rows} were not packed; packed: {list(self._packed)}")
-        bias = self._bias if self._bias is None or rows is None else self._bias[rows]
-        if self._dense is not None:
-            width = self.out_features if rows is None else rows.stop - rows.start
-            if x.numel() * width <= _SMALL:  # (N · D_in) · D_out multiply–adds
-                return F.linear(x, self._dense if rows is None else self._dense[rows], bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        block = self._blocks.get(_key(rows))
+        if block is None:
+            raise KeyError(f"rows {rows} were not packed; packed: {list(self._blocks)}")
+        if block.dense is not None and small_product(x, block.dense.size(0)):
+            return F.linear(x, block.dense, block.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, block.packed, block.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+
+
+def small_product(x: Tensor, d_out: int) -> bool:
+    """Whether (N, D_in) ``x`` times a (D_out, D_in) weight takes at most 2^18 multiply–adds,
+    small enough for PyTorch's kernel to beat oneDNN's fixed cost (weights in cache)."""
+    return x.numel() * d_out <= _SMALL  # (N · D_in) · D_out
 
 
 def _key(rows: slice | None) -> tuple[int, int] | None:
@@ -114,8 +130,7 @@ def pack_for_inference(model: M, *, dense_small: bool | None = None) -> M:
     Args:
         model: the model to copy.
         dense_small: whether products of up to 2^18 multiply–adds keep PyTorch's kernel (see
-            :class:`PackedLinear`). None (default): if a decoding step's weights
-            (:func:`step_weight_bytes`) take at most half the last-level cache.
+            :class:`PackedLinear`). None (default): :func:`step_weights_stay_in_cache`.
     """
     first = next(model.parameters(), None)
     if not packing_available() or first is None or first.device.type != "cpu":
@@ -123,7 +138,7 @@ def pack_for_inference(model: M, *, dense_small: bool | None = None) -> M:
     if first.dtype != torch.float32:
         return model
     if dense_small is None:
-        dense_small = 2 * step_weight_bytes(model) <= last_level_cache_bytes()
+        dense_small = step_weights_stay_in_cache(model)
     packed = copy.deepcopy(model).eval()
     for module in list(packed.modules()):
         for name, child in list(module.named_children()):
@@ -131,6 +146,12 @@ def pack_for_inference(model: M, *, dense_small: bool | None = None) -> M:
                 rows = _row_blocks(module) if name == "in_proj" else ()
                 setattr(module, name, PackedLinear(child, rows, dense_small=dense_small))
     return packed
+
+
+def step_weights_stay_in_cache(model: nn.Module) -> bool:
+    """The default of ``dense_small``: a decoding step's weights take at most half the
+    last-level cache."""
+    return 2 * step_weight_bytes(model) <= last_level_cache_bytes()
 
 
 def step_weight_bytes(model: nn.Module) -> int:
