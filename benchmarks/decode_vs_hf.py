@@ -35,7 +35,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, machine, write_report
+from _common import command_line, machine, spread, write_report
 from aiayn.config import preset
 from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search, pack_for_inference
 from aiayn.decoding.packed import PackedLinear, step_weights_stay_in_cache
@@ -147,12 +147,6 @@ def step_linears(
     return [(call, weight.detach()) for call, weight in calls]
 
 
-def run_all(calls: Sequence[Callable[[], object]]) -> None:
-    """Call each of ``calls`` in order."""
-    for call in calls:
-        call()
-
-
 def no_cache_step(model: Transformer, src: torch.Tensor):  # type: ignore[no-untyped-def]
     """A step function that re-runs the decoder over the whole prefix (no KV cache)."""
     src_mask = model.source_mask(src)
@@ -181,19 +175,20 @@ def add_floors(
     row: dict,
     packed: Transformer,
     plain: Transformer,
-    rows: int,
+    decoder_rows: int,
     hf_s_per_token: float,
     decode: Callable[[], object],
 ) -> None:
     """Record the batch-1 floors (seconds per token) and the ratios over HF they allow: the
     time ``decode`` (one decode of ``row["out_len"]`` tokens) spends in its linear layers, the
-    step's linear layers alone, and a plain read of their weights."""
+    step's linear layers alone over ``decoder_rows`` rows (the beam size), and a plain read of
+    their weights."""
     row["in_linears_share"] = share_inside(decode, PackedLinear, "forward")
     row["in_linears_s"] = row["in_linears_share"] / row["aiayn_tok_s"]  # batch 1
-    calls, weights = zip(*step_linears(packed, plain, rows), strict=True)
+    calls, weights = zip(*step_linears(packed, plain, decoder_rows), strict=True)
     row["weight_mb"] = sum(w.numel() * w.element_size() for w in weights) / 1e6
-    row["floor_linears_s"] = statistics.median(time_it(partial(run_all, calls), 30))
-    row["floor_read_s"] = statistics.median(time_it(partial(run_all, [w.sum for w in weights]), 30))
+    row["floor_linears_s"] = statistics.median(time_it(lambda: [c() for c in calls], 30))
+    row["floor_read_s"] = statistics.median(time_it(lambda: [w.sum() for w in weights], 30))
     row["ceiling_in_linears"] = hf_s_per_token / row["in_linears_s"]
     row["ceiling_linears"] = hf_s_per_token / row["floor_linears_s"]
     row["ceiling_read"] = hf_s_per_token / row["floor_read_s"]
@@ -266,19 +261,19 @@ def main() -> None:
             out = run_ours()
             lengths = {len(x) if beam == 1 else len(x[0].tokens) for x in out}
             assert lengths == {n}, lengths  # forced length reached
-            t_ours = time_it(run_ours, args.repeats)
-            t_plain = time_it(lambda: run_ours(model=plain), args.repeats)
-            t_hf = time_it(run_hf, args.repeats)
+            ours_s = spread(time_it(run_ours, args.repeats))  # seconds per decode
+            plain_s = spread(time_it(lambda: run_ours(model=plain), args.repeats))
+            hf_s = spread(time_it(run_hf, args.repeats))
             row = {
                 "batch": batch,
                 "beam": beam,
                 "out_len": n,
-                "aiayn_tok_s": batch * n / statistics.median(t_ours),
-                "hf_tok_s": batch * n / statistics.median(t_hf),
-                "aiayn_torch_linear_tok_s": batch * n / statistics.median(t_plain),
-                "aiayn_s": [min(t_ours), statistics.median(t_ours), max(t_ours)],
-                "aiayn_torch_linear_s": [min(t_plain), statistics.median(t_plain), max(t_plain)],
-                "hf_s": [min(t_hf), statistics.median(t_hf), max(t_hf)],
+                "aiayn_tok_s": batch * n / ours_s["median"],
+                "hf_tok_s": batch * n / hf_s["median"],
+                "aiayn_torch_linear_tok_s": batch * n / plain_s["median"],
+                "aiayn_s": ours_s,
+                "aiayn_torch_linear_s": plain_s,
+                "hf_s": hf_s,
             }
             row["ratio"] = row["aiayn_tok_s"] / row["hf_tok_s"]
             row["ratio_torch_linear"] = row["aiayn_torch_linear_tok_s"] / row["hf_tok_s"]
@@ -286,17 +281,17 @@ def main() -> None:
                 lambda: run_ours(model=plain), F, "linear"
             )
             row["hf_matmul_share"] = share_inside(run_hf, F, "linear")
-            row["ratio_ceiling_torch_linear"] = statistics.median(t_hf) / (
-                row["aiayn_torch_linear_matmul_share"] * statistics.median(t_plain)
+            row["ratio_ceiling_torch_linear"] = hf_s["median"] / (
+                row["aiayn_torch_linear_matmul_share"] * plain_s["median"]
             )
             if beam == 1:
-                t_nc = time_it(lambda src=src: run_ours(no_cache_step, 1, src), 1)
-                row["cache_speedup"] = statistics.median(t_nc) / statistics.median(t_ours)
+                (no_cache,) = time_it(lambda src=src: run_ours(no_cache_step, 1, src), 1)
+                row["cache_speedup"] = no_cache / ours_s["median"]
             if batch == 1:
-                add_floors(row, ours, plain, beam, statistics.median(t_hf) / n, run_ours)
-                t_other = time_it(lambda: run_ours(model=other_rule), args.repeats)
+                add_floors(row, ours, plain, beam, hf_s["median"] / n, run_ours)
+                other = statistics.median(time_it(lambda: run_ours(model=other_rule), args.repeats))
                 row["dense_small"] = dense_small
-                row["other_rule_tok_s"] = n / statistics.median(t_other)
+                row["other_rule_tok_s"] = n / other
             rows.append(row)
             print(json.dumps(row), flush=True)
     import transformers

@@ -72,19 +72,16 @@ def load_results(device: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def run_all(args: argparse.Namespace, device: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run every benchmark (each in its own process) and return the training and decoding
-    reports."""
+    reports they wrote."""
     train_args = ["--threads", str(args.threads), "--rounds", str(args.rounds)]
     train_args += ["--device", args.device, "--compile-presets", args.compile_presets]
     run("train_vs_torch.py", "--presets", "small,base", *train_args)
     run("profile_train_step.py", "--preset", "small", "--threads", str(args.threads))
-    training = json.loads((RESULTS / f"train_vs_torch_{device}.json").read_text())
-    decoding: dict[str, Any] = {}
     if device == "cpu":
         for preset in ("small", "base"):
             run("decode_vs_hf.py", "--preset", preset, "--threads", str(args.threads))
-            decoding[preset] = json.loads((RESULTS / f"decode_vs_hf_{preset}.json").read_text())
         run("cpu_kernels.py", "--threads", str(args.threads))
-    return training, decoding
+    return load_results(device)
 
 
 def write_summary(

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, machine, write_report
+from _common import ROOT, command_line, machine, write_report
 from aiayn.data import Tokenizer
 from aiayn.decoding.translate import DecodeOptions, translate_texts
 from aiayn.evaluation import corpus_bleu, corpus_chrf
@@ -28,7 +28,6 @@ from aiayn.training.config import load_run_config
 from aiayn.training.trainer import train
 
 PEER_BLEU = 34.6  # torch.nn.Transformer, same size, 60 min on this 2-core CPU (issue #3)
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:

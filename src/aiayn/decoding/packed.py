@@ -8,7 +8,7 @@ own AVX-512 kernels: 1.8–7.4× faster per call at 4–128 rows on the decoder 
 ``small`` and ``base``, same fp32 arithmetic up to summation order (the smallest, 256 × 256,
 gains only at 32 rows and more). Measured by ``benchmarks/cpu_kernels.py`` (docs/benchmarks.md).
 
-Small products are the exception. oneDNN's call costs ~12 µs however small the product, and
+Small products are the exception. oneDNN's call costs ~15 µs however small the product, and
 MKL's is cheap for a few rows. While a decoding step's weights stay in cache (at most half the
 last-level cache: ``tiny`` at vocabulary 8,000, 2.6 MB), products of up to 2^18 multiply–adds
 (rows × D_in × D_out: one row of a 512 × 512 weight, four of a 256 × 256 one) keep PyTorch's
