@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from aiayn.data import padding_fraction
 from aiayn.decoding.translate import translate_texts
 from aiayn.training.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.training.config import RunConfig
@@ -85,6 +86,42 @@ def test_two_half_batches_equal_one_full_batch(
         torch.testing.assert_close(param.grad, full[name], atol=1e-6, rtol=1e-5)
 
 
+def test_step_counts_global_tokens_and_padding_of_its_batches(
+    tmp_path: Path, reverse_task: Task, make_run: MakeRun
+) -> None:
+    """The loss normaliser counts the step's target tokens as collate does (EOS included), and
+    the logged padding is the sampler's figure for those batches."""
+    train = reverse_task(tmp_path, 200, seed=1)
+    trainer = Trainer(make_run(tmp_path / "r", train, max_steps=1, max_tokens=120))
+    data = trainer.data.train
+    step = trainer._micro_batches()
+    assert step is not None
+    micro, tokens = step
+    assert tokens == sum(data.collate(ids).num_tgt_tokens for ids in micro)
+    assert trainer.train_step(micro, tokens).tokens == tokens
+    # two micro-batches of sentences of different lengths: padding to count
+    first_of_length = {int(n): i for i, n in reversed(list(enumerate(data.tgt_lengths)))}
+    mixed = sorted(first_of_length.values())[:6]
+    micro = [mixed[:3], mixed[3:]]
+    stats = trainer.train_step(micro)
+    want = padding_fraction(micro, data.src_lengths, data.tgt_lengths)
+    assert stats.padding == pytest.approx(want, abs=1e-12) and stats.padding > 0
+
+
+def test_validation_leaves_the_model_training(
+    tmp_path: Path, reverse_task: Task, make_run: MakeRun
+) -> None:
+    """evaluate() runs in eval mode and gives the caller its mode back (dropout stays on)."""
+    train = reverse_task(tmp_path, 100, seed=1)
+    trainer = Trainer(make_run(tmp_path / "r", train, max_steps=1))
+    trainer.model.train()
+    trainer.evaluate(bleu_sentences=2)
+    assert all(m.training for m in trainer.model.modules())
+    trainer.model.eval()
+    trainer.evaluate(bleu_sentences=2)
+    assert not any(m.training for m in trainer.model.modules())
+
+
 def test_checkpoints_atomic_pruned_and_averaged(
     tmp_path: Path, reverse_task: Task, make_run: MakeRun
 ) -> None:
@@ -135,9 +172,10 @@ def test_compiled_step_matches_eager(tmp_path: Path, reverse_task: Task, make_ru
     grads = []
     for name, compile_ in (("eager", False), ("compiled", True)):
         trainer = Trainer(make_run(tmp_path / name, train, max_steps=1, compile=compile_))
+        assert (trainer.train_model._compiled_call_impl is not None) == compile_
         trainer.train_model.eval()
         batch = trainer.data.train.collate(range(12))
-        loss, _, _ = trainer.accumulate_gradients([batch], batch.num_tgt_tokens)
+        loss, _ = trainer.accumulate_gradients([batch], batch.num_tgt_tokens)
         grads.append((loss, {n: p.grad for n, p in trainer.model.named_parameters()}))
     (loss_a, a), (loss_b, b) = grads
     torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=1e-5)

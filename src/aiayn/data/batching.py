@@ -8,9 +8,9 @@ then shuffle the order of the batches. The sort key is (longer side, target leng
 length), not fairseq's (source length, target length): sorting by the source alone lets target
 lengths spread inside a batch, and target padding is the costly kind (the decoder and the output
 layer run on it). On the 20,000 demo pairs (8k BPE) at 4096 tokens: 3.2% target / 8.5%
-source padding instead of 15.5% / 1.2%, and 12% fewer batches for the same data. Everything
-random is drawn from
-``(seed, epoch)``, so a trainer can rebuild an epoch's batch list and resume at any batch index.
+source padding instead of 15.5% / 1.2%, and 12% fewer batches for the same data (a scratch
+measurement, not kept; docs/performance.md). Everything random is drawn from ``(seed, epoch)``,
+so a trainer can rebuild an epoch's batch list and resume at any batch index.
 
 Lengths passed to the sampler are subword counts *without* specials (as returned by
 :attr:`ParallelDataset.src_lengths`); :func:`collate` adds exactly one special per tensor row
@@ -216,8 +216,7 @@ class Batch:
     @property
     def padding_fraction(self) -> float:
         """Fraction of padding over ``src`` and ``tgt_out`` together."""
-        slots = self.src.numel() + self.tgt_out.numel()
-        return 1.0 - (self.num_src_tokens + self.num_tgt_tokens) / max(slots, 1)
+        return batches_padding_fraction([self])
 
     def pin_memory(self) -> Batch:
         """The same batch in page-locked host memory (for asynchronous copies to a GPU)."""
@@ -230,13 +229,22 @@ class Batch:
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
         """The same batch with its tensors on ``device``."""
-        return Batch(
+        return dataclasses.replace(
+            self,
             src=self.src.to(device, non_blocking=non_blocking),
             tgt_in=self.tgt_in.to(device, non_blocking=non_blocking),
             tgt_out=self.tgt_out.to(device, non_blocking=non_blocking),
-            num_src_tokens=self.num_src_tokens,
-            num_tgt_tokens=self.num_tgt_tokens,
         )
+
+
+def batches_padding_fraction(batches: Iterable[Batch]) -> float:
+    """Fraction of padding over the ``src`` and ``tgt_out`` of collated ``batches`` together
+    (host-side counts: no device sync, no pass over the dataset's lengths)."""
+    slots = real = 0
+    for batch in batches:
+        slots += batch.src.numel() + batch.tgt_out.numel()
+        real += batch.num_src_tokens + batch.num_tgt_tokens
+    return 1.0 - real / max(slots, 1)
 
 
 def collate(

@@ -1,9 +1,10 @@
 """Dropout (§5.4, P_drop) with a faster mask on CPU.
 
 On CPU, :func:`torch.nn.functional.dropout` draws one Bernoulli sample per element, which costs
-about as much as a small matmul (7% of a `small` training step here). This module draws 16
-random bits per element instead (four elements per 64-bit draw of the same generator) and keeps
-an element when those bits, read as a signed 16-bit integer, reach a threshold:
+about as much as a small matmul (7% of a `small` training step in a development profile that
+was not kept; docs/performance.md). This module draws 16 random bits per element instead (four
+elements per 64-bit draw of the same generator) and keeps an element when those bits, read as a
+signed 16-bit integer, reach a threshold:
 
     P(drop) = p' = round(p · 2¹⁶) / 2¹⁶   (|p' − p| ≤ 2⁻¹⁷; p = 0.1 → 0.1000061)
     y = x · keep / (1 − p')               (inverted dropout: E[y] = x)
@@ -36,18 +37,14 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     return (x * keep).mul_(_LEVELS / (_LEVELS - dropped))  # x · keep / (1 − p')
 
 
-class Dropout(nn.Module):
+class Dropout(nn.Dropout):
     """:func:`dropout` as a module: active in training mode, the identity in eval mode."""
 
     def __init__(self, p: float):
-        super().__init__()
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-        self.p = p
+        super().__init__(p)
 
     def forward(self, x: Tensor) -> Tensor:
         """(*) -> (*)."""
         return dropout(x, self.p, self.training)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"

@@ -21,7 +21,8 @@ chunk by chunk, with the gradient written by hand (what training runs):
     ∂loss/∂z_k = softmax(z)_k − (1 − ε)·[k = y] − ε / V      (z = logits)
 
 so the (N, V) logits, log-probabilities and their gradients are never held whole: on CPU these
-~100 MB tensors cost more in allocation, page faults and memory traffic than their arithmetic.
+~130 MB tensors (4,096 positions × 8,000 × 4 bytes) cost more in allocation, page faults and
+memory traffic than their arithmetic.
 
 Shape legend:  B batch   T target length   V vocabulary size   N = B·T (or kept positions)
 """

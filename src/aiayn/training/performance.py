@@ -3,7 +3,7 @@
 CPU: PyTorch allocates every activation and gradient with ``malloc``. glibc serves blocks above
 its mmap threshold (≤ 32 MiB, adaptive) with fresh ``mmap`` calls and returns them to the OS on
 ``free``, so each step page-faults and zero-fills its large tensors again (the (N, V) logits of a
-``small`` step are ~100 MB). :func:`keep_freed_memory` raises the mmap and trim thresholds so
+``small`` step are ~130 MB). :func:`keep_freed_memory` raises the mmap and trim thresholds so
 freed memory stays in the heap for the next step, as a caching allocator would (the process
 keeps its peak memory instead of shrinking between steps). Measured on the `small` step:
 see docs/performance.md.

@@ -28,10 +28,9 @@ from aiayn.data import (
     Tokenizer,
     demo_corpus_path,
     filter_pairs,
-    padding_fraction,
     read_parallel,
 )
-from aiayn.data.batching import SPECIALS_PER_ROW
+from aiayn.data.batching import SPECIALS_PER_ROW, batches_padding_fraction
 from aiayn.decoding.translate import DecodeOptions, translate_ids, translate_texts
 from aiayn.errors import UserError
 from aiayn.evaluation import corpus_bleu, corpus_chrf
@@ -408,7 +407,7 @@ class Trainer:
 
     def accumulate_gradients(
         self, batches: list[Batch], total_tokens: int
-    ) -> tuple[Tensor, Tensor, int]:
+    ) -> tuple[Tensor, Tensor]:
         """Backward over micro-batches, each loss divided by ``total_tokens``, the non-pad
         target tokens of the whole effective batch (of every rank's micro-batches).
 
@@ -416,7 +415,7 @@ class Trainer:
         With several processes only the last micro-batch reduces the gradients (``no_sync``),
         and the loss is multiplied by the world size because DDP/FSDP average over ranks: the
         result is a one-process step over the global batch. Returns this rank's (loss sum,
-        NLL sum) and ``total_tokens``.
+        NLL sum).
         """
         world = self.dist.world_size
         loss_sum = torch.zeros((), device=self.device)
@@ -434,7 +433,7 @@ class Trainer:
                 self.scaler.scale(sums.loss * world / total_tokens).backward()
             loss_sum += sums.loss.detach()
             nll_sum += sums.nll
-        return loss_sum, nll_sum, total_tokens
+        return loss_sum, nll_sum
 
     def _to_device(self, batch: Batch) -> Batch:
         """Host batch -> device; on a GPU through pinned memory, without waiting for the copy."""
@@ -451,7 +450,7 @@ class Trainer:
         batches = [self._to_device(self.data.train.collate(ids)) for ids in micro]
         if total_tokens is None:
             total_tokens = sum(b.num_tgt_tokens for b in batches)
-        loss_sum, nll_sum, total_tokens = self.accumulate_gradients(batches, total_tokens)
+        loss_sum, nll_sum = self.accumulate_gradients(batches, total_tokens)
         if self.cfg.clip_norm is not None:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
@@ -464,9 +463,7 @@ class Trainer:
         self.scaler.step(self.optimizer)  # = optimizer.step() unless fp16
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        train = self.data.train
-        padding = padding_fraction(micro, train.src_lengths, train.tgt_lengths)
-        return StepStats(loss_sum, nll_sum, total_tokens, lr, padding)
+        return StepStats(loss_sum, nll_sum, total_tokens, lr, batches_padding_fraction(batches))
 
     # -- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -475,7 +472,14 @@ class Trainer:
     ) -> dict[str, float]:
         """Validation loss, NLL, perplexity and greedy BLEU of ``model`` (default: self.model)."""
         model = self.model if model is None else model
+        was_training = model.training
         model.eval()
+        try:
+            return self._evaluate(model, bleu_sentences)
+        finally:
+            model.train(was_training)
+
+    def _evaluate(self, model: Transformer, bleu_sentences: int | None) -> dict[str, float]:
         objective = TranslationObjective(model)
         valid = self.data.valid
         sampler = TokenBatchSampler(
@@ -527,7 +531,6 @@ class Trainer:
         )
         if self.dist.is_main:
             plot_curves(self.history, self.run_dir / "curves.png")
-        self.train_model.train()  # evaluate() switched the model to eval mode
         return metrics
 
     # -- the loop --------------------------------------------------------------------------------
