@@ -125,10 +125,11 @@ def test_min_len_and_max_len_are_respected() -> None:
     assert [len(o) for o in out] == [6, 6, 6]
 
 
-def test_cached_step_logits_equal_full_forward() -> None:
-    model, src = _model(), _sources()
+@pytest.mark.parametrize("rows", [3, 1], ids=["padded", "unpadded: no source mask applied"])
+def test_cached_step_logits_equal_full_forward(rows: int) -> None:
+    model, src = _model(), _sources()[:rows]
     step, state = encoder_decoder_step(model, src)
-    tgt = torch.randint(3, 20, (3, 7))
+    tgt = torch.randint(3, 20, (rows, 7))
     tgt[:, 0] = BOS
     with torch.no_grad():
         full = model(src, tgt)  # (B, T, V)

@@ -47,7 +47,7 @@ class Hypothesis:
     score: float
 
 
-@torch.no_grad()
+@torch.inference_mode()  # no autograd bookkeeping (version counters, views) per op
 def beam_search(
     step: StepFunction,
     state: DecoderState,

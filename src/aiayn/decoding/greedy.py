@@ -10,7 +10,7 @@ import torch
 from aiayn.decoding.step import DecoderState, StepFunction
 
 
-@torch.no_grad()
+@torch.inference_mode()  # no autograd bookkeeping (version counters, views) per op
 def greedy_search(
     step: StepFunction,
     state: DecoderState,

@@ -36,7 +36,7 @@ def filter_logits(
     return logits
 
 
-@torch.no_grad()
+@torch.inference_mode()  # no autograd bookkeeping (version counters, views) per op
 def sample(
     step: StepFunction,
     state: DecoderState,

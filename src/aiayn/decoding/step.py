@@ -122,16 +122,22 @@ def encoder_decoder_step(
 
     The step's log-probabilities are the model's own, except for the ``banned`` tokens (default:
     PAD and BOS, which are never outputs), set to −inf without renormalising the rest.
+
+    When no source in ``src`` has padding (always at batch 1), no source mask is applied at all:
+    attending everywhere is what the all-True mask means, and it spares every cross-attention
+    of every step the mask's work. The states' rows are always rows of this ``src``.
     """
     banned = (model.config.pad_id, BOS_ID) if banned is None else banned
     banned_ids = torch.tensor(banned, dtype=torch.long, device=src.device)  # once, not per step
     src_mask = model.source_mask(src)  # (B, 1, 1, S)
-    memory = model.encoder(src, src_mask).memory  # (B, S, D)
+    padded = bool((~src_mask).any())  # one host sync per source batch, none per step
+    memory = model.encoder(src, src_mask if padded else None).memory  # (B, S, D)
 
     def step(tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         assert isinstance(state, Seq2SeqState)
+        memory_mask = state.src_mask if padded else None  # (B, 1, 1, S) or attend everywhere
         out = model.decode(
-            tokens, state.memory, state.src_mask, cache=state.cache, offset=state.offset
+            tokens, state.memory, memory_mask, cache=state.cache, offset=state.offset
         )
         log_probs = model.log_probs(out.hidden[:, -1])  # (B, D) -> (B, V)
         if banned:

@@ -108,7 +108,8 @@ def translate_ids(
         max_len = [len(rows[i]) + options.extra_len for i in ids]
         if model.config.positional == "learned":
             max_len = [min(m, model.config.max_len - 1) for m in max_len]
-        step, state = encoder_decoder_step(model, src)
+        with torch.inference_mode():  # as the searches run
+            step, state = encoder_decoder_step(model, src)
         if options.beam_size == 1:
             outs = greedy_search(
                 step,

@@ -208,7 +208,7 @@ class Transformer(nn.Module):
         self,
         tgt: Tensor,
         memory: Tensor | None,
-        src_mask: Tensor,
+        src_mask: Tensor | None,
         *,
         cache: list[DecoderLayerCache] | None = None,
         offset: int = 0,
@@ -220,7 +220,7 @@ class Transformer(nn.Module):
             tgt: (B·G, T) target inputs (shifted right: they start with BOS); G ≥ 1 consecutive
                 rows share one source row (beam search), usually G = 1.
             memory: (B, S, D) from :meth:`encode` (None allowed when ``cache`` is given).
-            src_mask: (B, 1, 1, S) source padding mask.
+            src_mask: (B, 1, 1, S) source padding mask, or None: attend to every source position.
             cache: per-layer caches returned by the previous call, for incremental decoding.
             offset: number of target positions already in ``cache``.
         """
