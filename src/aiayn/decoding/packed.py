@@ -20,7 +20,8 @@ end to end the two choices are within run-to-run noise there. Measured by
 
 :func:`pack_for_inference` returns a copy of a model whose ``nn.Linear`` layers are
 :class:`PackedLinear`: CPU, fp32, inference only (no gradients; the packed weights cannot be
-saved or trained). The model passed in is not changed.
+saved or trained; the copy's other parameters do not require grad, so it runs in any grad
+mode). The model passed in is not changed.
 
 Shape legend:  N any leading dimensions   D_in input size   D_out output size
 """
@@ -139,7 +140,7 @@ def pack_for_inference(model: M, *, dense_small: bool | None = None) -> M:
         return model
     if dense_small is None:
         dense_small = step_weights_stay_in_cache(model)
-    packed = copy.deepcopy(model).eval()
+    packed = copy.deepcopy(model).eval().requires_grad_(False)  # usable without torch.no_grad
     for module in list(packed.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
