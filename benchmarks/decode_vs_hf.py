@@ -87,6 +87,11 @@ def hf_model(model: Transformer):  # type: ignore[no-untyped-def]
     return MarianMTModel(config).eval()
 
 
+def search_name(beam: int) -> str:
+    """How the tables name a search: "greedy" or "beam K"."""
+    return "greedy" if beam == 1 else f"beam {beam}"
+
+
 def time_it(fn: Callable[[], object], repeats: int) -> list[float]:
     """Wall times of ``repeats`` calls after one warm-up call."""
     fn()
@@ -313,7 +318,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+        search = search_name(r["beam"])
         cache = f"{r['cache_speedup']:.1f}×" if "cache_speedup" in r else ""
         lines.append(
             f"| {r['batch']} | {search} | {r['aiayn_tok_s']:.0f} | {r['hf_tok_s']:.0f} "
@@ -334,7 +339,7 @@ def main() -> None:
             "|---|---|---|---|---|---|---|",
         ]
         for r in floors:
-            search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+            search = search_name(r["beam"])
             other = ""
             if "other_rule_tok_s" in r:
                 where = "oneDNN" if r["dense_small"] else "MKL"

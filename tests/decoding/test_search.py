@@ -126,18 +126,28 @@ def test_min_len_and_max_len_are_respected() -> None:
 
 
 @pytest.mark.parametrize("rows", [3, 1], ids=["padded", "unpadded: no source mask applied"])
-def test_cached_step_logits_equal_full_forward(rows: int) -> None:
+def test_cached_step_logits_equal_full_forward(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     model, src = _model(), _sources()[:rows]
-    step, state = encoder_decoder_step(model, src)
     tgt = torch.randint(3, 20, (rows, 7))
     tgt[:, 0] = BOS
     with torch.no_grad():
         full = model(src, tgt)  # (B, T, V)
+    masks: list[torch.Tensor | None] = []  # the source mask each step decodes with
+    decode = model.decode
+
+    def spy(*args: object, **kwargs: object) -> object:
+        masks.append(args[2])  # type: ignore[arg-type]
+        return decode(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(model, "decode", spy)
+    step, state = encoder_decoder_step(model, src)
     for t in range(7):
         log_probs, state = step(tgt[:, t : t + 1], state)
         real = [v for v in range(20) if v not in (PAD, BOS)]  # PAD and BOS are banned
         torch.testing.assert_close(log_probs[:, real], full[:, t, real], atol=1e-5, rtol=1e-5)
         assert torch.all(log_probs[:, [PAD, BOS]] == -torch.inf)
+    assert len(masks) == 7
+    assert all((m is None) == (rows == 1) for m in masks)  # padding: the mask; none: no mask
 
 
 def test_filter_logits_support() -> None:

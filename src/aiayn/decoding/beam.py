@@ -115,12 +115,13 @@ def beam_search(
         ]
         if not any(keep):
             break
-        kept = torch.tensor(keep, device=device)  # (b,)
-        keep_rows = kept.repeat_interleave(k)  # (b·K,)
-        state = state.index_select(rows[keep_rows])
-        history, scores = history[keep_rows], scores[kept]
+        if not all(keep):  # some sentences are done: drop their rows
+            kept = torch.tensor(keep, device=device)  # (b,)
+            keep_rows = kept.repeat_interleave(k)  # (b·K,)
+            rows, history, scores = rows[keep_rows], history[keep_rows], scores[kept]
+            active = [s for s, kept in zip(active, keep, strict=True) if kept]
+        state = state.index_select(rows)
         tokens = history[:, -1:]  # (b'·K, 1)
-        active = [s for s, kept in zip(active, keep, strict=True) if kept]
     return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
 
 

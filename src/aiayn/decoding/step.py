@@ -80,14 +80,14 @@ class Seq2SeqState:
         no sentence left; otherwise it is copied out to one source row per decoder row (G = 1).
         """
         source = index // self.group  # (B'·G,) source row of each selected decoder row
-        sentences = _shared_source_rows(source, self.group)  # (B',) or None
+        n, group = self.src_mask.size(0), self.group
+        if source.numel() == n * group:  # beam search's usual step: check in one host sync
+            in_place = source.view(n, group) == torch.arange(n, device=index.device)[:, None]
+            if bool(in_place.all()):  # every sentence keeps its G rows, in order
+                return replace(self, cache=self._select_cache(index, None))
+        sentences = _shared_source_rows(source, group)  # (B',) or None
         if sentences is None:  # rows of different sentences in one group: one source row each
             sentences, group = source, 1
-        else:
-            group, n = self.group, self.src_mask.size(0)
-            all_stay = sentences.numel() == n  # then, in beam search, in their order
-            if all_stay and bool((sentences == torch.arange(n, device=index.device)).all()):
-                return replace(self, cache=self._select_cache(index, None))
         return Seq2SeqState(
             self.src_mask.index_select(0, sentences),
             None if self.memory is None else self.memory.index_select(0, sentences),
@@ -130,7 +130,7 @@ def encoder_decoder_step(
     banned = (model.config.pad_id, BOS_ID) if banned is None else banned
     banned_ids = torch.tensor(banned, dtype=torch.long, device=src.device)  # once, not per step
     src_mask = model.source_mask(src)  # (B, 1, 1, S)
-    padded = bool((~src_mask).any())  # one host sync per source batch, none per step
+    padded = not bool(src_mask.all())  # one host sync per source batch, none per step
     memory = model.encoder(src, src_mask if padded else None).memory  # (B, S, D)
 
     def step(tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
