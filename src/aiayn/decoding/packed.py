@@ -15,8 +15,9 @@ last-level cache: ``tiny`` at vocabulary 8,000, 2.6 MB), products of up to 2^18 
 kernel: ``tiny`` decodes 1.2–1.5× faster at batch 1 than with all of them on oneDNN. When the
 step's weights do not stay there (``small``: 21 MB for a 32 MB cache; ``base``: 117 MB), every
 product uses oneDNN, which reads a weight on all threads where MKL's one-row product uses one;
-end to end the two choices are within run-to-run noise there. Measured by
-``benchmarks/decode_vs_hf.py`` (docs/benchmarks.md).
+end to end, small products on MKL ran at 0.78–1.08× that speed at batch 1 (greedy, the runs
+of ``small`` and ``base`` listed in docs/benchmarks.md). Measured by
+``benchmarks/decode_vs_hf.py``.
 
 :func:`pack_for_inference` returns a copy of a model whose ``nn.Linear`` layers are
 :class:`PackedLinear`: CPU, fp32, inference only (no gradients; the packed weights cannot be
