@@ -47,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, machine, spread, write_report
 from aiayn.config import preset
 from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search, pack_for_inference
-from aiayn.decoding.packed import PackedLinear, step_weights_stay_in_cache
+from aiayn.decoding.inference import inference_step
+from aiayn.decoding.packed import LinearKernel, step_weights_stay_in_cache
 from aiayn.decoding.step import DecoderState
 from aiayn.models import Transformer
 from aiayn.training.performance import keep_freed_memory
@@ -103,26 +104,31 @@ def time_it(fn: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
-def share_inside(fn: Callable[[], object], owner: object, name: str) -> float:
-    """The share of one call of ``fn``'s wall time spent inside ``owner.name`` (a function of a
-    module, or a method of a class), timed by wrapping it for that call."""
+def share_inside(fn: Callable[[], object], owner: object, *names: str) -> float:
+    """The share of one call of ``fn``'s wall time spent inside ``owner.name`` for the given
+    names (functions of a module, or methods of a class), timed by wrapping them for that call."""
     spent = 0.0
-    original = getattr(owner, name)
+    originals = {name: getattr(owner, name) for name in names}
 
-    def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
-        nonlocal spent
-        start = time.perf_counter()
-        out = original(*args, **kwargs)
-        spent += time.perf_counter() - start
-        return out
+    def timing(original: Callable) -> Callable:  # type: ignore[type-arg]
+        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+            nonlocal spent
+            start = time.perf_counter()
+            out = original(*args, **kwargs)
+            spent += time.perf_counter() - start
+            return out
 
-    setattr(owner, name, timed)
+        return timed
+
+    for name, original in originals.items():
+        setattr(owner, name, timing(original))
     try:
         start = time.perf_counter()
         fn()
         wall = time.perf_counter() - start
     finally:
-        setattr(owner, name, original)
+        for name, original in originals.items():
+            setattr(owner, name, original)
     return spent / wall
 
 
@@ -188,7 +194,7 @@ def add_floors(
     time ``decode`` (one decode of ``row["out_len"]`` tokens) spends in its linear layers, the
     step's linear layers alone over ``decoder_rows`` rows (the beam size), and a plain read of
     their weights."""
-    row["in_linears_share"] = share_inside(decode, PackedLinear, "forward")
+    row["in_linears_share"] = share_inside(decode, LinearKernel, "__call__", "relu", "add")
     row["in_linears_s"] = row["in_linears_share"] / row["aiayn_tok_s"]  # batch 1
     calls, weights = zip(*step_linears(packed, plain, decoder_rows), strict=True)
     row["weight_mb"] = sum(w.numel() * w.element_size() for w in weights) / 1e6
@@ -226,7 +232,7 @@ def main() -> None:
         src[:, -1] = EOS
         for beam in (1, 4):
 
-            def run_ours(step_fn=encoder_decoder_step, beam=beam, src=src, model=ours):  # type: ignore[no-untyped-def]
+            def run_ours(step_fn=inference_step, beam=beam, src=src, model=ours):  # type: ignore[no-untyped-def]
                 step, state = step_fn(model, src)
                 if beam == 1:
                     return greedy_search(
@@ -268,6 +274,7 @@ def main() -> None:
             assert lengths == {n}, lengths  # forced length reached
             ours_s = spread(time_it(run_ours, args.repeats))  # seconds per decode
             plain_s = spread(time_it(lambda: run_ours(model=plain), args.repeats))
+            module_s = spread(time_it(lambda: run_ours(encoder_decoder_step), args.repeats))
             hf_s = spread(time_it(run_hf, args.repeats))
             row = {
                 "batch": batch,
@@ -276,12 +283,15 @@ def main() -> None:
                 "aiayn_tok_s": batch * n / ours_s["median"],
                 "hf_tok_s": batch * n / hf_s["median"],
                 "aiayn_torch_linear_tok_s": batch * n / plain_s["median"],
+                "aiayn_module_step_tok_s": batch * n / module_s["median"],
                 "aiayn_s": ours_s,
                 "aiayn_torch_linear_s": plain_s,
+                "aiayn_module_step_s": module_s,
                 "hf_s": hf_s,
             }
             row["ratio"] = row["aiayn_tok_s"] / row["hf_tok_s"]
             row["ratio_torch_linear"] = row["aiayn_torch_linear_tok_s"] / row["hf_tok_s"]
+            row["ratio_module_step"] = row["aiayn_module_step_tok_s"] / row["hf_tok_s"]
             row["aiayn_torch_linear_matmul_share"] = share_inside(
                 lambda: run_ours(model=plain), F, "linear"
             )
@@ -313,16 +323,17 @@ def main() -> None:
     }
     lines = [
         "| batch | search | aiayn tok/s | HF generate tok/s | **ratio** | cache speed-up "
-        "| aiayn, PyTorch linears: tok/s, ratio | in F.linear (aiayn / HF) "
-        "| HF / aiayn's F.linear time |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| aiayn, module step: tok/s, ratio | aiayn, PyTorch linears: tok/s, ratio "
+        "| in F.linear (aiayn / HF) | HF / aiayn's F.linear time |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         search = search_name(r["beam"])
         cache = f"{r['cache_speedup']:.1f}×" if "cache_speedup" in r else ""
         lines.append(
             f"| {r['batch']} | {search} | {r['aiayn_tok_s']:.0f} | {r['hf_tok_s']:.0f} "
-            f"| **{r['ratio']:.2f}×** | {cache} | {r['aiayn_torch_linear_tok_s']:.0f}, "
+            f"| **{r['ratio']:.2f}×** | {cache} | {r['aiayn_module_step_tok_s']:.0f}, "
+            f"{r['ratio_module_step']:.2f}× | {r['aiayn_torch_linear_tok_s']:.0f}, "
             f"{r['ratio_torch_linear']:.2f}× | {r['aiayn_torch_linear_matmul_share']:.0%} / "
             f"{r['hf_matmul_share']:.0%} | {r['ratio_ceiling_torch_linear']:.2f}× |"
         )

@@ -1,25 +1,42 @@
-"""Greedy, beam search and sampling against hand-checkable and exhaustive references."""
+"""Greedy, beam search and sampling against hand-checkable and exhaustive references.
+
+Every search test runs on both step functions: the model's modules
+(:func:`encoder_decoder_step`) and the flattened inference step (:func:`inference_step`).
+"""
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
 
 from aiayn.config import preset
 from aiayn.decoding import (
+    StepFunction,
     beam_search,
     encoder_decoder_step,
     filter_logits,
     gnmt_length_penalty,
     greedy_search,
+    inference_step,
     sample,
 )
+from aiayn.decoding.step import DecoderState
 from aiayn.models import Transformer
 
 PAD, BOS, EOS = 0, 1, 2
+MakeStep = Callable[[Transformer, torch.Tensor], tuple[StepFunction, DecoderState]]
+
+
+@pytest.fixture(
+    params=[encoder_decoder_step, inference_step], ids=["module step", "inference step"]
+)
+def make_step(request: pytest.FixtureRequest) -> MakeStep:
+    """Either step function: each search test runs on both."""
+    return request.param  # type: ignore[no-any-return]
 
 
 def _model(vocab: int = 20, seed: int = 0) -> Transformer:
@@ -35,8 +52,8 @@ def _sources() -> torch.Tensor:
     return torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD], [11, 12, 13, EOS, PAD]])
 
 
-def _beam(model: Transformer, src: torch.Tensor, k: int, **kw: object) -> list:
-    step, state = encoder_decoder_step(model, src)
+def _beam(model: Transformer, src: torch.Tensor, k: int, make_step: MakeStep, **kw: object) -> list:
+    step, state = make_step(model, src)
     return beam_search(
         step,
         state,
@@ -63,30 +80,30 @@ def test_length_penalty_hand_values() -> None:
     assert gnmt_length_penalty(7, 0.0) == 1.0
 
 
-def test_beam_size_one_equals_greedy() -> None:
+def test_beam_size_one_equals_greedy(make_step: MakeStep) -> None:
     model, src = _model(), _sources()
-    step, state = encoder_decoder_step(model, src)
+    step, state = make_step(model, src)
     greedy = greedy_search(step, state, bos_id=BOS, eos_id=EOS, max_len=12, batch_size=3)
-    beam = [h[0].tokens for h in _beam(model, src, 1)]
+    beam = [h[0].tokens for h in _beam(model, src, 1, make_step)]
     assert beam == greedy
     assert any(len(g) > 0 for g in greedy)
 
 
 @pytest.mark.parametrize("k", [1, 4])
-def test_output_does_not_depend_on_batch_or_padding(k: int) -> None:
+def test_output_does_not_depend_on_batch_or_padding(k: int, make_step: MakeStep) -> None:
     model, src = _model(), _sources()
-    together = _beam(model, src, k, n_best=k)
+    together = _beam(model, src, k, make_step, n_best=k)
     for i in range(3):
         alone = src[i : i + 1, : int((src[i] != PAD).sum())]  # no padding at all
-        single = _beam(model, alone, k, n_best=k)[0]
+        single = _beam(model, alone, k, make_step, n_best=k)[0]
         assert [h.tokens for h in single] == [h.tokens for h in together[i]]
         for a, b in zip(single, together[i], strict=True):
             assert a.score == pytest.approx(b.score, abs=1e-5)
 
 
-def test_nbest_scores_are_length_normalised_log_probs() -> None:
+def test_nbest_scores_are_length_normalised_log_probs(make_step: MakeStep) -> None:
     model, src = _model(), _sources()[:1]
-    hyps = _beam(model, src, 5, n_best=5, alpha=0.6)[0]
+    hyps = _beam(model, src, 5, make_step, n_best=5, alpha=0.6)[0]
     assert len(hyps) == 5
     assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
     for h in hyps:
@@ -98,7 +115,9 @@ def test_nbest_scores_are_length_normalised_log_probs() -> None:
 
 
 @pytest.mark.parametrize(("seed", "alpha"), [(3, 0.0), (3, 0.6), (4, 2.0)])
-def test_wide_beam_finds_the_exact_best_sequence(seed: int, alpha: float) -> None:
+def test_wide_beam_finds_the_exact_best_sequence(
+    seed: int, alpha: float, make_step: MakeStep
+) -> None:
     """Outputs of at most 3 tokens from {3, 4} (then EOS): all 15 sequences can be scored."""
     vocab, max_len = 5, 3
     model = _model(vocab=vocab, seed=seed)
@@ -109,18 +128,18 @@ def test_wide_beam_finds_the_exact_best_sequence(seed: int, alpha: float) -> Non
             score = _log_prob(model, src, list(tokens)) / gnmt_length_penalty(n + 1, alpha)
             if score > best_score:
                 best_score, best_tokens = score, list(tokens)
-    found = _beam(model, src, vocab**max_len, max_len=max_len, alpha=alpha)[0][0]
+    found = _beam(model, src, vocab**max_len, make_step, max_len=max_len, alpha=alpha)[0][0]
     assert found.tokens == best_tokens
-    greedy = _beam(model, src, 1, max_len=max_len, alpha=alpha)[0][0]
+    greedy = _beam(model, src, 1, make_step, max_len=max_len, alpha=alpha)[0][0]
     assert greedy.tokens != best_tokens  # a search problem where greedy fails
     assert found.score == pytest.approx(best_score, abs=1e-4)
 
 
-def test_min_len_and_max_len_are_respected() -> None:
+def test_min_len_and_max_len_are_respected(make_step: MakeStep) -> None:
     model, src = _model(), _sources()
-    for hyps in _beam(model, src, 3, max_len=4, min_len=4):
+    for hyps in _beam(model, src, 3, make_step, max_len=4, min_len=4):
         assert len(hyps[0].tokens) == 4
-    step, state = encoder_decoder_step(model, src)
+    step, state = make_step(model, src)
     out = greedy_search(step, state, bos_id=BOS, eos_id=EOS, max_len=6, min_len=6, batch_size=3)
     assert [len(o) for o in out] == [6, 6, 6]
 
@@ -162,11 +181,11 @@ def test_filter_logits_support() -> None:
     assert filter_logits(logits, top_p=1.0).isfinite().all()
 
 
-def test_sampling_is_seeded_and_stays_in_the_support() -> None:
+def test_sampling_is_seeded_and_stays_in_the_support(make_step: MakeStep) -> None:
     model, src = _model(), _sources()
 
     def draw(seed: int, **kw: object) -> list[list[int]]:
-        step, state = encoder_decoder_step(model, src)
+        step, state = make_step(model, src)
         gen = torch.Generator().manual_seed(seed)
         return sample(
             step, state, batch_size=3, bos_id=BOS, eos_id=EOS, max_len=10, generator=gen, **kw
@@ -175,18 +194,18 @@ def test_sampling_is_seeded_and_stays_in_the_support() -> None:
     assert draw(1) == draw(1)
     assert draw(1, temperature=5.0) != draw(2, temperature=5.0)
     # top_k=1 is greedy, whatever the temperature
-    step, state = encoder_decoder_step(model, src)
+    step, state = make_step(model, src)
     greedy = greedy_search(step, state, bos_id=BOS, eos_id=EOS, max_len=10, batch_size=3)
     assert draw(7, top_k=1, temperature=3.0) == greedy
 
 
-def test_sampled_first_tokens_follow_the_filtered_distribution() -> None:
+def test_sampled_first_tokens_follow_the_filtered_distribution(make_step: MakeStep) -> None:
     model, src = _model(), _sources()[:1].repeat(4000, 1)
-    step, state = encoder_decoder_step(model, src)
+    step, state = make_step(model, src)
     with torch.no_grad():
         first, _ = step(torch.full((1, 1), BOS), state.index_select(torch.tensor([0])))
     allowed = set(first[0].topk(3).indices.tolist())
-    step, state = encoder_decoder_step(model, src)
+    step, state = make_step(model, src)
     out = sample(
         step,
         state,
@@ -206,16 +225,16 @@ def test_sampled_first_tokens_follow_the_filtered_distribution() -> None:
     torch.testing.assert_close(freq, probs, atol=0.03, rtol=0)
 
 
-def test_per_sentence_length_limits() -> None:
+def test_per_sentence_length_limits(make_step: MakeStep) -> None:
     """A (B,) max_len (what translate passes): sentences reach their own limits at different
     steps, each forced to EOS there, with the result it gets decoded alone under that limit."""
     model, src = _model(), _sources()
     limits = [2, 5, 9]
-    together = _beam(model, src, 3, n_best=3, max_len=torch.tensor(limits), min_len=9)
+    together = _beam(model, src, 3, make_step, n_best=3, max_len=torch.tensor(limits), min_len=9)
     for i, limit in enumerate(limits):
         assert all(len(h.tokens) == limit for h in together[i])  # min_len 9 > limit: forced
         alone = src[i : i + 1, : int((src[i] != PAD).sum())]
-        single = _beam(model, alone, 3, n_best=3, max_len=limit, min_len=9)[0]
+        single = _beam(model, alone, 3, make_step, n_best=3, max_len=limit, min_len=9)[0]
         assert [h.tokens for h in single] == [h.tokens for h in together[i]]
         for a, b in zip(single, together[i], strict=True):
             assert a.score == pytest.approx(b.score, abs=1e-5)
@@ -231,13 +250,15 @@ def test_per_sentence_length_limits() -> None:
     ],
 )
 @torch.no_grad()  # as searches run: the caches write into preallocated buffers
-def test_beam_state_shares_the_source_and_reorders_like_copies(index: list[int]) -> None:
+def test_beam_state_shares_the_source_and_reorders_like_copies(
+    index: list[int], make_step: MakeStep
+) -> None:
     model, src = _model(), _sources()
     tokens = torch.randint(3, 20, (6, 3))
     tokens[:, 0] = BOS
-    step, grouped = encoder_decoder_step(model, src)
+    step, grouped = make_step(model, src)
     grouped = grouped.repeat_interleave(2)  # rows b·2 + k
-    _, copied = encoder_decoder_step(model, src.repeat_interleave(2, dim=0))
+    _, copied = make_step(model, src.repeat_interleave(2, dim=0))
     for t in range(2):
         _, grouped = step(tokens[:, t : t + 1], grouped)
         _, copied = step(tokens[:, t : t + 1], copied)

@@ -2,6 +2,7 @@
 
 from aiayn.decoding.beam import Hypothesis, beam_search, gnmt_length_penalty
 from aiayn.decoding.greedy import greedy_search
+from aiayn.decoding.inference import InferenceState, inference_step
 from aiayn.decoding.packed import PackedLinear, pack_for_inference, packing_available
 from aiayn.decoding.sampling import filter_logits, sample
 from aiayn.decoding.step import DecoderState, Seq2SeqState, StepFunction, encoder_decoder_step
@@ -9,6 +10,7 @@ from aiayn.decoding.step import DecoderState, Seq2SeqState, StepFunction, encode
 __all__ = [
     "DecoderState",
     "Hypothesis",
+    "InferenceState",
     "PackedLinear",
     "Seq2SeqState",
     "StepFunction",
@@ -17,6 +19,7 @@ __all__ = [
     "filter_logits",
     "gnmt_length_penalty",
     "greedy_search",
+    "inference_step",
     "pack_for_inference",
     "packing_available",
     "sample",

@@ -84,6 +84,7 @@ def beam_search(
     tokens = torch.full((batch_size * k, 1), bos_id, dtype=torch.long, device=device)  # (B·K, 1)
     history = torch.zeros(batch_size * k, 0, dtype=torch.long, device=device)  # (B·K, t)
     active = list(range(batch_size))  # sentence id of each row block
+    first_row = torch.arange(batch_size, device=device)[:, None] * k  # (b, 1) row of beam 0
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
     for t in range(int(max(limits)) + 1):
         log_probs, state = step(tokens, state)  # (b·K, V)
@@ -93,24 +94,24 @@ def beam_search(
         log_probs = _constrain(log_probs, eos_id, allow_eos=t >= min_len, at_limit=at_limit)
         candidates = (scores[:, :, None] + log_probs).view(len(active), k * vocab)  # (b, K·V)
         top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=1)  # (b, 2K)
-        top_beam, top_token = top_index // vocab, top_index % vocab  # (b, 2K) each
-        is_eos = top_token == eos_id
-        # EOS among the K best candidates ends a hypothesis
-        for r, j in (is_eos[:, :k] & top_scores[:, :k].isfinite()).nonzero().tolist():
-            seq = history[r * k + int(top_beam[r, j])].tolist()
-            lp = float(top_scores[r, j])
-            finished[active[r]].append(
-                Hypothesis(seq, lp, lp / gnmt_length_penalty(len(seq) + 1, alpha))
-            )
-        # the K best non-EOS candidates live on
-        position = torch.arange(top_scores.size(1), device=device).expand_as(top_scores)
-        chosen = torch.where(is_eos, position + top_scores.size(1), position).argsort(dim=1)[:, :k]
+        is_eos = top_index % vocab == eos_id  # (b, 2K)
+        # the K best non-EOS candidates live on (there are K: each beam has one EOS candidate)
+        chosen = is_eos.argsort(dim=1, stable=True)[:, :k]  # (b, K) non-EOS first, best first
         scores = top_scores.gather(1, chosen)  # (b, K)
-        parent = top_beam.gather(1, chosen)  # (b, K)
-        rows = (torch.arange(len(active), device=device)[:, None] * k + parent).view(-1)  # (b·K,)
-        history = torch.cat([history[rows], top_token.gather(1, chosen).view(-1, 1)], dim=1)
+        survivor = top_index.gather(1, chosen)  # (b, K) index into K·V
+        rows = (first_row + survivor // vocab).view(-1)  # (b·K,) the parent beams' rows
+        # EOS among the K best candidates ends a hypothesis: decided on the host
+        host_scores, host_index = top_scores[:, :k].tolist(), top_index[:, :k].tolist()
+        for r, s in enumerate(active):
+            for lp, index in zip(host_scores[r], host_index[r], strict=True):
+                if index % vocab == eos_id and math.isfinite(lp):
+                    seq = history[r * k + index // vocab].tolist()
+                    score = lp / gnmt_length_penalty(len(seq) + 1, alpha)
+                    finished[s].append(Hypothesis(seq, lp, score))
+        history = torch.cat([history[rows], (survivor % vocab).view(-1, 1)], dim=1)  # (b·K, t+1)
+        live = scores.tolist()  # (b, K) on the host
         keep = [
-            not _done(finished[s], scores[r], k, n_best, alpha, limits[s], at_limit[r])
+            not _done(finished[s], live[r], k, n_best, alpha, limits[s], at_limit[r])
             for r, s in enumerate(active)
         ]
         if not any(keep):
@@ -120,6 +121,7 @@ def beam_search(
             keep_rows = kept.repeat_interleave(k)  # (b·K,)
             rows, history, scores = rows[keep_rows], history[keep_rows], scores[kept]
             active = [s for s, kept in zip(active, keep, strict=True) if kept]
+            first_row = first_row[: len(active)]
         state = state.index_select(rows)
         tokens = history[:, -1:]  # (b'·K, 1)
     return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
@@ -144,18 +146,19 @@ def _constrain(log_probs: Tensor, eos_id: int, *, allow_eos: bool, at_limit: lis
 
 def _done(
     hyps: list[Hypothesis],
-    live: Tensor,
+    live: list[float],
     k: int,
     n_best: int,
     alpha: float,
     limit: int,
     at_limit: bool,
 ) -> bool:
-    """Whether a sentence can stop: see the module docstring."""
-    if at_limit or len(hyps) >= k or not bool(live.isfinite().any()):
+    """Whether a sentence can stop, given its K live log-probabilities: see the module
+    docstring."""
+    if at_limit or len(hyps) >= k or not any(math.isfinite(x) for x in live):
         return True
     if len(hyps) < n_best:
         return False
     nth_best = sorted((h.score for h in hyps), reverse=True)[n_best - 1]
-    best_possible = float(live.max()) / gnmt_length_penalty(limit + 1, alpha)
+    best_possible = max(live) / gnmt_length_penalty(limit + 1, alpha)
     return best_possible <= nth_best

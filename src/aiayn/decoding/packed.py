@@ -54,12 +54,50 @@ def _pack(weight: Tensor) -> Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
-class _Block(NamedTuple):
-    """One row block of W (or all of it), ready for either kernel."""
+class LinearKernel(NamedTuple):
+    """y = x Wᵀ + b for one weight (or one block of its rows), on the kernel chosen for it, with
+    the epilogues a decoding step fuses into the product (ReLU, a residual addition).
 
-    packed: Tensor  # (D_out', D_in) in oneDNN's blocked layout
-    bias: Tensor | None  # (D_out',)
-    dense: Tensor | None  # (D_out', D_in) as is, kept for small products only
+    ``packed`` set: oneDNN, with small products on PyTorch's kernel when ``dense`` is kept too
+    (see :func:`small_product`); ``packed`` None: PyTorch's ``F.linear`` on ``dense``.
+    """
+
+    packed: Tensor | None  # (D_out, D_in) in oneDNN's blocked layout
+    bias: Tensor | None  # (D_out,)
+    dense: Tensor | None  # (D_out, D_in) as is
+
+    @staticmethod
+    def of_dense(weight: Tensor, bias: Tensor | None) -> LinearKernel:
+        """PyTorch's kernel on a (D_out, D_in) weight (any device and dtype)."""
+        return LinearKernel(None, bias, weight)
+
+    def _on_pytorch(self, x: Tensor) -> bool:
+        return self.packed is None or (
+            self.dense is not None and small_product(x, self.dense.size(0))
+        )
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """(N, D_in) -> (N, D_out)."""
+        if self._on_pytorch(x):
+            assert self.dense is not None
+            return F.linear(x, self.dense, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def relu(self, x: Tensor) -> Tensor:
+        """max(0, x Wᵀ + b): (N, D_in) -> (N, D_out), the ReLU fused into oneDNN's product."""
+        if self._on_pytorch(x):
+            assert self.dense is not None
+            return F.linear(x, self.dense, self.bias).relu_()
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "relu", [], "")
+
+    def add(self, x: Tensor, residual: Tensor) -> Tensor:
+        """residual + x Wᵀ + b: (N, D_in), (N, D_out) -> (N, D_out), the addition fused into
+        oneDNN's product."""
+        if self._on_pytorch(x):
+            assert self.dense is not None
+            return F.linear(x, self.dense, self.bias).add_(residual)
+        linear_add = torch.ops.mkldnn._linear_pointwise.binary
+        return linear_add(x, residual, self.packed, self.bias, "add")
 
 
 class PackedLinear(nn.Module):
@@ -87,10 +125,10 @@ class PackedLinear(nn.Module):
         # the dense weight too, if some product with it can be small enough for PyTorch's kernel
         self.has_dense = dense_small and weight.numel() <= _SMALL
         dense = weight.clone() if self.has_dense else None
-        self._blocks: dict[tuple[int, int] | None, _Block] = {}
+        self._blocks: dict[tuple[int, int] | None, LinearKernel] = {}
         for rows in (None, *row_blocks):
             part = slice(None) if rows is None else rows
-            self._blocks[_key(rows)] = _Block(
+            self._blocks[_key(rows)] = LinearKernel(
                 _pack(weight[part]),
                 None if bias is None else bias[part],
                 None if dense is None else dense[part],
@@ -100,15 +138,29 @@ class PackedLinear(nn.Module):
         """(N, D_in) -> (N, D_out), or (N, len(rows)) for a packed block of rows."""
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError("PackedLinear is for inference: its input must not require grad")
+        return self.kernel(rows)(x)
+
+    def kernel(self, rows: slice | None = None) -> LinearKernel:
+        """The kernel of W, or of a packed block of its rows."""
         block = self._blocks.get(_key(rows))
         if block is None:
             raise KeyError(f"rows {rows} were not packed; packed: {list(self._blocks)}")
-        if block.dense is not None and small_product(x, block.dense.size(0)):
-            return F.linear(x, block.dense, block.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, block.packed, block.bias, "none", [], "")
+        return block
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+
+
+def linear_kernel(layer: nn.Module, rows: slice | None = None) -> LinearKernel:
+    """The kernel of an ``nn.Linear`` (PyTorch's, its weight detached) or a :class:`PackedLinear`
+    (its packed one), for all of W's rows or a block of them."""
+    if isinstance(layer, PackedLinear):
+        return layer.kernel(rows)
+    if not isinstance(layer, nn.Linear):
+        raise TypeError(f"expected nn.Linear or PackedLinear, got {type(layer).__name__}")
+    part = slice(None) if rows is None else rows
+    bias = None if layer.bias is None else layer.bias.detach()[part]
+    return LinearKernel.of_dense(layer.weight.detach()[part], bias)
 
 
 def small_product(x: Tensor, d_out: int) -> bool:

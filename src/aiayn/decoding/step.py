@@ -75,19 +75,12 @@ class Seq2SeqState:
     def index_select(self, index: Tensor) -> Seq2SeqState:
         """Reorder/select decoder rows (sentences or beams): index is (B'·G,) into B·G.
 
-        When each group of G selected rows comes from one sentence (beam search keeps the beams
-        of a sentence together), the source side is selected per sentence, or left untouched if
-        no sentence left; otherwise it is copied out to one source row per decoder row (G = 1).
+        The source side follows as :func:`select_source_rows` says: per sentence, untouched, or
+        copied out to one source row per decoder row.
         """
-        source = index // self.group  # (B'·G,) source row of each selected decoder row
-        n, group = self.src_mask.size(0), self.group
-        if source.numel() == n * group:  # beam search's usual step: check in one host sync
-            in_place = source.view(n, group) == torch.arange(n, device=index.device)[:, None]
-            if bool(in_place.all()):  # every sentence keeps its G rows, in order
-                return replace(self, cache=self._select_cache(index, None))
-        sentences = _shared_source_rows(source, group)  # (B',) or None
-        if sentences is None:  # rows of different sentences in one group: one source row each
-            sentences, group = source, 1
+        sentences, group = select_source_rows(index, self.src_mask.size(0), self.group)
+        if sentences is None:
+            return replace(self, cache=self._select_cache(index, None))
         return Seq2SeqState(
             self.src_mask.index_select(0, sentences),
             None if self.memory is None else self.memory.index_select(0, sentences),
@@ -104,15 +97,31 @@ class Seq2SeqState:
         return [c.index_select(index, sentences) for c in self.cache]
 
 
-def _shared_source_rows(source: Tensor, group: int) -> Tensor | None:
-    """(N,) source rows of N decoder rows -> (N / G,) one per group of G, or None if a group
-    mixes sentences."""
+def select_source_rows(index: Tensor, sources: int, group: int) -> tuple[Tensor | None, int]:
+    """Which source rows decoder rows ``index`` need, when G = ``group`` consecutive decoder rows
+    share each of ``sources`` source rows: index is (B'·G,) into B·G decoder rows.
+
+    Returns (None, G) when every sentence keeps its G rows in place (the source side stays as it
+    is; beam search's usual step, checked in one host sync); ((B',) source rows, G) when each
+    group of G selected rows comes from one sentence (beam search keeps a sentence's beams
+    together); else ((B'·G,) source rows, 1): one source row per decoder row.
+    """
+    if sources == 1 and index.numel() == group:  # one sentence: its rows, whichever they are
+        return None, group
+    source = index // group  # (B'·G,) source row of each selected decoder row
+    if source.numel() == sources * group:
+        in_place = (
+            source.view(sources, group) == torch.arange(sources, device=index.device)[:, None]
+        )
+        if bool(in_place.all()):
+            return None, group
     if group == 1:
-        return source
-    if source.numel() % group:
-        return None
-    groups = source.view(-1, group)  # (N / G, G)
-    return groups[:, 0] if bool((groups == groups[:, :1]).all()) else None
+        return source, 1
+    if source.numel() % group == 0:
+        groups = source.view(-1, group)  # (B', G)
+        if bool((groups == groups[:, :1]).all()):
+            return groups[:, 0], group
+    return source, 1
 
 
 def encoder_decoder_step(

@@ -17,8 +17,8 @@ import torch
 from aiayn.data import TokenBatchSampler, Tokenizer, normalize
 from aiayn.decoding.beam import Hypothesis, beam_search
 from aiayn.decoding.greedy import greedy_search
+from aiayn.decoding.inference import InferenceStep
 from aiayn.decoding.packed import pack_for_inference
-from aiayn.decoding.step import encoder_decoder_step
 from aiayn.errors import UserError
 from aiayn.models import Transformer
 
@@ -73,13 +73,15 @@ def translate_ids(
 ) -> list[list[Hypothesis]]:
     """Decode encoded sentences (ids without specials); n-best lists in input order.
 
-    Greedy hypotheses (beam 1) carry ``log_prob = score = nan``. Empty sources give one empty
-    hypothesis without running the model.
+    Decodes with :class:`~aiayn.decoding.inference.InferenceStep` (the model's decoder,
+    flattened for inference). Greedy hypotheses (beam 1) carry ``log_prob = score = nan``.
+    Empty sources give one empty hypothesis without running the model.
     """
     model.eval()
     device = next(model.parameters()).device
     if options.pack:
         model = pack_for_inference(model)  # the same model where packing does not apply
+    step = InferenceStep(model)  # once: every batch decodes with it
     limit = options.max_src_tokens or model.config.max_len - 1
     rows: list[list[int]] = []
     for i, source in enumerate(sources):
@@ -108,8 +110,7 @@ def translate_ids(
         max_len = [len(rows[i]) + options.extra_len for i in ids]
         if model.config.positional == "learned":
             max_len = [min(m, model.config.max_len - 1) for m in max_len]
-        with torch.inference_mode():  # as the searches run
-            step, state = encoder_decoder_step(model, src)
+        state = step.initial_state(src, capacity=max(max_len) + 1)  # positions incl. EOS's
         if options.beam_size == 1:
             outs = greedy_search(
                 step,

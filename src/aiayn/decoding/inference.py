@@ -1,0 +1,309 @@
+"""The encoder–decoder's decoding step, flattened for inference.
+
+:func:`inference_step` is :func:`~aiayn.decoding.step.encoder_decoder_step` with the same
+decoder and the same arithmetic (up to summation order), written for speed at small batches,
+where a step's time goes less to its matmuls than to everything around them:
+
+- the decoder's weights are gathered once into :class:`~aiayn.decoding.packed.LinearKernel`\\ s
+  (oneDNN-packed when the model came through
+  :func:`~aiayn.decoding.packed.pack_for_inference`), and each sub-layer is one short function
+  over them: no module calls and no per-layer objects per step;
+- the ReLU of the feed-forward network and every residual addition are fused into the matmul
+  before them (oneDNN post-ops);
+- the self-attention keys/values of every layer live in one preallocated buffer, written in
+  place one position per step (its capacity doubles when full), reordered for beam search in
+  one copy; the cross-attention keys/values are computed once per source.
+
+The model's modules stay the reference: tests check that both steps give the same
+log-probabilities at every position, with and without padding and beams.
+
+Shape legend:
+    B decoder rows (sentences × beams)   G rows per source row   b source rows (B = b·G)
+    S source length   D d_model   H heads   d_k = D / H   N layers   C cache capacity
+    L positions decoded so far   V vocabulary
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.attention import KVCache
+from aiayn.data.tokenizer import BOS_ID
+from aiayn.decoding.packed import LinearKernel, linear_kernel
+from aiayn.decoding.step import DecoderState, select_source_rows
+from aiayn.layers import DecoderLayer
+from aiayn.models.transformer import Transformer
+
+
+def _decoder_layers(model: Transformer) -> list[DecoderLayer]:
+    """The decoder's layers, checked to be the ones this step knows how to run."""
+    layers = []
+    for layer in model.decoder.layers:
+        if type(layer) is not DecoderLayer:  # a subclass may compute something else
+            raise TypeError(f"inference_step runs aiayn's DecoderLayer, got {type(layer).__name__}")
+        assert isinstance(layer, DecoderLayer)
+        layers.append(layer)
+    return layers
+
+
+class _Norm:
+    """LayerNorm(x) with a module's weight, bias and eps, applied without a module call."""
+
+    __slots__ = ("bias", "eps", "shape", "weight")
+
+    def __init__(self, norm: nn.LayerNorm):
+        self.shape = norm.normalized_shape
+        self.weight = None if norm.weight is None else norm.weight.detach()
+        self.bias = None if norm.bias is None else norm.bias.detach()
+        self.eps = norm.eps
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """The weights of one decoder layer (§3.1) as the step uses them."""
+
+    qkv: LinearKernel  # self-attention [W^Q; W^K; W^V]: (D,) -> (3D,)
+    self_out: LinearKernel  # self-attention W^O
+    cross_query: LinearKernel  # encoder–decoder attention W^Q
+    cross_out: LinearKernel  # encoder–decoder attention W^O
+    ff_in: LinearKernel  # W_1, b_1
+    ff_out: LinearKernel  # W_2, b_2
+    self_norm: _Norm
+    cross_norm: _Norm
+    ff_norm: _Norm
+
+    @staticmethod
+    def of(layer: DecoderLayer) -> _Layer:
+        d = layer.cross_attn.d_model
+        return _Layer(
+            linear_kernel(layer.self_attn.in_proj),
+            linear_kernel(layer.self_attn.out_proj),
+            linear_kernel(layer.cross_attn.in_proj, slice(0, d)),
+            linear_kernel(layer.cross_attn.out_proj),
+            linear_kernel(layer.feed_forward.linear1),
+            linear_kernel(layer.feed_forward.linear2),
+            _Norm(layer.self_sublayer.norm),
+            _Norm(layer.cross_sublayer.norm),
+            _Norm(layer.ff_sublayer.norm),
+        )
+
+
+class _SelfKV:
+    """Self-attention keys/values of every layer, (N, 2, B, H, C, d_k), shared by the successive
+    states of one decoding run; ``filled`` is how many positions the newest state has written."""
+
+    __slots__ = ("buffer", "filled")
+
+    def __init__(self, buffer: Tensor, filled: int):
+        self.buffer, self.filled = buffer, filled
+
+    @staticmethod
+    def allocate(
+        layers: int, rows: int, heads: int, capacity: int, d_k: int, like: Tensor
+    ) -> _SelfKV:
+        return _SelfKV(like.new_empty(layers, 2, rows, heads, capacity, d_k), 0)
+
+
+@dataclass(frozen=True)
+class InferenceState:
+    """Incremental state of :func:`inference_step`.
+
+    Attributes:
+        src_mask: (b, 1, 1, S) source padding mask, or None when no source is padded.
+        cross: per layer, the encoder output's keys/values (b, H, S, d_k), computed once.
+        self_kv: the self-attention keys/values of the positions decoded so far.
+        offset: L, the number of target positions decoded so far.
+        group: G, the number of consecutive decoder rows that share one source row (beams).
+    """
+
+    src_mask: Tensor | None
+    cross: tuple[KVCache, ...]
+    self_kv: _SelfKV
+    offset: int
+    group: int = 1
+
+    def repeat_interleave(self, repeats: int) -> InferenceState:
+        """Each decoder row becomes ``repeats`` rows (the beams); the source side is not copied."""
+        rows = self.cross[0].key.size(0) * self.group  # B = b·G
+        index = torch.arange(rows, device=self.cross[0].key.device)
+        return self._with_rows(index.repeat_interleave(repeats), self.group * repeats)
+
+    def index_select(self, index: Tensor) -> InferenceState:
+        """Reorder/select decoder rows (sentences or beams): index is (B'·G,) into B·G; the
+        source side follows as :func:`~aiayn.decoding.step.select_source_rows` says."""
+        source_rows = self.cross[0].key.size(0)
+        sentences, group = select_source_rows(index, source_rows, self.group)
+        state = self._with_rows(index, group)
+        if sentences is None:
+            return state
+        return replace(
+            state,
+            src_mask=None if self.src_mask is None else self.src_mask.index_select(0, sentences),
+            cross=tuple(kv.index_select(sentences) for kv in self.cross),
+        )
+
+    def _with_rows(self, index: Tensor, group: int) -> InferenceState:
+        """The decoder rows ``index`` (B',) of the self-attention keys/values, in a new buffer."""
+        old = self.self_kv.buffer  # (N, 2, B, H, C, d_k)
+        n, _, _, h, capacity, d_k = old.shape
+        new = _SelfKV.allocate(n, index.numel(), h, capacity, d_k, old)
+        filled = new.buffer[:, :, :, :, : self.offset]  # (N, 2, B', H, L, d_k)
+        torch.index_select(old[:, :, :, :, : self.offset], 2, index, out=filled)
+        new.filled = self.offset
+        return replace(self, self_kv=new, group=group)
+
+
+def inference_step(
+    model: Transformer,
+    src: Tensor,
+    *,
+    banned: tuple[int, ...] | None = None,
+    capacity: int = 64,
+) -> tuple[InferenceStep, InferenceState]:
+    """Encode ``src`` (b, S) once; return the flattened step function and its initial state.
+
+    Same contract as :func:`~aiayn.decoding.step.encoder_decoder_step`: (B, 1) newest tokens
+    and a state in, (B, V) log-probabilities (``banned`` tokens, default PAD and BOS, at −inf)
+    and the next state out. To decode many source batches with one model, build the
+    :class:`InferenceStep` once and call its :meth:`~InferenceStep.initial_state` per batch.
+
+    Args:
+        model: the model in eval mode, e.g. :func:`~aiayn.decoding.packed.pack_for_inference`'s
+            copy.
+        src: (b, S) source ids.
+        banned: tokens never produced.
+        capacity: target positions the cache holds before it first grows.
+    """
+    step = InferenceStep(model, banned=banned)
+    return step, step.initial_state(src, capacity=capacity)
+
+
+class InferenceStep:
+    """The decoding step of a Transformer, flattened: (B, 1) tokens, state -> (B, V) log-probs,
+    state. Built once per model; inference only (eval mode, no gradient flows through it).
+
+    Args:
+        model: the model in eval mode (its current weights are used, not copied).
+        banned: tokens never produced (default PAD and BOS).
+    """
+
+    def __init__(self, model: Transformer, *, banned: tuple[int, ...] | None = None):
+        if model.training:
+            raise ValueError("inference_step decodes without dropout: call model.eval() first")
+        config, decoder = model.config, model.decoder
+        self.model = model
+        self.layers = tuple(_Layer.of(layer) for layer in _decoder_layers(model))
+        self.positional = decoder.positional
+        self.embedding = decoder.embedding.weight.detach()  # (V, D)
+        self.scale = decoder.embedding.scale  # √d_model
+        with torch.no_grad():  # what the positional encoding adds at positions 0 .. max_len - 1
+            zeros = self.embedding.new_zeros(1, config.max_len, config.d_model)  # (1, P, D)
+            self.positions = decoder.positional(zeros)[0].detach()  # (P, D)
+        self.final_norm = None if decoder.final_norm is None else _Norm(decoder.final_norm)
+        self.output = linear_kernel(model.output_proj)
+        self.norm_first = config.norm_first
+        self.relu = config.activation == "relu"
+        self.heads, self.d_k = config.num_heads, config.d_k
+        banned = (config.pad_id, BOS_ID) if banned is None else banned
+        self.banned = torch.tensor(banned, dtype=torch.long, device=self.embedding.device)
+
+    @torch.inference_mode()
+    def initial_state(self, src: Tensor, *, capacity: int = 64) -> InferenceState:
+        """Encode ``src`` (b, S) once: the state before the first step.
+
+        When no source is padded (always at batch 1), no source mask is applied at all:
+        attending everywhere is what the all-True mask means. ``capacity``: target positions
+        the cache holds before it first grows.
+        """
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        model = self.model
+        src_mask = model.source_mask(src)  # (b, 1, 1, S)
+        mask = src_mask if not bool(src_mask.all()) else None  # one host sync per source batch
+        memory = model.encoder(src, mask).memory  # (b, S, D)
+        layers = _decoder_layers(model)
+        cross = tuple(layer.cross_attn.project_key_value(memory) for layer in layers)
+        kv = _SelfKV.allocate(len(layers), src.size(0), self.heads, capacity, self.d_k, memory)
+        return InferenceState(mask, cross, kv, 0)
+
+    @torch.inference_mode()
+    def __call__(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
+        """(B, 1) newest tokens -> (B, V) log-probabilities of the next one, and the next state."""
+        assert isinstance(state, InferenceState)
+        kv = self._writable(state)
+        pos = state.offset
+        x = self._embed(tokens[:, -1], pos)  # (B, D)
+        for i, layer in enumerate(self.layers):
+            x = self._self_attention(layer, x, kv.buffer[i], pos)
+            x = self._cross_attention(layer, x, state.cross[i], state.src_mask, state.group)
+            x = self._feed_forward(layer, x)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        log_probs = torch.log_softmax(self.output(x).float(), dim=-1)  # (B, D) @ (D, V)
+        if self.banned.numel():
+            log_probs.index_fill_(1, self.banned, -torch.inf)
+        kv.filled = pos + 1
+        return log_probs, InferenceState(state.src_mask, state.cross, kv, pos + 1, state.group)
+
+    def _embed(self, tokens: Tensor, pos: int) -> Tensor:
+        """(B,) tokens at position ``pos`` -> (B, D) embeddings × √d_model + position (§3.4–3.5)."""
+        x = F.embedding(tokens, self.embedding).mul_(self.scale)  # (B, D)
+        if pos < self.positions.size(0):
+            return x.add_(self.positions[pos])
+        return self.positional(x[:, None], pos)[:, 0]  # (B, 1, D) -> (B, D), computed on demand
+
+    def _writable(self, state: InferenceState) -> _SelfKV:
+        """The buffer to write position L into: the state's own, or a copy when it is full or a
+        newer state already wrote past L (two continuations of one prefix never share writes)."""
+        kv, pos = state.self_kv, state.offset
+        n, _, rows, h, capacity, d_k = kv.buffer.shape
+        if kv.filled == pos and capacity > pos:
+            return kv
+        new = _SelfKV.allocate(n, rows, h, max(capacity, 2 * (pos + 1)), d_k, kv.buffer)
+        new.buffer[:, :, :, :, :pos] = kv.buffer[:, :, :, :, :pos]  # (N, 2, B, H, L, d_k)
+        new.filled = pos
+        return new
+
+    def _self_attention(self, w: _Layer, x: Tensor, kv: Tensor, pos: int) -> Tensor:
+        """Masked self-attention sub-layer for one new position (§3.2.3); x (B, D), kv the
+        layer's (2, B, H, C, d_k) buffer, position ``pos`` written here."""
+        b, h, d_k = x.size(0), self.heads, self.d_k
+        qkv = w.qkv(w.self_norm(x) if self.norm_first else x)  # (B, D) @ (D, 3D) -> (B, 3D)
+        new_kv = qkv[:, h * d_k :].view(b, 2, h, d_k).transpose(0, 1)  # (B, 2D) -> (2, B, H, d_k)
+        kv.select(3, pos).copy_(new_kv)  # into position L of (2, B, H, C, d_k)
+        keys, values = kv.narrow(3, 0, pos + 1).unbind(0)  # 2 × (B, H, L + 1, d_k)
+        query = qkv[:, : h * d_k].view(b, h, 1, d_k)  # (B, D) -> (B, H, 1, d_k)
+        heads = F.scaled_dot_product_attention(query, keys, values)  # (B, H, 1, d_k)
+        return self._residual(w.self_out, w.self_norm, heads.view(b, h * d_k), x)  # (B, D)
+
+    def _cross_attention(
+        self, w: _Layer, x: Tensor, kv: KVCache, mask: Tensor | None, group: int
+    ) -> Tensor:
+        """Encoder–decoder attention sub-layer: x (B, D) over the source keys/values (b, H, S,
+        d_k); the G rows of one source attend as G queries of it (no key/value copied)."""
+        b_rows, h, d_k = x.size(0), self.heads, self.d_k
+        query = w.cross_query(w.cross_norm(x) if self.norm_first else x)  # (B, D)
+        query = query.view(b_rows // group, group, h, d_k).transpose(1, 2)  # (b, H, G, d_k)
+        heads = F.scaled_dot_product_attention(query, kv.key, kv.value, mask)  # (b, H, G, d_k)
+        concat = heads.transpose(1, 2).reshape(b_rows, h * d_k)  # (b, G, H, d_k) -> (B, D)
+        return self._residual(w.cross_out, w.cross_norm, concat, x)
+
+    def _feed_forward(self, w: _Layer, x: Tensor) -> Tensor:
+        """Position-wise feed-forward sub-layer (§3.3): (B, D) -> (B, D)."""
+        inner = w.ff_norm(x) if self.norm_first else x
+        # (B, D) @ (D, F), then the activation (a ReLU fused into the product)
+        hidden = w.ff_in.relu(inner) if self.relu else F.gelu(w.ff_in(inner))
+        return self._residual(w.ff_out, w.ff_norm, hidden, x)
+
+    def _residual(self, out: LinearKernel, norm: _Norm, y: Tensor, x: Tensor) -> Tensor:
+        """The sub-layer's output projection and its residual connection (§3.1): post-norm
+        LayerNorm(x + y Wᵀ + b), or pre-norm x + y Wᵀ + b (normed before the sub-layer)."""
+        x = out.add(y, x)  # (B, D_in) @ (D_in, D) + (B, D)
+        return x if self.norm_first else norm(x)

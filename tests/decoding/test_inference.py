@@ -1,0 +1,188 @@
+"""The flattened inference step against the model's own modules and its full forward pass.
+
+(The searches run on it too: see test_search.py.)
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from aiayn.config import preset
+from aiayn.decoding import (
+    InferenceState,
+    beam_search,
+    encoder_decoder_step,
+    greedy_search,
+    inference_step,
+    pack_for_inference,
+    packing_available,
+)
+from aiayn.decoding.inference import InferenceStep
+from aiayn.decoding.translate import DecodeOptions, translate_ids
+from aiayn.layers import DecoderLayer
+from aiayn.models import Transformer
+
+PAD, BOS, EOS = 0, 1, 2
+V = 30
+REAL = [v for v in range(V) if v not in (PAD, BOS)]  # PAD and BOS are banned outputs
+
+VARIANTS = {
+    "paper: post-norm, ReLU, sinusoids": {},
+    "pre-norm, GELU, learned positions": {
+        "norm_first": True,
+        "activation": "gelu",
+        "positional": "learned",
+    },
+    "no positions, untied output, separate vocabularies": {
+        "positional": "none",
+        "share_embeddings": False,
+        "tie_output": False,
+        "tgt_vocab_size": V,
+    },
+}
+KERNELS = ["PyTorch", "packed", "packed, oneDNN throughout"]
+
+
+def _model(kernels: str = "PyTorch", seed: int = 0, **overrides: object) -> Transformer:
+    torch.manual_seed(seed)
+    config = preset("tiny", vocab_size=V, d_model=32, d_ff=64, num_heads=4, dropout=0.0)
+    model = Transformer(config.replace(**overrides)).eval()
+    if kernels == "PyTorch":
+        return model
+    if not packing_available():
+        pytest.skip("this PyTorch build has no oneDNN linear kernels")
+    return pack_for_inference(model, dense_small=kernels == "packed")
+
+
+def _sources(rows: int) -> torch.Tensor:
+    src = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD], [11, 12, 13, EOS, PAD]])
+    return src[:rows]
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("rows", [3, 1], ids=["padded", "unpadded"])
+def test_step_logits_equal_the_full_forward_pass(variant: str, kernels: str, rows: int) -> None:
+    model, src = _model(kernels, **VARIANTS[variant]), _sources(rows)
+    tgt = torch.randint(3, V, (rows, 9))
+    tgt[:, 0] = BOS
+    with torch.no_grad():
+        full = model(src, tgt)  # (B, T, V)
+    step, state = inference_step(model, src, capacity=2)  # the cache grows twice on the way
+    assert isinstance(state, InferenceState) and (state.src_mask is None) == (rows == 1)
+    for t in range(9):
+        log_probs, state = step(tgt[:, t : t + 1], state)
+        torch.testing.assert_close(log_probs[:, REAL], full[:, t, REAL], atol=1e-5, rtol=1e-5)
+        assert torch.all(log_probs[:, [PAD, BOS]] == -torch.inf)
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@torch.no_grad()
+def test_beam_reorders_match_the_module_step(kernels: str) -> None:
+    """Beams of three sentences reordered within sentences, across sentences, sentences leaving,
+    and rows of different sentences mixed in one group: the same log-probabilities as the
+    module step at every step."""
+    model, src = _model(kernels), _sources(3)
+    reorders = [
+        [1, 0, 3, 3, 5, 4],
+        [0, 1, 2, 3, 4, 5],
+        [4, 5, 0, 1, 2, 3],
+        [2, 3, 4, 5],  # the first sentence leaves
+        [1, 2, 0, 3],  # a group mixes sentences: one source row per decoder row from here
+        [3, 0],
+    ]
+    steps = [encoder_decoder_step(model, src), inference_step(model, src, capacity=1)]
+    states = [state.repeat_interleave(2) for _, state in steps]
+    tokens = torch.randint(3, V, (6, 1))
+    for rows in reorders:
+        out = []
+        for i, (step, _) in enumerate(steps):
+            log_probs, states[i] = step(tokens, states[i])
+            out.append(log_probs)
+        torch.testing.assert_close(out[1], out[0], atol=1e-5, rtol=1e-5)
+        index = torch.tensor(rows)
+        states = [state.index_select(index) for state in states]
+        tokens = torch.randint(3, V, (len(rows), 1))
+    assert [s.group for s in states] == [1, 1]  # type: ignore[attr-defined]
+
+
+@torch.no_grad()
+def test_two_continuations_of_one_state_do_not_share_writes() -> None:
+    model, src = _model(), _sources(3)
+    step, state = inference_step(model, src)
+    prefix = torch.randint(3, V, (3, 1))
+    _, state = step(prefix, state)
+    a, b = torch.full((3, 1), 7), torch.full((3, 1), 9)
+    _, after_a = step(a, state)
+    _, after_b = step(b, state)  # writes the same position again: must copy, not overwrite
+    third = torch.full((3, 1), 4)
+    got_a, _ = step(third, after_a)
+    got_b, _ = step(third, after_b)
+    for second, got in ((a, got_a), (b, got_b)):
+        fresh_step, fresh = inference_step(model, src)
+        for tokens in (prefix, second, third):
+            want, fresh = fresh_step(tokens, fresh)
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert not torch.equal(got_a, got_b)
+
+
+def test_positions_past_the_precomputed_table_are_computed() -> None:
+    """max_len 4 precomputes 4 positions; sinusoids go on as the modules compute them."""
+    model, src = _model(max_len=4), _sources(2)
+    tgt = torch.randint(3, V, (2, 7))
+    tgt[:, 0] = BOS
+    with torch.no_grad():
+        full = model(src, tgt)
+    step, state = inference_step(model, src)
+    for t in range(7):
+        log_probs, state = step(tgt[:, t : t + 1], state)
+        torch.testing.assert_close(log_probs[:, REAL], full[:, t, REAL], atol=1e-5, rtol=1e-5)
+
+
+def test_bad_uses_are_refused() -> None:
+    model, src = _model(), _sources(1)
+    with pytest.raises(ValueError, match="capacity must be >= 1, got 0"):
+        inference_step(model, src, capacity=0)
+    with pytest.raises(ValueError, match=r"model\.eval\(\)"):
+        inference_step(model.train(), src)
+
+    class MyLayer(DecoderLayer):
+        pass
+
+    model.eval().decoder.layers[0] = MyLayer(model.config)
+    with pytest.raises(TypeError, match="DecoderLayer, got MyLayer"):
+        inference_step(model, src)
+
+
+def test_no_gradient_reaches_the_model() -> None:
+    model, src = _model(), _sources(2)
+    step, state = inference_step(model, src)  # outside any no_grad / inference_mode
+    log_probs, _ = step(torch.full((2, 1), BOS), state)
+    assert not log_probs.requires_grad
+    assert all(p.grad is None for p in model.parameters())
+    assert isinstance(step, InferenceStep)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translate_decodes_with_it_as_the_module_step_would(beam: int) -> None:
+    """translate_ids (length batches, per-sentence limits, the inference step) gives each
+    sentence the hypotheses a search over the module step gives it alone."""
+    model = _model()
+    tokenizer = SimpleNamespace(pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    sources = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]]
+    options = DecodeOptions(beam_size=beam, n_best=beam, extra_len=3, pack=False)
+    got = translate_ids(model, sources, tokenizer, options)  # type: ignore[arg-type]
+    for ids, hyps in zip(sources, got, strict=True):
+        step, state = encoder_decoder_step(model, torch.tensor([[*ids, EOS]]))
+        limit = len(ids) + 3
+        if beam == 1:
+            want = greedy_search(step, state, bos_id=BOS, eos_id=EOS, max_len=limit, batch_size=1)
+            assert [h.tokens for h in hyps] == want
+            continue
+        kw = {"bos_id": BOS, "eos_id": EOS, "max_len": limit, "n_best": beam}
+        best = beam_search(step, state, batch_size=1, beam_size=beam, **kw)[0]  # type: ignore[arg-type]
+        assert [h.tokens for h in hyps] == [h.tokens for h in best]
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in best], abs=1e-5)
