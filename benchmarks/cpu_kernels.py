@@ -42,6 +42,8 @@ ATTENTION = [  # (B, H, T, S): decoding steps of 1 and 32 sentences, greedy and 
     (32, 4, 1, 32),
     (128, 4, 1, 32),
     (32, 4, 4, 24),
+    (1, 8, 4, 24),
+    (8, 8, 4, 24),
     (32, 8, 1, 32),
     (128, 8, 1, 32),
 ]
@@ -110,7 +112,7 @@ def main() -> None:
                 "shape": [b, h, t, s],
                 "fused_us": fused,
                 "explicit_us": explicit,
-                "aiayn_uses": "explicit" if _explicit_is_faster(q, 0.0) else "fused",
+                "aiayn_uses": "explicit" if _explicit_is_faster(q, k, 0.0) else "fused",
             }
         )
         print(attention_rows[-1], flush=True)

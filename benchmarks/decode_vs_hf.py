@@ -6,9 +6,12 @@ Same architecture (post-norm encoder–decoder, ReLU, sinusoidal positions, shar
 embeddings), same sizes and vocabulary, random weights, the same source batches, every output
 forced to exactly `--out-len` tokens (EOS forbidden before, forced at the end) so both do the same
 work. Reports output tokens/s, the ratio aiayn / HF, and aiayn's KV-cache speed-up over
-recomputing the whole prefix at every step. Medians of `--repeats` runs, min and max kept.
-aiayn decodes with oneDNN-packed linear layers, as `aiayn translate` does on CPU; it is also
-timed with PyTorch's own `F.linear` (MKL), the kernels HF uses.
+recomputing the whole prefix at every step. Medians of `--repeats` runs, min and max kept; the
+contenders of one configuration are timed in interleaved rounds, so all meet the same machine.
+aiayn decodes as `aiayn translate` does on CPU: the flattened `InferenceStep` over
+oneDNN-packed linear layers. It is also timed with the step made of the model's modules
+(`encoder_decoder_step`, same packed layers: "module step") and with PyTorch's own `F.linear`
+(MKL), the kernels HF uses.
 
 At batch 1 (a decoding step reads every decoder weight for a few rows), three floors bound
 what a decoder could reach: the time aiayn's decode spends inside its linear layers (timed in a
@@ -101,6 +104,21 @@ def time_it(fn: Callable[[], object], repeats: int) -> list[float]:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
+    return times
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Wall times of ``repeats`` calls of each function, taken in rounds (one call of each per
+    round, after one warm-up call of each), so that all of them meet the same machine: this
+    VM's memory bandwidth drifts by tens of percent over minutes."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
     return times
 
 
@@ -214,7 +232,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--src-len", type=int, default=24)
     parser.add_argument("--out-len", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batches", default="1,32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -272,10 +290,18 @@ def main() -> None:
             out = run_ours()
             lengths = {len(x) if beam == 1 else len(x[0].tokens) for x in out}
             assert lengths == {n}, lengths  # forced length reached
-            ours_s = spread(time_it(run_ours, args.repeats))  # seconds per decode
-            plain_s = spread(time_it(lambda: run_ours(model=plain), args.repeats))
-            module_s = spread(time_it(lambda: run_ours(encoder_decoder_step), args.repeats))
-            hf_s = spread(time_it(run_hf, args.repeats))
+            contenders = {
+                "ours": run_ours,
+                "plain": lambda: run_ours(model=plain),
+                "module": lambda: run_ours(encoder_decoder_step),
+                "hf": run_hf,
+            }
+            if batch == 1:
+                contenders["other_rule"] = lambda: run_ours(model=other_rule)
+            times = time_interleaved(contenders, args.repeats)  # seconds per decode
+            ours_s, plain_s, module_s, hf_s = (
+                spread(times[k]) for k in ("ours", "plain", "module", "hf")
+            )
             row = {
                 "batch": batch,
                 "beam": beam,
@@ -304,7 +330,7 @@ def main() -> None:
                 row["cache_speedup"] = no_cache / ours_s["median"]
             if batch == 1:
                 add_floors(row, ours, plain, beam, hf_s["median"] / n, run_ours)
-                other = statistics.median(time_it(lambda: run_ours(model=other_rule), args.repeats))
+                other = statistics.median(times["other_rule"])
                 row["dense_small"] = dense_small
                 row["other_rule_tok_s"] = n / other
             rows.append(row)

@@ -90,9 +90,13 @@ def test_causal_stand_in_equals_the_built_causal_mask(need_weights: bool, t: int
 def test_many_short_queries_take_the_explicit_path_and_match_torch(masked: bool) -> None:
     # 32·4 query rows of length 4: the decoding shape where the plain ops beat the fused kernel
     q, k, v = torch.randn(32, 4, 4, 16), torch.randn(32, 4, 9, 16), torch.randn(32, 4, 9, 16)
-    assert _explicit_is_faster(q, 0.0)
-    assert not _explicit_is_faster(q.requires_grad_(), 0.0)  # training keeps the fused kernel
-    assert not _explicit_is_faster(q[:1], 0.0)  # one sentence: the fused kernel is faster
+    assert _explicit_is_faster(q, k, 0.0)
+    assert not _explicit_is_faster(q.requires_grad_(), k, 0.0)  # training keeps the fused kernel
+    assert not _explicit_is_faster(q[:1], k, 0.0)  # 16 rows: the fused kernel is faster
+    # the 4 beams of one sentence over its source (8 heads): explicit; one query each: fused
+    assert _explicit_is_faster(torch.randn(1, 8, 4, 16), k, 0.0)
+    assert not _explicit_is_faster(torch.randn(1, 8, 1, 16), k, 0.0)
+    assert not _explicit_is_faster(torch.randn(1, 8, 4, 16), k[:, :, :4], 0.0)  # S = T
     q = q.detach()
     mask = lengths_mask(torch.randint(1, 10, (32,)), 9) if masked else None
     out, weights = scaled_dot_product_attention(q, k, v, mask)

@@ -71,7 +71,7 @@ def scaled_dot_product_attention(
     weights: Tensor | None = None
     if need_weights:
         output, weights = _explicit_attention(query, key, value, mask, dropout_p)
-    elif _explicit_is_faster(query, dropout_p):
+    elif _explicit_is_faster(query, key, dropout_p):
         output, _ = _explicit_attention(query, key, value, mask, dropout_p)
     else:
         output = F.scaled_dot_product_attention(
@@ -85,23 +85,29 @@ def scaled_dot_product_attention(
     return output, weights
 
 
-def _explicit_is_faster(query: Tensor, dropout_p: float) -> bool:
+def _explicit_is_faster(query: Tensor, key: Tensor, dropout_p: float) -> bool:
     """Whether the three plain ops (Q Kᵀ, softmax, · V) beat PyTorch's fused CPU kernel.
 
-    They do for many short queries without gradients, the shape of batched and beam decoding
-    (B·H·T ≥ 512 query rows of length T ≤ 8): the fused kernel's blocking is made for long
-    sequences. Timed alone (``benchmarks/cpu_kernels.py``, docs/results/cpu_kernels.md) they
-    already win from 128 rows, but inside a decode (batch 32, greedy, ``small`` and ``base``)
-    the fused kernel was faster at 128–256 rows (interleaved A/B on 2026-11-21, not kept), so
-    the cut is 512.
+    They do for short queries without gradients, the shapes of decoding:
+
+    - many one-query rows (batched greedy and beam steps, B·H·T ≥ 512 query rows of length
+      T ≤ 8): the fused kernel's blocking is made for long sequences. Timed alone
+      (``benchmarks/cpu_kernels.py``, docs/results/cpu_kernels.md) they already win from 128
+      rows, but inside a decode (batch 32, greedy, ``small`` and ``base``) the fused kernel was
+      faster at 128–256 rows (interleaved A/B on 2026-11-21, not kept), so the cut is 512;
+    - a few queries over longer keys (2 ≤ T < S, T ≤ 8: the K beams of a sentence over its
+      source, folded into K queries), from 32 query rows: timed alone at d_k = 64 (scratch,
+      2026-11-21), the fused kernel took 17–113 µs at 1–8 sentences × 8 heads × 4 beams over
+      24 source positions, the plain ops 13–31 µs.
     """
     b, h, t, _ = query.shape
+    rows = b * h * t
     return (
         query.device.type == "cpu"
         and not (query.requires_grad and torch.is_grad_enabled())
         and dropout_p == 0.0
         and t <= 8
-        and b * h * t >= 512
+        and (rows >= 512 or (2 <= t < key.size(-2) and rows >= 32))
     )
 
 

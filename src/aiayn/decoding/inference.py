@@ -2,7 +2,8 @@
 
 :func:`inference_step` is :func:`~aiayn.decoding.step.encoder_decoder_step` with the same
 decoder and the same arithmetic (up to summation order), written for speed at small batches,
-where a step's time goes less to its matmuls than to everything around them:
+where the few hundred small operations around a step's matmuls take a quarter to a half of it
+(see docs/benchmarks.md, decoding). It runs on any device; the packed kernels are CPU-only.
 
 - the decoder's weights are gathered once into :class:`~aiayn.decoding.packed.LinearKernel`\\ s
   (oneDNN-packed when the model came through
@@ -31,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.attention import KVCache
+from aiayn.attention import KVCache, scaled_dot_product_attention
 from aiayn.data.tokenizer import BOS_ID
 from aiayn.decoding.packed import LinearKernel, linear_kernel
 from aiayn.decoding.step import DecoderState, select_source_rows
@@ -280,7 +281,7 @@ class InferenceStep:
         kv.select(3, pos).copy_(new_kv)  # into position L of (2, B, H, C, d_k)
         keys, values = kv.narrow(3, 0, pos + 1).unbind(0)  # 2 × (B, H, L + 1, d_k)
         query = qkv[:, : h * d_k].view(b, h, 1, d_k)  # (B, D) -> (B, H, 1, d_k)
-        heads = F.scaled_dot_product_attention(query, keys, values)  # (B, H, 1, d_k)
+        heads, _ = scaled_dot_product_attention(query, keys, values)  # (B, H, 1, d_k)
         return self._residual(w.self_out, w.self_norm, heads.view(b, h * d_k), x)  # (B, D)
 
     def _cross_attention(
@@ -291,7 +292,7 @@ class InferenceStep:
         b_rows, h, d_k = x.size(0), self.heads, self.d_k
         query = w.cross_query(w.cross_norm(x) if self.norm_first else x)  # (B, D)
         query = query.view(b_rows // group, group, h, d_k).transpose(1, 2)  # (b, H, G, d_k)
-        heads = F.scaled_dot_product_attention(query, kv.key, kv.value, mask)  # (b, H, G, d_k)
+        heads, _ = scaled_dot_product_attention(query, kv.key, kv.value, mask)  # (b, H, G, d_k)
         concat = heads.transpose(1, 2).reshape(b_rows, h * d_k)  # (b, G, H, d_k) -> (B, D)
         return self._residual(w.cross_out, w.cross_norm, concat, x)
 

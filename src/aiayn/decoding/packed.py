@@ -12,11 +12,11 @@ Small products are the exception. oneDNN's call costs ~15 µs however small the 
 MKL's is cheap for a few rows. While a decoding step's weights stay in cache (at most half the
 last-level cache: ``tiny`` at vocabulary 8,000, 2.6 MB), products of up to 2^18 multiply–adds
 (rows × D_in × D_out: one row of a 512 × 512 weight, four of a 256 × 256 one) keep PyTorch's
-kernel: ``tiny`` decodes 1.2–1.5× faster at batch 1 than with all of them on oneDNN. When the
+kernel: ``tiny`` decodes 1.2–1.8× faster at batch 1 than with all of them on oneDNN. When the
 step's weights do not stay there (``small``: 21 MB for a 32 MB cache; ``base``: 117 MB), every
 product uses oneDNN, which reads a weight on all threads where MKL's one-row product uses one;
-end to end, small products on MKL ran at 0.78–1.08× that speed at batch 1 (greedy, the runs
-of ``small`` and ``base`` listed in docs/benchmarks.md). Measured by
+end to end, small products on MKL ran at 0.92–1.00× that speed at batch 1 in the run kept in
+docs/benchmarks.md (0.78–1.08× greedy in earlier runs). Measured by
 ``benchmarks/decode_vs_hf.py``.
 
 :func:`pack_for_inference` returns a copy of a model whose ``nn.Linear`` layers are
