@@ -13,6 +13,7 @@ import torch
 from aiayn.config import preset
 from aiayn.decoding import (
     InferenceState,
+    InferenceStep,
     beam_search,
     encoder_decoder_step,
     greedy_search,
@@ -20,7 +21,6 @@ from aiayn.decoding import (
     pack_for_inference,
     packing_available,
 )
-from aiayn.decoding.inference import InferenceStep
 from aiayn.decoding.translate import DecodeOptions, translate_ids
 from aiayn.layers import DecoderLayer
 from aiayn.models import Transformer

@@ -2,7 +2,7 @@
 
 from aiayn.decoding.beam import Hypothesis, beam_search, gnmt_length_penalty
 from aiayn.decoding.greedy import greedy_search
-from aiayn.decoding.inference import InferenceState, inference_step
+from aiayn.decoding.inference import InferenceState, InferenceStep, inference_step
 from aiayn.decoding.packed import PackedLinear, pack_for_inference, packing_available
 from aiayn.decoding.sampling import filter_logits, sample
 from aiayn.decoding.step import DecoderState, Seq2SeqState, StepFunction, encoder_decoder_step
@@ -11,6 +11,7 @@ __all__ = [
     "DecoderState",
     "Hypothesis",
     "InferenceState",
+    "InferenceStep",
     "PackedLinear",
     "Seq2SeqState",
     "StepFunction",
