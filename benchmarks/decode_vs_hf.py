@@ -49,8 +49,13 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, machine, spread, write_report
 from aiayn.config import preset
-from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search, pack_for_inference
-from aiayn.decoding.inference import inference_step
+from aiayn.decoding import (
+    beam_search,
+    encoder_decoder_step,
+    greedy_search,
+    inference_step,
+    pack_for_inference,
+)
 from aiayn.decoding.packed import LinearKernel, step_weights_stay_in_cache
 from aiayn.decoding.step import DecoderState
 from aiayn.models import Transformer
@@ -98,13 +103,7 @@ def search_name(beam: int) -> str:
 
 def time_it(fn: Callable[[], object], repeats: int) -> list[float]:
     """Wall times of ``repeats`` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
+    return time_interleaved({"": fn}, repeats)[""]
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:

@@ -157,13 +157,16 @@ def test_bad_uses_are_refused() -> None:
         inference_step(model, src)
 
 
-def test_no_gradient_reaches_the_model() -> None:
+def test_the_step_carries_no_graph_outside_no_grad() -> None:
+    """Built once (InferenceStep) and stepped with gradients enabled: no output requires grad
+    although the model's parameters do."""
     model, src = _model(), _sources(2)
-    step, state = inference_step(model, src)  # outside any no_grad / inference_mode
-    log_probs, _ = step(torch.full((2, 1), BOS), state)
+    assert all(p.requires_grad for p in model.parameters())
+    step = InferenceStep(model)
+    log_probs, state = step(torch.full((2, 1), BOS), step.initial_state(src))
+    assert isinstance(state, InferenceState)
     assert not log_probs.requires_grad
-    assert all(p.grad is None for p in model.parameters())
-    assert isinstance(step, InferenceStep)
+    assert not any(kv.key.requires_grad for kv in state.cross)
 
 
 @pytest.mark.parametrize("beam", [1, 3])

@@ -37,14 +37,14 @@ def greedy_search(
     tokens = torch.full((batch_size, 1), bos_id, dtype=torch.long, device=device)  # (B, 1)
     outputs = []
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
-    shortest = int(limit.min())
-    for t in range(int(limit.max()) + 1):
+    ends = set(limit.tolist())  # the steps at which some sentence reaches its limit
+    for t in range(max(ends) + 1):
         log_probs, state = step(tokens, state)  # (B, V)
         if t < min_len:
             log_probs[:, eos_id] = -torch.inf
         next_token = log_probs.argmax(dim=-1)  # (B,)
-        if t >= shortest:  # some sentences are at their length limit: they end here
-            finished |= limit <= t
+        if t in ends:  # these sentences are at their length limit: they end here
+            finished |= limit == t
         next_token.masked_fill_(finished, eos_id)  # finished sentences only repeat EOS
         outputs.append(next_token)
         finished |= next_token == eos_id

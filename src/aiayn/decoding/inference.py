@@ -2,8 +2,8 @@
 
 :func:`inference_step` is :func:`~aiayn.decoding.step.encoder_decoder_step` with the same
 decoder and the same arithmetic (up to summation order), written for speed at small batches,
-where the few hundred small operations around a step's matmuls take a quarter to a half of it
-(see docs/benchmarks.md, decoding). It runs on any device; the packed kernels are CPU-only.
+where the small operations around a step's matmuls take 18–67% of it (batch 1, ``base`` to
+``tiny``, docs/benchmarks.md). It runs on any device; the packed kernels are CPU-only.
 
 - the decoder's weights are gathered once into :class:`~aiayn.decoding.packed.LinearKernel`\\ s
   (oneDNN-packed when the model came through
@@ -33,9 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import KVCache, scaled_dot_product_attention
-from aiayn.data.tokenizer import BOS_ID
 from aiayn.decoding.packed import LinearKernel, linear_kernel
-from aiayn.decoding.step import DecoderState, select_source_rows
+from aiayn.decoding.step import DecoderState, banned_ids, encode_source, select_source_rows
 from aiayn.layers import DecoderLayer
 from aiayn.models.transformer import Transformer
 
@@ -200,7 +199,8 @@ class InferenceStep:
             raise ValueError("inference_step decodes without dropout: call model.eval() first")
         config, decoder = model.config, model.decoder
         self.model = model
-        self.layers = tuple(_Layer.of(layer) for layer in _decoder_layers(model))
+        self.decoder_layers = _decoder_layers(model)  # checked once: cross K/V come from them
+        self.layers = tuple(_Layer.of(layer) for layer in self.decoder_layers)
         self.positional = decoder.positional
         self.embedding = decoder.embedding.weight.detach()  # (V, D)
         self.scale = decoder.embedding.scale  # √d_model
@@ -212,26 +212,23 @@ class InferenceStep:
         self.norm_first = config.norm_first
         self.relu = config.activation == "relu"
         self.heads, self.d_k = config.num_heads, config.d_k
-        banned = (config.pad_id, BOS_ID) if banned is None else banned
-        self.banned = torch.tensor(banned, dtype=torch.long, device=self.embedding.device)
+        ban = banned_ids(model, banned, self.embedding.device)
+        self.banned = ban if ban.numel() else None  # (n,) ids set to −inf at every step
 
     @torch.inference_mode()
     def initial_state(self, src: Tensor, *, capacity: int = 64) -> InferenceState:
         """Encode ``src`` (b, S) once: the state before the first step.
 
-        When no source is padded (always at batch 1), no source mask is applied at all:
-        attending everywhere is what the all-True mask means. ``capacity``: target positions
-        the cache holds before it first grows.
+        As :func:`~aiayn.decoding.step.encode_source` says, no source mask is kept when no
+        source is padded. ``capacity``: target positions the cache holds before it first grows.
         """
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
-        model = self.model
-        src_mask = model.source_mask(src)  # (b, 1, 1, S)
-        mask = src_mask if not bool(src_mask.all()) else None  # one host sync per source batch
-        memory = model.encoder(src, mask).memory  # (b, S, D)
-        layers = _decoder_layers(model)
-        cross = tuple(layer.cross_attn.project_key_value(memory) for layer in layers)
-        kv = _SelfKV.allocate(len(layers), src.size(0), self.heads, capacity, self.d_k, memory)
+        memory, src_mask, padded = encode_source(self.model, src)  # (b, S, D), (b, 1, 1, S)
+        mask = src_mask if padded else None
+        cross = tuple(layer.cross_attn.project_key_value(memory) for layer in self.decoder_layers)
+        n = len(self.layers)
+        kv = _SelfKV.allocate(n, src.size(0), self.heads, capacity, self.d_k, memory)
         return InferenceState(mask, cross, kv, 0)
 
     @torch.inference_mode()
@@ -248,7 +245,7 @@ class InferenceStep:
         if self.final_norm is not None:
             x = self.final_norm(x)
         log_probs = torch.log_softmax(self.output(x).float(), dim=-1)  # (B, D) @ (D, V)
-        if self.banned.numel():
+        if self.banned is not None:
             log_probs.index_fill_(1, self.banned, -torch.inf)
         kv.filled = pos + 1
         return log_probs, InferenceState(state.src_mask, state.cross, kv, pos + 1, state.group)

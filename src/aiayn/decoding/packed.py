@@ -71,31 +71,32 @@ class LinearKernel(NamedTuple):
         """PyTorch's kernel on a (D_out, D_in) weight (any device and dtype)."""
         return LinearKernel(None, bias, weight)
 
-    def _on_pytorch(self, x: Tensor) -> bool:
-        return self.packed is None or (
-            self.dense is not None and small_product(x, self.dense.size(0))
-        )
+    def _pytorch_weight(self, x: Tensor) -> Tensor | None:
+        """The dense weight when the product with ``x`` runs on PyTorch's kernel, else None."""
+        if self.packed is None or (self.dense is not None and small_product(x, self.dense.size(0))):
+            return self.dense
+        return None
 
     def __call__(self, x: Tensor) -> Tensor:
         """(N, D_in) -> (N, D_out)."""
-        if self._on_pytorch(x):
-            assert self.dense is not None
-            return F.linear(x, self.dense, self.bias)
+        dense = self._pytorch_weight(x)
+        if dense is not None:
+            return F.linear(x, dense, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def relu(self, x: Tensor) -> Tensor:
         """max(0, x Wᵀ + b): (N, D_in) -> (N, D_out), the ReLU fused into oneDNN's product."""
-        if self._on_pytorch(x):
-            assert self.dense is not None
-            return F.linear(x, self.dense, self.bias).relu_()
+        dense = self._pytorch_weight(x)
+        if dense is not None:
+            return F.linear(x, dense, self.bias).relu_()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "relu", [], "")
 
     def add(self, x: Tensor, residual: Tensor) -> Tensor:
         """residual + x Wᵀ + b: (N, D_in), (N, D_out) -> (N, D_out), the addition fused into
         oneDNN's product."""
-        if self._on_pytorch(x):
-            assert self.dense is not None
-            return F.linear(x, self.dense, self.bias).add_(residual)
+        dense = self._pytorch_weight(x)
+        if dense is not None:
+            return F.linear(x, dense, self.bias).add_(residual)
         linear_add = torch.ops.mkldnn._linear_pointwise.binary
         return linear_add(x, residual, self.packed, self.bias, "add")
 

@@ -124,23 +124,38 @@ def select_source_rows(index: Tensor, sources: int, group: int) -> tuple[Tensor 
     return source, 1
 
 
+def encode_source(model: Transformer, src: Tensor) -> tuple[Tensor, Tensor, bool]:
+    """Encode (B, S) source ids once for decoding: the encoder output (B, S, D), the (B, 1, 1, S)
+    padding mask, and whether any source is padded.
+
+    When none is (always at batch 1), no mask is applied at all, here or by the decoder's
+    cross-attention: attending everywhere is what the all-True mask means, and it spares every
+    cross-attention of every step the mask's work. One host sync per source batch.
+    """
+    src_mask = model.source_mask(src)  # (B, 1, 1, S)
+    padded = not bool(src_mask.all())
+    memory = model.encoder(src, src_mask if padded else None).memory  # (B, S, D)
+    return memory, src_mask, padded
+
+
+def banned_ids(model: Transformer, banned: tuple[int, ...] | None, device: torch.device) -> Tensor:
+    """The tokens a step never produces, as (n,) ids: ``banned``, by default PAD and BOS."""
+    banned = (model.config.pad_id, BOS_ID) if banned is None else banned
+    return torch.tensor(banned, dtype=torch.long, device=device)
+
+
 def encoder_decoder_step(
     model: Transformer, src: Tensor, *, banned: tuple[int, ...] | None = None
 ) -> tuple[StepFunction, Seq2SeqState]:
-    """Encode ``src`` (B, S) once and return the step function and its initial state.
+    """Encode ``src`` (B, S) once (:func:`encode_source`) and return the step function and its
+    initial state.
 
     The step's log-probabilities are the model's own, except for the ``banned`` tokens (default:
-    PAD and BOS, which are never outputs), set to −inf without renormalising the rest.
-
-    When no source in ``src`` has padding (always at batch 1), no source mask is applied at all:
-    attending everywhere is what the all-True mask means, and it spares every cross-attention
-    of every step the mask's work. The states' rows are always rows of this ``src``.
+    PAD and BOS, which are never outputs), set to −inf without renormalising the rest. The
+    states' rows are always rows of this ``src``.
     """
-    banned = (model.config.pad_id, BOS_ID) if banned is None else banned
-    banned_ids = torch.tensor(banned, dtype=torch.long, device=src.device)  # once, not per step
-    src_mask = model.source_mask(src)  # (B, 1, 1, S)
-    padded = not bool(src_mask.all())  # one host sync per source batch, none per step
-    memory = model.encoder(src, src_mask if padded else None).memory  # (B, S, D)
+    ban = banned_ids(model, banned, src.device)  # once, not per step
+    memory, src_mask, padded = encode_source(model, src)
 
     def step(tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         assert isinstance(state, Seq2SeqState)
@@ -149,8 +164,8 @@ def encoder_decoder_step(
             tokens, state.memory, memory_mask, cache=state.cache, offset=state.offset
         )
         log_probs = model.log_probs(out.hidden[:, -1])  # (B, D) -> (B, V)
-        if banned:
-            log_probs.index_fill_(1, banned_ids, -torch.inf)
+        if ban.numel():
+            log_probs.index_fill_(1, ban, -torch.inf)
         return log_probs, Seq2SeqState(
             state.src_mask, None, out.cache, state.offset + 1, state.group
         )
