@@ -16,6 +16,7 @@ import torch
 from aiayn.config import preset
 from aiayn.decoding import (
     StepFunction,
+    beam,
     beam_search,
     encoder_decoder_step,
     filter_logits,
@@ -24,6 +25,7 @@ from aiayn.decoding import (
     inference_step,
     sample,
 )
+from aiayn.decoding.beam import top_candidates
 from aiayn.decoding.step import DecoderState
 from aiayn.models import Transformer
 
@@ -78,6 +80,33 @@ def test_length_penalty_hand_values() -> None:
     assert gnmt_length_penalty(1, 0.6) == 1.0  # ((5 + 1) / 6)^α
     assert gnmt_length_penalty(5, 0.6) == pytest.approx((10 / 6) ** 0.6)
     assert gnmt_length_penalty(7, 0.0) == 1.0
+
+
+@pytest.mark.parametrize(("rows", "length", "n"), [(1, 32000, 8), (5, 20001, 6), (3, 16384, 2)])
+def test_top_candidates_equal_topk(rows: int, length: int, n: int) -> None:
+    """Long rows take the chunked path (lengths with and without a partial last chunk); values
+    equal torch.topk's, and each index points at its value, with ties and −inf in the rows."""
+    torch.manual_seed(rows)
+    candidates = torch.randn(rows, length).round(decimals=2)  # many ties
+    candidates[:, : length // 3] = -math.inf  # banned tokens, dead beams
+    candidates[0, -1] = 10.0  # the best in the partial last chunk
+    values, index = top_candidates(candidates, n)
+    want, _ = candidates.topk(n, dim=1)
+    assert torch.equal(values, want)
+    assert torch.equal(candidates.gather(1, index), values)
+    assert all(len(set(row)) == n for row in index.tolist())  # n distinct elements
+    assert index[0, 0] == length - 1
+
+
+def test_beam_search_chunked_top_candidates_change_nothing(
+    make_step: MakeStep, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A vocabulary large enough for the chunked path (K·V ≥ 2^14) gives the hypotheses that a
+    plain topk gives."""
+    model, src = _model(vocab=4500), torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
+    chunked = _beam(model, src, 4, make_step, n_best=4, max_len=8)
+    monkeypatch.setattr(beam, "top_candidates", lambda x, n: x.topk(n, dim=1))
+    assert _beam(model, src, 4, make_step, n_best=4, max_len=8) == chunked
 
 
 def test_beam_size_one_equals_greedy(make_step: MakeStep) -> None:

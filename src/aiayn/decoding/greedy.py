@@ -41,7 +41,7 @@ def greedy_search(
     for t in range(max(ends) + 1):
         log_probs, state = step(tokens, state)  # (B, V)
         if t < min_len:
-            log_probs[:, eos_id] = -torch.inf
+            log_probs.select(1, eos_id).fill_(-torch.inf)  # (B,) column of EOS
         next_token = log_probs.argmax(dim=-1)  # (B,)
         if t in ends:  # these sentences are at their length limit: they end here
             finished |= limit == t
