@@ -15,7 +15,7 @@ last-level cache: ``tiny`` at vocabulary 8,000, 2.6 MB), products of up to 2^18 
 kernel: ``tiny`` decodes 1.2–1.8× faster at batch 1 than with all of them on oneDNN. When the
 step's weights do not stay there (``small``: 21 MB for a 32 MB cache; ``base``: 117 MB), every
 product uses oneDNN, which reads a weight on all threads where MKL's one-row product uses one;
-end to end, small products on MKL ran at 0.92–1.00× that speed at batch 1 in the run kept in
+end to end, small products on MKL ran at 0.85–1.02× that speed at batch 1 in the run kept in
 docs/benchmarks.md (0.78–1.08× greedy in earlier runs). Measured by
 ``benchmarks/decode_vs_hf.py``.
 
