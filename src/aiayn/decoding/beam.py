@@ -147,18 +147,18 @@ def _advance(
     EOS among the K best ends a hypothesis; the K best non-EOS candidates live on (there are K
     of them: each beam has one EOS candidate).
     """
-    step = _Step([], [], [])
+    outcome = _Step([], [], [])
     for rank, (lp, index) in enumerate(zip(top_scores, top_index, strict=True)):
         beam, token = divmod(index, vocab)
         if token == eos_id:
             if rank < k and math.isfinite(lp):
                 tokens = list(paths[first_row + beam])
                 score = lp / gnmt_length_penalty(len(tokens) + 1, alpha)
-                step.finished.append(Hypothesis(tokens, lp, score))
-        elif len(step.survivors) < k:
-            step.parents.append(first_row + beam)
-            step.survivors.append((lp, token))
-    return step
+                outcome.finished.append(Hypothesis(tokens, lp, score))
+        elif len(outcome.survivors) < k:
+            outcome.parents.append(first_row + beam)
+            outcome.survivors.append((lp, token))
+    return outcome
 
 
 def top_candidates(candidates: Tensor, n: int, chunk: int = 128) -> tuple[Tensor, Tensor]:
