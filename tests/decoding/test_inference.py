@@ -170,14 +170,27 @@ def test_the_step_carries_no_graph_outside_no_grad() -> None:
 
 
 @pytest.mark.parametrize("beam", [1, 3])
-def test_translate_decodes_with_it_as_the_module_step_would(beam: int) -> None:
+def test_translate_decodes_with_it_as_the_module_step_would(
+    beam: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """translate_ids (length batches, per-sentence limits, the inference step) gives each
     sentence the hypotheses a search over the module step gives it alone."""
     model = _model()
     tokenizer = SimpleNamespace(pad_id=PAD, bos_id=BOS, eos_id=EOS)
     sources = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]]
     options = DecodeOptions(beam_size=beam, n_best=beam, extra_len=3, pack=False)
+    steps = 0
+    inference_call = InferenceStep.__call__
+
+    def counted(self: InferenceStep, *args: object) -> object:
+        nonlocal steps
+        steps += 1
+        return inference_call(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(InferenceStep, "__call__", counted)
     got = translate_ids(model, sources, tokenizer, options)  # type: ignore[arg-type]
+    assert steps > 0  # translate decoded with the inference step
+    monkeypatch.undo()
     for ids, hyps in zip(sources, got, strict=True):
         step, state = encoder_decoder_step(model, torch.tensor([[*ids, EOS]]))
         limit = len(ids) + 3

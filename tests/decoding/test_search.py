@@ -89,7 +89,7 @@ def test_top_candidates_equal_topk(rows: int, length: int, n: int) -> None:
     torch.manual_seed(rows)
     candidates = torch.randn(rows, length).round(decimals=2)  # many ties
     candidates[:, : length // 3] = -math.inf  # banned tokens, dead beams
-    candidates[0, -1] = 10.0  # the best in the partial last chunk
+    candidates[0, -1] = 10.0  # the best in the last chunk (a partial one at 20,001)
     values, index = top_candidates(candidates, n)
     want, _ = candidates.topk(n, dim=1)
     assert torch.equal(values, want)

@@ -212,8 +212,7 @@ class InferenceStep:
         self.norm_first = config.norm_first
         self.relu = config.activation == "relu"
         self.heads, self.d_k = config.num_heads, config.d_k
-        ban = banned_ids(model, banned, self.embedding.device)
-        self.banned = ban if ban.numel() else None  # (n,) ids set to −inf at every step
+        self.banned = banned_ids(model, banned, self.embedding.device)  # (n,) ids, or None
 
     @torch.inference_mode()
     def initial_state(self, src: Tensor, *, capacity: int = 64) -> InferenceState:

@@ -138,10 +138,13 @@ def encode_source(model: Transformer, src: Tensor) -> tuple[Tensor, Tensor, bool
     return memory, src_mask, padded
 
 
-def banned_ids(model: Transformer, banned: tuple[int, ...] | None, device: torch.device) -> Tensor:
-    """The tokens a step never produces, as (n,) ids: ``banned``, by default PAD and BOS."""
+def banned_ids(
+    model: Transformer, banned: tuple[int, ...] | None, device: torch.device
+) -> Tensor | None:
+    """The tokens a step never produces, as (n,) ids: ``banned``, by default PAD and BOS; None
+    when there are none (the step then skips the fill)."""
     banned = (model.config.pad_id, BOS_ID) if banned is None else banned
-    return torch.tensor(banned, dtype=torch.long, device=device)
+    return torch.tensor(banned, dtype=torch.long, device=device) if banned else None
 
 
 def encoder_decoder_step(
@@ -164,7 +167,7 @@ def encoder_decoder_step(
             tokens, state.memory, memory_mask, cache=state.cache, offset=state.offset
         )
         log_probs = model.log_probs(out.hidden[:, -1])  # (B, D) -> (B, V)
-        if ban.numel():
+        if ban is not None:
             log_probs.index_fill_(1, ban, -torch.inf)
         return log_probs, Seq2SeqState(
             state.src_mask, None, out.cache, state.offset + 1, state.group
