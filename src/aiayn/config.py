@@ -12,7 +12,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from aiayn.errors import ConfigError
 
@@ -20,8 +20,38 @@ Activation = Literal["relu", "gelu"]
 Positional = Literal["sinusoidal", "learned", "none"]
 
 
+_C = TypeVar("_C", bound="ModelConfig")
+
+
+class ModelConfig:
+    """What every family's frozen config dataclass shares: a validated copy with changes, and a
+    round trip through plain dicts in which unknown keys are errors naming them."""
+
+    def replace(self: _C, **changes: Any) -> _C:
+        """A copy with some fields changed (validated; unknown keys rejected)."""
+        return type(self).from_dict({**self.to_dict(), **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settable fields as a plain dict (JSON/YAML friendly)."""
+        assert dataclasses.is_dataclass(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+
+    @classmethod
+    def from_dict(cls: type[_C], values: Mapping[str, Any]) -> _C:
+        """Build from a mapping; unknown keys raise :class:`ConfigError` naming them."""
+        assert dataclasses.is_dataclass(cls)
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown model config key(s): {', '.join(unknown)} "
+                f"(valid keys: {', '.join(sorted(known))})"
+            )
+        return cls(**values)
+
+
 @dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(ModelConfig):
     """Hyper-parameters of the encoder–decoder Transformer (§3, Table 3).
 
     Attributes:
@@ -117,26 +147,6 @@ class TransformerConfig:
         """The target vocabulary size, resolving ``tgt_vocab_size=None``."""
         return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
 
-    def replace(self, **changes: Any) -> TransformerConfig:
-        """A copy with some fields changed (validated; unknown keys rejected)."""
-        return TransformerConfig.from_dict({**self.to_dict(), **changes})
-
-    def to_dict(self) -> dict[str, Any]:
-        """The settable fields as a plain dict (JSON/YAML friendly)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> TransformerConfig:
-        """Build from a mapping; unknown keys raise :class:`ConfigError` naming them."""
-        known = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown model config key(s): {', '.join(unknown)} "
-                f"(valid keys: {', '.join(sorted(known))})"
-            )
-        return cls(**values)
-
 
 def check_field_types(config: Any) -> None:
     """Reject dataclass field values of the wrong type (a string for d_model, a bool for an int)."""
@@ -202,3 +212,9 @@ def preset(name: str, **overrides: Any) -> TransformerConfig:
         raise ConfigError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
     config = PRESETS[name]
     return config.replace(**overrides) if overrides else config
+
+
+def validate_choice(name: str, value: object, choices: tuple[object, ...]) -> None:
+    """Refuse ``value`` unless it is one of ``choices``, naming the field and the choices."""
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {choices}, got {value!r}")

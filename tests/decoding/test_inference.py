@@ -22,7 +22,7 @@ from aiayn.decoding import (
     packing_available,
 )
 from aiayn.decoding.translate import DecodeOptions, translate_ids
-from aiayn.layers import DecoderLayer
+from aiayn.layers import CrossAttentionBlock
 from aiayn.models import Transformer
 
 PAD, BOS, EOS = 0, 1, 2
@@ -149,11 +149,13 @@ def test_bad_uses_are_refused() -> None:
     with pytest.raises(ValueError, match=r"model\.eval\(\)"):
         inference_step(model.train(), src)
 
-    class MyLayer(DecoderLayer):
+    class MyLayer(CrossAttentionBlock):
         pass
 
-    model.eval().decoder.layers[0] = MyLayer(model.config)
-    with pytest.raises(TypeError, match="DecoderLayer, got MyLayer"):
+    base = model.eval().decoder.layers[0]
+    parts = (base.self_attn, base.cross_attn, base.feed_forward, torch.nn.LayerNorm)
+    model.decoder.layers[0] = MyLayer(*parts, norm_first=False, dropout=0.0)
+    with pytest.raises(TypeError, match="CrossAttentionBlock, got MyLayer"):
         inference_step(model, src)
 
 

@@ -43,11 +43,11 @@ def test_shapes_and_log_probs(tiny_config: TransformerConfig) -> None:
 
 def test_shared_and_tied_embeddings(tiny_config: TransformerConfig) -> None:
     model = _model(tiny_config)
-    assert model.encoder.embedding is model.decoder.embedding
-    assert model.output_proj.weight is model.decoder.embedding.weight
+    assert model.encoder.embedder.embedding is model.decoder.embedder.embedding
+    assert model.output_proj.weight is model.decoder.embedder.embedding.weight
     untied = _model(tiny_config, share_embeddings=False, tie_output=False)
-    assert untied.encoder.embedding is not untied.decoder.embedding
-    assert untied.output_proj.weight is not untied.decoder.embedding.weight
+    assert untied.encoder.embedder.embedding is not untied.decoder.embedder.embedding
+    assert untied.output_proj.weight is not untied.decoder.embedder.embedding.weight
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

@@ -136,8 +136,8 @@ def test_checkpoints_atomic_pruned_and_averaged(
     assert result.averaged_checkpoint is not None
     averaged = load_checkpoint(result.averaged_checkpoint)
     # tied weights stay tied
-    assert averaged.model.output_proj.weight is averaged.model.decoder.embedding.weight
-    assert averaged.model.encoder.embedding is averaged.model.decoder.embedding
+    assert averaged.model.output_proj.weight is averaged.model.decoder.embedder.embedding.weight
+    assert averaged.model.encoder.embedder.embedding is averaged.model.decoder.embedder.embedding
     tensors = [load_file(str(p / "model.safetensors")) for p in ckpts]
     name = "decoder.layers.0.feed_forward.linear1.weight"
     mean = sum(t[name] for t in tensors) / 3

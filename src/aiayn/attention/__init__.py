@@ -6,10 +6,12 @@ from aiayn.attention.masks import (
     Mask,
     causal_mask,
     combine_masks,
+    decoder_only_mask,
     decoder_self_attention_mask,
     lengths_mask,
     mask_fill_value,
     padding_mask,
+    positions_from_padding,
 )
 from aiayn.attention.multi_head import (
     AttentionOutput,
@@ -31,9 +33,11 @@ __all__ = [
     "SelfAttention",
     "causal_mask",
     "combine_masks",
+    "decoder_only_mask",
     "decoder_self_attention_mask",
     "lengths_mask",
     "mask_fill_value",
     "padding_mask",
+    "positions_from_padding",
     "scaled_dot_product_attention",
 ]

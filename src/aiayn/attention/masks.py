@@ -139,3 +139,37 @@ def decoder_self_attention_mask(tgt_tokens: Tensor, pad_id: int) -> Tensor:
     )
     assert mask is not None
     return mask
+
+
+def decoder_only_mask(key_padding: Tensor | None, query_len: int) -> Mask:
+    """Mask of a decoder-only model's self-attention: causal AND key padding.
+
+    The T queries are the last T of the S = L + T key positions (incremental decoding appends
+    them to L cached ones).
+
+    Args:
+        key_padding: (B, S) boolean, True = a real token (left-padded prompts have False first);
+            None = no padding anywhere.
+        query_len: T.
+
+    Returns:
+        :data:`CAUSAL` when there is no padding, else a (B, 1, T, S) boolean mask.
+    """
+    if key_padding is None:
+        return CAUSAL
+    s = key_padding.size(1)
+    mask = combine_masks(
+        key_padding[:, None, None, :],  # (B, S) -> (B, 1, 1, S)
+        causal_mask(query_len, s, offset=s - query_len, device=key_padding.device),  # (1,1,T,S)
+    )
+    assert mask is not None
+    return mask
+
+
+def positions_from_padding(key_padding: Tensor) -> Tensor:
+    """Each token's position counted from its row's first real token: (B, S) -> (B, S) ids.
+
+    Pad positions get 0 (they are never attended to). A left-padded prompt thus gets the
+    positions it has alone, as Hugging Face ``generate`` computes them from its attention mask.
+    """
+    return (key_padding.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, S)

@@ -4,13 +4,14 @@
     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
 
 The h per-head projections W_i^Q ∈ ℝ^{d_model×d_k} are stored side by side as the rows
-``i·d_k : (i+1)·d_k`` of one (d_model, d_model) weight (likewise W^K, W^V), and the three are
-stacked into one ``in_proj`` of shape (3·d_model, d_model) so self-attention projects Q, K and V
+``i·d_k : (i+1)·d_k`` of one (I, d_model) weight, I = h·d_k (likewise W^K, W^V), and the three
+are stacked into one ``in_proj`` of shape (3·I, d_model) so self-attention projects Q, K and V
 in one matmul (the layout of :class:`torch.nn.MultiheadAttention`).
 
 Shape legend:
     B  batch size      T  query length        S  key/value length
-    D  d_model         H  num_heads           d_k = d_v = D / H
+    D  d_model         H  num_heads           d_k = d_v (D / H in the paper)
+    I  H·d_k, the heads' total width (= D in the paper)
     L  cached length (keys/values of earlier decoding steps)
 """
 
@@ -132,25 +133,43 @@ class MultiHeadAttention(nn.Module):
 
     Args:
         d_model: model size D.
-        num_heads: h; d_k = d_v = d_model / h.
+        num_heads: h.
+        head_dim: d_k = d_v; None = d_model / h (the paper). T5 sets it apart from D, so the
+            heads' total width I = h·d_k may differ from D.
         dropout: dropout on the attention weights (the paper uses none; default 0).
-        bias: whether the projections have biases.
+        bias: whether the projections have biases (T5's have none).
+        scale: on Q Kᵀ; None = 1/√d_k (eq. 1), T5 uses 1.0.
     """
 
-    def __init__(self, d_model: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        head_dim: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        scale: float | None = None,
+    ):
         super().__init__()
-        if d_model % num_heads != 0:
-            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        if head_dim is None:
+            if d_model % num_heads != 0:
+                raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+            head_dim = d_model // num_heads
+        if head_dim < 1 or num_heads < 1:
+            raise ValueError(f"need num_heads >= 1 and head_dim >= 1, got {num_heads}, {head_dim}")
         self.d_model = d_model
         self.num_heads = num_heads
-        self.d_k = d_model // num_heads
+        self.d_k = head_dim
+        self.inner_dim = num_heads * head_dim  # I = h·d_k (= D in the paper)
         self.dropout = dropout
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows: [W^Q; W^K; W^V]
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
+        self.scale = scale
+        self.in_proj = nn.Linear(d_model, 3 * self.inner_dim, bias=bias)  # rows: [W^Q; W^K; W^V]
+        self.out_proj = nn.Linear(self.inner_dim, d_model, bias=bias)  # W^O
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform projections per (D, D) block and zero biases."""
+        """Xavier-uniform projections per (I, D) block and zero biases."""
         for block in self.in_proj.weight.data.chunk(3, dim=0):
             nn.init.xavier_uniform_(block)
         nn.init.xavier_uniform_(self.out_proj.weight)
@@ -165,7 +184,7 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2)  # (B, N, H, d_k) -> (B, H, N, d_k)
 
     def _proj(self, x: Tensor, block: slice) -> Tensor:
-        """(B, N, D) @ W[block]ᵀ -> (B, N, k·D) for a block of the stacked rows [W^Q; W^K; W^V]."""
+        """(B, N, D) @ W[block]ᵀ -> (B, N, k·I) for a block of the stacked rows [W^Q; W^K; W^V]."""
         if not isinstance(self.in_proj, nn.Linear):  # packed for inference: it slices itself
             return self.in_proj(x, block)  # see aiayn.decoding.packed
         bias = None if self.in_proj.bias is None else self.in_proj.bias[block]
@@ -173,21 +192,28 @@ class MultiHeadAttention(nn.Module):
 
     def project_query(self, x: Tensor) -> Tensor:
         """Q W^Q for all heads: (B, T, D) -> (B, H, T, d_k)."""
-        return self._split_heads(self._proj(x, slice(0, self.d_model)))
+        return self._split_heads(self._proj(x, slice(0, self.inner_dim)))  # (B, T, I) -> heads
 
     def project_key_value(self, x: Tensor) -> KVCache:
         """K W^K and V W^V for all heads in one matmul: (B, S, D) -> 2 × (B, H, S, d_k)."""
-        kv = self._proj(x, slice(self.d_model, 3 * self.d_model))  # (B, S, 2D)
-        key, value = kv.chunk(2, dim=-1)  # 2 × (B, S, D)
+        kv = self._proj(x, slice(self.inner_dim, 3 * self.inner_dim))  # (B, S, 2I)
+        key, value = kv.chunk(2, dim=-1)  # 2 × (B, S, I)
         return KVCache(self._split_heads(key), self._split_heads(value))
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, KVCache]:
         """Q, K, V of self-attention in one matmul: (B, T, D) -> (B, H, T, d_k) and the K/V."""
-        qkv = self.in_proj(x)  # (B, T, D) @ (D, 3D) -> (B, T, 3D)
-        q, k, v = qkv.chunk(3, dim=-1)  # 3 × (B, T, D)
+        qkv = self.in_proj(x)  # (B, T, D) @ (D, 3I) -> (B, T, 3I)
+        q, k, v = qkv.chunk(3, dim=-1)  # 3 × (B, T, I)
         return self._split_heads(q), KVCache(self._split_heads(k), self._split_heads(v))
 
-    def attend(self, query: Tensor, kv: KVCache, mask: Mask, need_weights: bool) -> AttentionOutput:
+    def attend(
+        self,
+        query: Tensor,
+        kv: KVCache,
+        mask: Mask,
+        need_weights: bool,
+        bias: Tensor | None = None,
+    ) -> AttentionOutput:
         """Attention per head, concatenation and W^O, given projected heads.
 
         Args:
@@ -196,26 +222,31 @@ class MultiHeadAttention(nn.Module):
             kv: keys/values (B, H, S, d_k).
             mask: boolean, broadcastable to (B, H, T, S); True = may attend. With G > 1 it must
                 not vary along T (a source padding mask), as the G·T queries share it.
+            bias: additive float scores broadcastable to (B, H, T, S) (G = 1 only), or None.
         """
         b_q, _, t, _ = query.shape
         groups = b_q // kv.key.size(0)
         if b_q != kv.key.size(0):
+            if bias is not None:
+                raise ValueError("an attention bias needs one key/value row per query row")
             query = _fold_groups(query, kv.key.size(0), mask)  # -> (B, H, G·T, d_k)
         heads, weights = scaled_dot_product_attention(
             query,
             kv.key,
             kv.value,
             mask,
+            bias=bias,
+            scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights,
         )  # (B, H, G·T, d_v)
         b, h = heads.shape[:2]
         heads = heads.view(b, h, groups, t, self.d_k)  # (B, H, G·T, d_v) -> (B, H, G, T, d_v)
-        concat = heads.permute(0, 2, 3, 1, 4).reshape(b_q, t, self.d_model)  # -> (B·G, T, D)
+        concat = heads.permute(0, 2, 3, 1, 4).reshape(b_q, t, self.inner_dim)  # -> (B·G, T, I)
         if weights is not None:
             weights = weights.view(b, h, groups, t, -1).transpose(1, 2)  # (B, G, H, T, S)
             weights = weights.reshape(b_q, h, t, -1)  # (B·G, H, T, S)
-        return AttentionOutput(self.out_proj(concat), weights, kv)  # (B·G, T, D) @ W^O
+        return AttentionOutput(self.out_proj(concat), weights, kv)  # (B·G, T, I) @ W^O
 
     def forward(
         self,
@@ -238,8 +269,9 @@ class MultiHeadAttention(nn.Module):
         if key is value:
             kv = self.project_key_value(key)
         else:
-            k_full = self._split_heads(self._proj(key, slice(self.d_model, 2 * self.d_model)))
-            v_full = self._split_heads(self._proj(value, slice(2 * self.d_model, 3 * self.d_model)))
+            i = self.inner_dim
+            k_full = self._split_heads(self._proj(key, slice(i, 2 * i)))  # (B, H, S, d_k)
+            v_full = self._split_heads(self._proj(value, slice(2 * i, 3 * i)))
             kv = KVCache(k_full, v_full)
         return self.attend(self.project_query(query), kv, mask, need_weights)
 
@@ -259,16 +291,18 @@ class SelfAttention(MultiHeadAttention):
         *,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        bias: Tensor | None = None,
     ) -> AttentionOutput:
         """Args:
         x: (B, T, D).
         mask: broadcastable to (B, H, T, L + T); True = may attend; or CAUSAL.
         cache: keys/values (B, H, L, d_k) of earlier positions, or None.
+        bias: additive scores broadcastable to (B, H, T, L + T) (a position bias), or None.
         """
         query, kv = self.project_qkv(x)  # (B, H, T, d_k), 2 × (B, H, T, d_k)
         if cache is not None:
             kv = cache.append(kv.key, kv.value)  # 2 × (B, H, L + T, d_k)
-        return self.attend(query, kv, mask, need_weights)
+        return self.attend(query, kv, mask, need_weights, bias)
 
 
 class CrossAttention(MultiHeadAttention):
@@ -286,6 +320,7 @@ class CrossAttention(MultiHeadAttention):
         *,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        bias: Tensor | None = None,
     ) -> AttentionOutput:
         """Args:
         x: (B, T, D) decoder states.
@@ -297,7 +332,7 @@ class CrossAttention(MultiHeadAttention):
             if memory is None:
                 raise ValueError("CrossAttention needs `memory` or a `cache` of its keys/values")
             cache = self.project_key_value(memory)  # 2 × (B, H, S, d_k)
-        return self.attend(self.project_query(x), cache, mask, need_weights)
+        return self.attend(self.project_query(x), cache, mask, need_weights, bias)
 
 
 def _fold_groups(query: Tensor, batch: int, mask: Mask) -> Tensor:

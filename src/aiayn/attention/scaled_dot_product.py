@@ -1,5 +1,9 @@
 """Scaled dot-product attention, eq. (1) of §3.2.1: softmax(Q Kᵀ / √d_k) V.
 
+Generalised for the descendants: softmax(scale · Q Kᵀ + bias) V, where ``scale`` defaults to the
+paper's 1/√d_k (T5 uses 1: its initialisation absorbs it) and ``bias`` is an optional additive
+float term on the scores (T5's relative position bias, computed once per stack).
+
 Shape legend:
     B  batch size          H  heads
     T  query length        S  key/value length
@@ -28,10 +32,12 @@ def scaled_dot_product_attention(
     value: Tensor,
     mask: Mask = None,
     *,
+    bias: Tensor | None = None,
+    scale: float | None = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V  (eq. 1).
+    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + bias) V  (eq. 1, with an optional bias).
 
     Two paths that agree: with ``need_weights=True`` the explicit path computes and returns the
     weights; otherwise the fast path calls :func:`torch.nn.functional.scaled_dot_product_attention`
@@ -44,6 +50,9 @@ def scaled_dot_product_attention(
         mask: boolean, broadcastable to (B, H, T, S); True = may attend. None = attend everywhere.
             ``CAUSAL``: the causal mask; with T = S and no weights requested it is never built
             (``is_causal=True``, no fully blocked rows to mend).
+        bias: additive float scores, broadcastable to (B, H, T, S), or None. Blocked positions
+            stay blocked whatever their bias.
+        scale: multiplies Q Kᵀ; None = 1/√d_k (the paper).
         dropout_p: dropout on the attention weights (0 in the paper; pass 0 at eval time).
         need_weights: return the (B, H, T, S) attention weights as well.
 
@@ -52,9 +61,9 @@ def scaled_dot_product_attention(
     """
     if isinstance(mask, Causal):
         t, s = query.size(-2), key.size(-2)
-        if t == s and not need_weights:
+        if t == s and not need_weights and bias is None:
             output = F.scaled_dot_product_attention(
-                query, key, value, dropout_p=dropout_p, is_causal=True
+                query, key, value, dropout_p=dropout_p, is_causal=True, scale=scale
             )  # (B, H, T, d_v)
             return output, None
         # one new query (incremental decoding) sees every key: nothing to mask
@@ -70,12 +79,17 @@ def scaled_dot_product_attention(
 
     weights: Tensor | None = None
     if need_weights:
-        output, weights = _explicit_attention(query, key, value, mask, dropout_p)
+        output, weights = _explicit_attention(query, key, value, mask, bias, scale, dropout_p)
     elif _explicit_is_faster(query, key, dropout_p):
-        output, _ = _explicit_attention(query, key, value, mask, dropout_p)
+        output, _ = _explicit_attention(query, key, value, mask, bias, scale, dropout_p)
     else:
         output = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=dropout_p
+            query,
+            key,
+            value,
+            attn_mask=_float_mask(mask, bias, query.dtype),
+            dropout_p=dropout_p,
+            scale=scale,
         )  # (B, H, T, d_v)
 
     if row_has_key is not None:
@@ -111,13 +125,32 @@ def _explicit_is_faster(query: Tensor, key: Tensor, dropout_p: float) -> bool:
     )
 
 
+def _float_mask(mask: Tensor | None, bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """What the fused kernel adds to the scores: the boolean mask alone, or the bias with the
+    blocked positions set to the dtype's most negative value, (B|1, H|1, T, S)."""
+    if bias is None:
+        return mask
+    bias = bias.to(dtype)
+    return bias if mask is None else bias.masked_fill(~mask, mask_fill_value(dtype))
+
+
 def _explicit_attention(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, dropout_p: float
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    scale: float | None,
+    dropout_p: float,
 ) -> tuple[Tensor, Tensor]:
     """The textbook computation, step by step; returns (output, softmax weights before dropout)."""
-    d_k = query.size(-1)
     scores = query @ key.transpose(-2, -1)  # (B, H, T, d_k) @ (B, H, d_k, S) -> (B, H, T, S)
-    scores = scores / math.sqrt(d_k)
+    if scale is None:
+        scores = scores / math.sqrt(query.size(-1))  # the paper's 1/√d_k
+    elif scale != 1.0:
+        scores = scores * scale
+    if bias is not None:
+        scores = scores + bias  # (B, H, T, S) + (B|1, H|1, T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, mask_fill_value(scores.dtype))
     weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)

@@ -32,22 +32,48 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.attention import KVCache, scaled_dot_product_attention
+from aiayn.attention import CrossAttention, KVCache, SelfAttention, scaled_dot_product_attention
 from aiayn.decoding.packed import LinearKernel, linear_kernel
 from aiayn.decoding.step import DecoderState, banned_ids, encode_source, select_source_rows
-from aiayn.layers import DecoderLayer
+from aiayn.layers import CrossAttentionBlock, FeedForward
 from aiayn.models.transformer import Transformer
 
 
-def _decoder_layers(model: Transformer) -> list[DecoderLayer]:
-    """The decoder's layers, checked to be the ones this step knows how to run."""
+def _decoder_layers(model: Transformer) -> list[CrossAttentionBlock]:
+    """The decoder's layers, checked to be built of the parts this step knows how to run: the
+    paper's attention (1/√d_k, no bias), a FeedForward with ReLU or exact GELU, LayerNorms, and
+    an embedder without token types or norm. Anything else is refused, never run differently."""
+    embedder = model.decoder.embedder
+    if embedder.token_types is not None or embedder.norm is not None:
+        raise TypeError("inference_step runs the paper's embedder (no token types, no norm)")
     layers = []
     for layer in model.decoder.layers:
-        if type(layer) is not DecoderLayer:  # a subclass may compute something else
-            raise TypeError(f"inference_step runs aiayn's DecoderLayer, got {type(layer).__name__}")
-        assert isinstance(layer, DecoderLayer)
+        if type(layer) is not CrossAttentionBlock:  # a subclass may compute something else
+            raise TypeError(
+                f"inference_step runs aiayn's CrossAttentionBlock, got {type(layer).__name__}"
+            )
+        assert isinstance(layer, CrossAttentionBlock)
+        _check_parts(layer)
         layers.append(layer)
     return layers
+
+
+def _check_parts(layer: CrossAttentionBlock) -> None:
+    for attn in (layer.self_attn, layer.cross_attn):
+        if type(attn) not in (SelfAttention, CrossAttention) or attn.scale is not None:
+            raise TypeError("inference_step runs the paper's attention (scale 1/√d_k)")
+    ff = layer.feed_forward
+    if type(ff) is not FeedForward or ff.activation_name not in _ACTIVATIONS:
+        raise TypeError(
+            f"inference_step runs a FeedForward with activation {' or '.join(_ACTIVATIONS)}, "
+            f"got {type(ff).__name__}({getattr(ff, 'activation_name', '?')})"
+        )
+    for sub in (layer.self_sublayer, layer.cross_sublayer, layer.ff_sublayer):
+        if type(sub.norm) is not nn.LayerNorm:
+            raise TypeError(f"inference_step runs LayerNorm, got {type(sub.norm).__name__}")
+
+
+_ACTIVATIONS = ("relu", "gelu")  # what _feed_forward computes
 
 
 class _Norm:
@@ -55,7 +81,8 @@ class _Norm:
 
     __slots__ = ("bias", "eps", "shape", "weight")
 
-    def __init__(self, norm: nn.LayerNorm):
+    def __init__(self, norm: nn.Module):
+        assert isinstance(norm, nn.LayerNorm)  # checked by _decoder_layers
         self.shape = norm.normalized_shape
         self.weight = None if norm.weight is None else norm.weight.detach()
         self.bias = None if norm.bias is None else norm.bias.detach()
@@ -78,20 +105,24 @@ class _Layer:
     self_norm: _Norm
     cross_norm: _Norm
     ff_norm: _Norm
+    relu: bool  # the feed-forward's activation: ReLU (fused into W_1's product) or exact GELU
 
     @staticmethod
-    def of(layer: DecoderLayer) -> _Layer:
-        d = layer.cross_attn.d_model
+    def of(layer: CrossAttentionBlock) -> _Layer:
+        d = layer.cross_attn.inner_dim  # the query rows of [W^Q; W^K; W^V]
+        ff = layer.feed_forward
+        assert isinstance(ff, FeedForward)  # checked by _decoder_layers
         return _Layer(
             linear_kernel(layer.self_attn.in_proj),
             linear_kernel(layer.self_attn.out_proj),
             linear_kernel(layer.cross_attn.in_proj, slice(0, d)),
             linear_kernel(layer.cross_attn.out_proj),
-            linear_kernel(layer.feed_forward.linear1),
-            linear_kernel(layer.feed_forward.linear2),
+            linear_kernel(ff.linear1),
+            linear_kernel(ff.linear2),
             _Norm(layer.self_sublayer.norm),
             _Norm(layer.cross_sublayer.norm),
             _Norm(layer.ff_sublayer.norm),
+            ff.activation_name == "relu",
         )
 
 
@@ -201,16 +232,15 @@ class InferenceStep:
         self.model = model
         self.decoder_layers = _decoder_layers(model)  # checked once: cross K/V come from them
         self.layers = tuple(_Layer.of(layer) for layer in self.decoder_layers)
-        self.positional = decoder.positional
-        self.embedding = decoder.embedding.weight.detach()  # (V, D)
-        self.scale = decoder.embedding.scale  # √d_model
+        self.positional = decoder.embedder.positional
+        self.embedding = decoder.embedder.embedding.weight.detach()  # (V, D)
+        self.scale = decoder.embedder.embedding.scale  # √d_model
         with torch.no_grad():  # what the positional encoding adds at positions 0 .. max_len - 1
             zeros = self.embedding.new_zeros(1, config.max_len, config.d_model)  # (1, P, D)
-            self.positions = decoder.positional(zeros)[0].detach()  # (P, D)
+            self.positions = self.positional(zeros)[0].detach()  # (P, D)
         self.final_norm = None if decoder.final_norm is None else _Norm(decoder.final_norm)
         self.output = linear_kernel(model.output_proj)
         self.norm_first = config.norm_first
-        self.relu = config.activation == "relu"
         self.heads, self.d_k = config.num_heads, config.d_k
         self.banned = banned_ids(model, banned, self.embedding.device)  # (n,) ids, or None
 
@@ -296,7 +326,7 @@ class InferenceStep:
         """Position-wise feed-forward sub-layer (§3.3): (B, D) -> (B, D)."""
         inner = w.ff_norm(x) if self.norm_first else x
         # (B, D) @ (D, F), then the activation (a ReLU fused into the product)
-        hidden = w.ff_in.relu(inner) if self.relu else F.gelu(w.ff_in(inner))
+        hidden = w.ff_in.relu(inner) if w.relu else F.gelu(w.ff_in(inner))
         return self._residual(w.ff_out, w.ff_norm, hidden, x)
 
     def _residual(self, out: LinearKernel, norm: _Norm, y: Tensor, x: Tensor) -> Tensor:

@@ -238,7 +238,7 @@ def _row_blocks(module: nn.Module) -> tuple[slice, ...]:
     """The blocks of the stacked rows [W^Q; W^K; W^V] that ``module`` projects with alone."""
     if isinstance(module, SelfAttention) or not isinstance(module, MultiHeadAttention):
         return ()  # Q, K and V in one matmul
-    d = module.d_model
+    d = module.inner_dim  # I = H·d_k
     query, key_value = slice(0, d), slice(d, 3 * d)
     if isinstance(module, CrossAttention):
         return (query, key_value)

@@ -1,4 +1,8 @@
-"""Token embeddings (§3.4) and positional encodings (§3.5).
+"""Token embeddings (§3.4), positional encodings (§3.5), and the input embedder that joins them.
+
+A positional module adds the encodings of positions ``offset .. offset + T - 1`` to (B, T, D)
+inputs, or, given ``positions`` (B, T), of each row's own positions (left-padded prompts of a
+decoder-only model start their positions at their first real token).
 
 Shape legend:
     B  batch size     T  sequence length     D  d_model     V  vocabulary size
@@ -11,19 +15,32 @@ import math
 import torch
 from torch import Tensor, nn
 
+from aiayn.layers.dropout import Dropout
+
 
 class TokenEmbedding(nn.Module):
-    """Learned embedding whose output is multiplied by √d_model (§3.4).
+    """Learned embedding whose output is multiplied by ``scale``: √d_model in the paper (§3.4),
+    1 in GPT-2, BERT and T5.
 
     Initialised N(0, d_model^-0.5) so that the scaled embedding has unit-variance components, the
     same scale as the positional encoding it is added to. The padding row is zero.
     The weight (V, D) can be shared with another embedding and with the output projection.
+
+    Args:
+        scale: the output's multiplier; None = √d_model (the paper).
     """
 
-    def __init__(self, vocab_size: int, d_model: int, pad_id: int | None = None):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        pad_id: int | None = None,
+        *,
+        scale: float | None = None,
+    ):
         super().__init__()
         self.d_model = d_model
-        self.scale = math.sqrt(d_model)
+        self.scale = math.sqrt(d_model) if scale is None else scale
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))  # (V, D)
         self.pad_id = pad_id
         nn.init.normal_(self.weight, mean=0.0, std=d_model**-0.5)
@@ -32,8 +49,9 @@ class TokenEmbedding(nn.Module):
                 self.weight[pad_id].zero_()
 
     def forward(self, tokens: Tensor) -> Tensor:
-        """(B, T) token ids -> (B, T, D) embeddings × √d_model."""
-        return nn.functional.embedding(tokens, self.weight) * self.scale
+        """(B, T) token ids -> (B, T, D) embeddings × scale."""
+        x = nn.functional.embedding(tokens, self.weight)  # (B, T, D)
+        return x if self.scale == 1.0 else x * self.scale
 
 
 def sinusoidal_encoding(length: int, d_model: int, *, offset: int = 0) -> Tensor:
@@ -70,9 +88,13 @@ class SinusoidalPositionalEncoding(nn.Module):
             return self.table[offset : offset + length]
         return sinusoidal_encoding(length, self.d_model, offset=offset).to(self.table.device)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """(B, T, D) -> (B, T, D) with PE of positions ``offset .. offset + T - 1`` added."""
-        return x + self.encoding(x.size(1), offset).to(x.dtype)  # (B, T, D) + (T, D)
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """(B, T, D) -> (B, T, D) with PE of positions ``offset .. offset + T - 1`` added, or of
+        ``positions`` (B, T) when given."""
+        if positions is None:
+            return x + self.encoding(x.size(1), offset).to(x.dtype)  # (B, T, D) + (T, D)
+        table = self.encoding(int(positions.max()) + 1)  # (P, D)
+        return x + table[positions].to(x.dtype)  # (B, T, D) + (B, T, D)
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -84,20 +106,74 @@ class LearnedPositionalEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(max_len, d_model))  # (max_len, D)
         nn.init.normal_(self.weight, mean=0.0, std=d_model**-0.5)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """(B, T, D) -> (B, T, D) with learned embeddings of positions ``offset ..`` added."""
-        end = offset + x.size(1)
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """(B, T, D) -> (B, T, D) with learned embeddings of positions ``offset ..`` added, or
+        of ``positions`` (B, T) when given."""
+        end = offset + x.size(1) if positions is None else int(positions.max()) + 1
         if end > self.max_len:
             raise ValueError(
                 f"sequence reaches position {end - 1}, but learned positions stop at "
                 f"max_len - 1 = {self.max_len - 1}; raise max_len in the config"
             )
+        if positions is not None:
+            return x + self.weight[positions]  # (B, T, D) + (B, T, D)
         return x + self.weight[offset:end]  # (B, T, D) + (T, D)
 
 
 class NoPositionalEncoding(nn.Module):
     """Identity: no position information (the encoder is then permutation-equivariant)."""
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """Returns x unchanged."""
         return x
+
+
+class Embedder(nn.Module):
+    """The input embedder of a stack: tokens (+ token types) + positions, then an optional norm
+    and dropout (§3.4–3.5, §5.4).
+
+        paper:  Dropout(Embedding(x)·√D + PE)
+        GPT-2:  Dropout(Embedding(x) + P)
+        BERT:   Dropout(LayerNorm(Embedding(x) + P + TokenType(x)))
+
+    Args:
+        embedding: the token embedding (may be shared with another stack and the output layer).
+        positional: a positional module (sinusoidal, learned or none).
+        dropout: P_drop on the sum.
+        token_types: an embedding of segment ids (BERT), or None.
+        norm: a norm applied to the sum before dropout (BERT), or None.
+    """
+
+    def __init__(
+        self,
+        embedding: TokenEmbedding,
+        positional: nn.Module,
+        dropout: float,
+        *,
+        token_types: nn.Embedding | None = None,
+        norm: nn.Module | None = None,
+    ):
+        super().__init__()
+        self.embedding = embedding
+        self.positional = positional
+        self.token_types = token_types
+        self.norm = norm
+        self.dropout = Dropout(dropout)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        offset: int = 0,
+        *,
+        positions: Tensor | None = None,
+        token_types: Tensor | None = None,
+    ) -> Tensor:
+        """(B, T) ids at positions ``offset ..`` (or ``positions`` (B, T)) -> (B, T, D)."""
+        x = self.embedding(tokens)  # (B, T, D)
+        if self.token_types is not None:
+            types = torch.zeros_like(tokens) if token_types is None else token_types
+            x = x + self.token_types(types)  # (B, T, D)
+        x = self.positional(x, offset, positions)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.dropout(x)

@@ -1,7 +1,16 @@
-"""Encoder and decoder layers (§3.1): sub-layers wrapped in residual connection + LayerNorm.
+"""The two blocks every family is built from (§3.1): sub-layers wrapped in a residual
+connection and a norm.
 
-Post-norm (the paper):  x = LayerNorm(x + Dropout(Sublayer(x)))
-Pre-norm (option):      x = x + Dropout(Sublayer(LayerNorm(x)))
+    SelfAttentionBlock:   self-attention, feed-forward          (the paper's encoder layer;
+                                                                  GPT-2, BERT, ViT)
+    CrossAttentionBlock:  self-attention, encoder–decoder       (the paper's decoder layer;
+                          attention, feed-forward                T5, Marian)
+
+Post-norm (the paper):  x = Norm(x + Dropout(Sublayer(x)))
+Pre-norm (option):      x = x + Dropout(Sublayer(Norm(x)))
+
+A block receives its parts — attention modules, a feed-forward module, a norm factory — and reads
+no model config: a family's builder (``aiayn.models.<family>``) decides what the parts are.
 
 Shape legend:
     B batch   S source length   T target length   D d_model   H heads   L cached length
@@ -15,20 +24,19 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from aiayn.attention import CrossAttention, KVCache, Mask, SelfAttention
-from aiayn.config import TransformerConfig
 from aiayn.layers.dropout import Dropout
-from aiayn.layers.feed_forward import FeedForward
+from aiayn.layers.norm import NormFactory
 
 
 class SublayerConnection(nn.Module):
-    """Residual connection and LayerNorm around one sub-layer (§3.1, dropout per §5.4).
+    """Residual connection and norm around one sub-layer (§3.1, dropout per §5.4).
 
     ``before`` gives the sub-layer's input; ``after`` adds its output back to the residual stream.
     """
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float):
+    def __init__(self, norm: nn.Module, dropout: float, norm_first: bool):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.norm = norm
         self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
@@ -42,37 +50,71 @@ class SublayerConnection(nn.Module):
         return y if self.norm_first else self.norm(y)
 
 
-class EncoderLayer(nn.Module):
-    """Encoder layer: self-attention, then the feed-forward network (§3.1)."""
+class BlockOutput(NamedTuple):
+    """A self-attention block's output (B, T, D), its self-attention weights (B, H, T, L + T) if
+    requested, and the keys/values it attended to (the cache for the next decoding step)."""
 
-    def __init__(self, config: TransformerConfig):
+    output: Tensor
+    weights: Tensor | None
+    cache: KVCache
+
+
+class SelfAttentionBlock(nn.Module):
+    """Self-attention, then the feed-forward network (§3.1's encoder layer).
+
+    Args:
+        self_attn: the self-attention module.
+        feed_forward: the position-wise network (D -> D).
+        norm: builds the block's two norms.
+        norm_first: pre-norm (True) or the paper's post-norm (False).
+        dropout: P_drop on each sub-layer's output (§5.4).
+    """
+
+    def __init__(
+        self,
+        self_attn: SelfAttention,
+        feed_forward: nn.Module,
+        norm: NormFactory,
+        *,
+        norm_first: bool,
+        dropout: float,
+    ):
         super().__init__()
-        c = config
-        self.self_attn = SelfAttention(c.d_model, c.num_heads, dropout=c.attention_dropout)
-        self.feed_forward = FeedForward(c.d_model, c.d_ff, c.activation)
-        sub = (c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
-        self.attn_sublayer = SublayerConnection(*sub)
-        self.ff_sublayer = SublayerConnection(*sub)
+        d = self_attn.d_model
+        self.self_attn = self_attn
+        self.feed_forward = feed_forward
+        self.attn_sublayer = SublayerConnection(norm(d), dropout, norm_first)
+        self.ff_sublayer = SublayerConnection(norm(d), dropout, norm_first)
 
     def forward(
-        self, x: Tensor, mask: Mask = None, *, need_weights: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
+        self,
+        x: Tensor,
+        mask: Mask = None,
+        *,
+        cache: KVCache | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> BlockOutput:
         """Args:
-            x: (B, S, D).
-            mask: broadcastable to (B, H, S, S), usually the (B, 1, 1, S) source padding mask.
+            x: (B, T, D).
+            mask: broadcastable to (B, H, T, L + T): source padding, causal, or CAUSAL.
+            cache: keys/values (B, H, L, d_k) of earlier positions (incremental decoding).
+            bias: additive attention scores broadcastable to (B, H, T, L + T), or None.
 
         Returns:
-            (B, S, D) output and the (B, H, S, S) self-attention weights (if requested).
+            (B, T, D) output, the weights if requested, and the (B, H, L + T, d_k) keys/values.
         """
-        attn = self.self_attn(self.attn_sublayer.before(x), mask, need_weights=need_weights)
+        attn = self.self_attn(
+            self.attn_sublayer.before(x), mask, cache=cache, bias=bias, need_weights=need_weights
+        )
         x = self.attn_sublayer.after(x, attn.output)
         x = self.ff_sublayer.after(x, self.feed_forward(self.ff_sublayer.before(x)))
-        return x, attn.weights
+        return BlockOutput(x, attn.weights, attn.cache)
 
 
 @dataclass(frozen=True)
 class DecoderLayerCache:
-    """Incremental-decoding state of one decoder layer.
+    """Incremental-decoding state of one cross-attention block.
 
     Attributes:
         self_attn: keys/values of the L target positions decoded so far, (B·G, H, L, d_k).
@@ -101,19 +143,36 @@ class DecoderLayerOutput(NamedTuple):
     cross_weights: Tensor | None
 
 
-class DecoderLayer(nn.Module):
-    """Decoder layer: masked self-attention, encoder–decoder attention, feed-forward (§3.1)."""
+class CrossAttentionBlock(nn.Module):
+    """Masked self-attention, encoder–decoder attention, feed-forward (§3.1's decoder layer).
 
-    def __init__(self, config: TransformerConfig):
+    Args:
+        self_attn: the (masked) self-attention module.
+        cross_attn: the encoder–decoder attention module.
+        feed_forward: the position-wise network (D -> D).
+        norm: builds the block's three norms.
+        norm_first: pre-norm (True) or the paper's post-norm (False).
+        dropout: P_drop on each sub-layer's output (§5.4).
+    """
+
+    def __init__(
+        self,
+        self_attn: SelfAttention,
+        cross_attn: CrossAttention,
+        feed_forward: nn.Module,
+        norm: NormFactory,
+        *,
+        norm_first: bool,
+        dropout: float,
+    ):
         super().__init__()
-        c = config
-        self.self_attn = SelfAttention(c.d_model, c.num_heads, dropout=c.attention_dropout)
-        self.cross_attn = CrossAttention(c.d_model, c.num_heads, dropout=c.attention_dropout)
-        self.feed_forward = FeedForward(c.d_model, c.d_ff, c.activation)
-        sub = (c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
-        self.self_sublayer = SublayerConnection(*sub)
-        self.cross_sublayer = SublayerConnection(*sub)
-        self.ff_sublayer = SublayerConnection(*sub)
+        d = self_attn.d_model
+        self.self_attn = self_attn
+        self.cross_attn = cross_attn
+        self.feed_forward = feed_forward
+        self.self_sublayer = SublayerConnection(norm(d), dropout, norm_first)
+        self.cross_sublayer = SublayerConnection(norm(d), dropout, norm_first)
+        self.ff_sublayer = SublayerConnection(norm(d), dropout, norm_first)
 
     def forward(
         self,
@@ -123,6 +182,7 @@ class DecoderLayer(nn.Module):
         memory_mask: Tensor | None = None,
         *,
         cache: DecoderLayerCache | None = None,
+        self_bias: Tensor | None = None,
         need_weights: bool = False,
     ) -> DecoderLayerOutput:
         """Args:
@@ -132,11 +192,16 @@ class DecoderLayer(nn.Module):
         self_mask: broadcastable to (B·G, H, T, L + T): causal (and target padding), or CAUSAL.
         memory_mask: broadcastable to (B, H, T, S): source padding (constant along T if G > 1).
         cache: state from earlier steps, or None for a full (training) pass.
+        self_bias: additive self-attention scores (B·G|1, H, T, L + T), or None.
         """
         self_cache = None if cache is None else cache.self_attn
         cross_cache = None if cache is None else cache.cross_attn
         sa = self.self_attn(
-            self.self_sublayer.before(x), self_mask, cache=self_cache, need_weights=need_weights
+            self.self_sublayer.before(x),
+            self_mask,
+            cache=self_cache,
+            bias=self_bias,
+            need_weights=need_weights,
         )
         x = self.self_sublayer.after(x, sa.output)
         ca = self.cross_attn(

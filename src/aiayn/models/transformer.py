@@ -1,7 +1,10 @@
 """The encoder–decoder Transformer of "Attention Is All You Need" (§3, Figure 1), in one file.
 
-    src ─ Embedding×√D + PE ─ Dropout ─ N × EncoderLayer ─(norm)─ memory
-    tgt ─ Embedding×√D + PE ─ Dropout ─ N × DecoderLayer(memory) ─(norm)─ Linear ─ log-softmax
+    src ─ Embedding×√D + PE ─ Dropout ─ N × SelfAttentionBlock ─(norm)─ memory
+    tgt ─ Embedding×√D + PE ─ Dropout ─ N × CrossAttentionBlock(memory) ─(norm)─ Linear ─ softmax
+
+The family is its config (:class:`~aiayn.config.TransformerConfig`) and the builder functions
+below, which hand each block its parts; the blocks themselves read no config.
 
 Shape legend:
     B  batch size        S  source length        T  target length (new positions)
@@ -16,18 +19,30 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from aiayn.attention import CAUSAL, Mask, decoder_self_attention_mask, padding_mask
+from aiayn.attention import (
+    CAUSAL,
+    CrossAttention,
+    Mask,
+    SelfAttention,
+    decoder_self_attention_mask,
+    padding_mask,
+)
 from aiayn.config import TransformerConfig
 from aiayn.layers import (
-    DecoderLayer,
+    CrossAttentionBlock,
     DecoderLayerCache,
-    Dropout,
-    EncoderLayer,
+    Embedder,
+    FeedForward,
     LearnedPositionalEmbedding,
     NoPositionalEncoding,
+    NormFactory,
+    SelfAttentionBlock,
     SinusoidalPositionalEncoding,
     TokenEmbedding,
+    layer_norm,
 )
+
+# -- the family's builder: the paper's parts, from its config -------------------------------------
 
 
 def build_positional(config: TransformerConfig) -> nn.Module:
@@ -37,6 +52,41 @@ def build_positional(config: TransformerConfig) -> nn.Module:
     if config.positional == "learned":
         return LearnedPositionalEmbedding(config.d_model, config.max_len)
     return NoPositionalEncoding()
+
+
+def norm_factory(config: TransformerConfig) -> NormFactory:
+    """LayerNorm with the config's ε (§3.1)."""
+    return layer_norm(config.layer_norm_eps)
+
+
+def encoder_layer(config: TransformerConfig) -> SelfAttentionBlock:
+    """One encoder layer (§3.1): self-attention and the feed-forward network of eq. (2)."""
+    c = config
+    return SelfAttentionBlock(
+        SelfAttention(c.d_model, c.num_heads, dropout=c.attention_dropout),
+        FeedForward(c.d_model, c.d_ff, c.activation),
+        norm_factory(c),
+        norm_first=c.norm_first,
+        dropout=c.dropout,
+    )
+
+
+def decoder_layer(config: TransformerConfig) -> CrossAttentionBlock:
+    """One decoder layer (§3.1): masked self-attention, encoder–decoder attention, eq. (2)."""
+    c = config
+    return CrossAttentionBlock(
+        SelfAttention(c.d_model, c.num_heads, dropout=c.attention_dropout),
+        CrossAttention(c.d_model, c.num_heads, dropout=c.attention_dropout),
+        FeedForward(c.d_model, c.d_ff, c.activation),
+        norm_factory(c),
+        norm_first=c.norm_first,
+        dropout=c.dropout,
+    )
+
+
+def embedder(config: TransformerConfig, embedding: TokenEmbedding) -> Embedder:
+    """Dropout(Embedding(x)·√D + PE) (§3.4, §3.5, §5.4), around a possibly shared embedding."""
+    return Embedder(embedding, build_positional(config), config.dropout)
 
 
 class EncoderOutput(NamedTuple):
@@ -63,22 +113,22 @@ class DecoderOutput(NamedTuple):
 
 
 class Encoder(nn.Module):
-    """The encoder stack (§3.1): embeddings + positions, then N identical layers.
+    """An encoder stack (§3.1): the input embedder, then N self-attention blocks, then (pre-norm)
+    a final norm.
 
     Args:
-        config: model hyper-parameters.
-        embedding: the token embedding to use (passed in so it can be shared, §3.4).
+        embedder: tokens (+ positions) -> (B, S, D).
+        layers: the N blocks.
+        final_norm: the stack's last norm (pre-norm models), or None.
     """
 
-    def __init__(self, config: TransformerConfig, embedding: TokenEmbedding):
+    def __init__(
+        self, embedder: Embedder, layers: list[SelfAttentionBlock], final_norm: nn.Module | None
+    ):
         super().__init__()
-        self.embedding = embedding
-        self.positional = build_positional(config)
-        self.dropout = Dropout(config.dropout)
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_encoder_layers))
-        self.final_norm = (
-            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
-        )
+        self.embedder = embedder
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = final_norm
 
     def forward(
         self, src: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False
@@ -87,34 +137,35 @@ class Encoder(nn.Module):
         src: (B, S) source token ids.
         src_mask: (B, 1, 1, S) source padding mask, True = real token.
         """
-        x = self.dropout(self.positional(self.embedding(src)))  # (B, S, D)
+        x = self.embedder(src)  # (B, S, D)
         weights: list[Tensor] | None = [] if need_weights else None
         for layer in self.layers:
-            x, w = layer(x, src_mask, need_weights=need_weights)  # (B, S, D)
-            if weights is not None and w is not None:
-                weights.append(w)
+            out = layer(x, src_mask, need_weights=need_weights)
+            x = out.output  # (B, S, D)
+            if weights is not None and out.weights is not None:
+                weights.append(out.weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return EncoderOutput(x, weights)
 
 
 class Decoder(nn.Module):
-    """The decoder stack (§3.1): embeddings + positions, N layers over the encoder output.
+    """A decoder stack (§3.1): the input embedder, N cross-attention blocks over the encoder
+    output, then (pre-norm) a final norm.
 
     Args:
-        config: model hyper-parameters.
-        embedding: the target token embedding (possibly shared with the encoder's, §3.4).
+        embedder: target tokens (+ positions) -> (B, T, D).
+        layers: the N blocks.
+        final_norm: the stack's last norm (pre-norm models), or None.
     """
 
-    def __init__(self, config: TransformerConfig, embedding: TokenEmbedding):
+    def __init__(
+        self, embedder: Embedder, layers: list[CrossAttentionBlock], final_norm: nn.Module | None
+    ):
         super().__init__()
-        self.embedding = embedding
-        self.positional = build_positional(config)
-        self.dropout = Dropout(config.dropout)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_decoder_layers))
-        self.final_norm = (
-            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
-        )
+        self.embedder = embedder
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = final_norm
 
     def forward(
         self,
@@ -136,7 +187,7 @@ class Decoder(nn.Module):
         cache: per-layer state from the previous call, or None.
         offset: position of ``tgt[:, 0]``; equals the cached length L.
         """
-        x = self.dropout(self.positional(self.embedding(tgt), offset))  # (B, T, D)
+        x = self.embedder(tgt, offset)  # (B, T, D)
         new_cache: list[DecoderLayerCache] = []
         self_w: list[Tensor] | None = [] if need_weights else None
         cross_w: list[Tensor] | None = [] if need_weights else None
@@ -177,8 +228,17 @@ class Transformer(nn.Module):
             if c.share_embeddings
             else TokenEmbedding(c.target_vocab_size, c.d_model, c.pad_id)
         )
-        self.encoder = Encoder(c, src_embedding)
-        self.decoder = Decoder(c, tgt_embedding)
+        final_norm = norm_factory(c) if c.norm_first else None
+        self.encoder = Encoder(
+            embedder(c, src_embedding),
+            [encoder_layer(c) for _ in range(c.num_encoder_layers)],
+            None if final_norm is None else final_norm(c.d_model),
+        )
+        self.decoder = Decoder(
+            embedder(c, tgt_embedding),
+            [decoder_layer(c) for _ in range(c.num_decoder_layers)],
+            None if final_norm is None else final_norm(c.d_model),
+        )
         self.output_proj = nn.Linear(c.d_model, c.target_vocab_size, bias=False)  # (D, V)
         if c.tie_output:
             self.output_proj.weight = tgt_embedding.weight  # §3.4: pre-softmax = embedding matrix

@@ -22,15 +22,18 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file, save_model
+from torch import nn
 
-from aiayn.config import TransformerConfig
+from aiayn.config import ModelConfig
 from aiayn.errors import UserError
 from aiayn.models import Transformer
+from aiayn.models.families import FORMAT_VERSION, family_named, family_of, upgrade_state_dict
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -38,14 +41,22 @@ STATE_FILE = "state.json"
 TOKENIZER_FILE = "tokenizer.json"
 
 
+M = TypeVar("M", bound=nn.Module)
+
+
 @dataclass(frozen=True)
-class Checkpoint:
-    """A loaded checkpoint: the model (eval mode), its config and the JSON state."""
+class Checkpoint(Generic[M]):
+    """A loaded checkpoint: the model (eval mode), its family's config and the JSON state."""
 
     path: Path
-    model: Transformer
-    config: TransformerConfig
+    model: M
+    config: ModelConfig
     state: dict[str, Any]
+
+    @property
+    def family(self) -> str:
+        """The model family the checkpoint holds (``transformer``, ``gpt2``…)."""
+        return str(self.state.get("family", "transformer"))
 
     @property
     def tokenizer_path(self) -> Path:
@@ -81,7 +92,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(
     path: Path,
-    model: Transformer,
+    model: nn.Module,
     state: dict[str, Any],
     tokenizer_file: Path,
     optimizer: torch.optim.Optimizer | None = None,
@@ -97,7 +108,14 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(model, str(tmp / MODEL_FILE))
-    full_state = {**state, "model_config": model.config.to_dict()}
+    config = model.config
+    assert isinstance(config, ModelConfig)
+    full_state = {
+        **state,
+        "family": family_of(model).name,
+        "format_version": FORMAT_VERSION,
+        "model_config": config.to_dict(),
+    }
     if optimizer_state is None and optimizer is not None:
         optimizer_state = optimizer.state_dict()
     if optimizer_state is not None:
@@ -117,17 +135,69 @@ def save_checkpoint(
     return path
 
 
-def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Load a checkpoint folder (or a run folder: its latest checkpoint) into a model."""
+@overload
+def load_checkpoint(
+    path: str | Path, *, map_location: str | torch.device = "cpu"
+) -> Checkpoint[Transformer]: ...
+
+
+@overload
+def load_checkpoint(
+    path: str | Path, *, map_location: str | torch.device = "cpu", expect: type[M]
+) -> Checkpoint[M]: ...
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    map_location: str | torch.device = "cpu",
+    expect: type[nn.Module] = Transformer,
+) -> Checkpoint[Any]:
+    """Load a checkpoint folder (or a run folder: its latest checkpoint) into a model.
+
+    ``expect``: the model class the caller needs (the paper's :class:`Transformer` by default;
+    ``nn.Module`` for any family). A checkpoint of another family is a :class:`UserError` naming
+    both, as is an unknown family or a format newer than this aiayn reads. Checkpoints written
+    before families existed (no ``family`` recorded) hold the paper's model.
+    """
     folder = resolve_checkpoint(path)
     try:
         state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
-        config = TransformerConfig.from_dict(state["model_config"])
-    except (OSError, ValueError, KeyError) as error:
+        family = family_named(str(state.get("family", "transformer")))
+        config = family.config.from_dict(state["model_config"])
+        model = family.model(config)
+        version = int(state.get("format_version", 1))
+    except (OSError, ValueError, KeyError, TypeError) as error:
         raise UserError(f"{folder}: not a readable aiayn checkpoint ({error})") from None
-    model = Transformer(config)
-    load_model(model, str(folder / MODEL_FILE), device=str(map_location))
+    if not isinstance(model, expect):
+        raise UserError(
+            f"{folder} holds a {family.name} model; this needs a {expect.__name__} checkpoint"
+        )
+    try:
+        tensors = upgrade_state_dict(load_file(str(folder / MODEL_FILE)), version)
+    except (OSError, SafetensorError) as error:
+        raise UserError(f"{folder / MODEL_FILE}: cannot read the weights ({error})") from None
+    _load_tied(model, tensors, folder / MODEL_FILE)
     return Checkpoint(folder, model.to(map_location).eval(), config, state)
+
+
+def _load_tied(model: nn.Module, tensors: dict[str, torch.Tensor], file: Path) -> None:
+    """Load ``tensors`` into ``model``. A tied tensor is saved under one of its names only: a
+    name may be missing from the file if another name of the same parameter is in it."""
+    names_of: dict[int, list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        names_of.setdefault(id(tensor), []).append(name)
+    for names in names_of.values():
+        present = [n for n in names if n in tensors]
+        if not present:
+            raise UserError(f"{file}: no tensor {names[0]!r} (written for another model?)")
+        for name in names:
+            tensors.setdefault(name, tensors[present[0]])
+    try:
+        model.load_state_dict(tensors, strict=True)
+    except RuntimeError as error:
+        first = str(error).strip().splitlines()[:2]
+        raise UserError(f"{file}: weights do not fit the model ({' '.join(first)})") from None
 
 
 def load_optimizer(path: Path, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -181,10 +251,10 @@ def average_checkpoints(paths: list[Path], out: Path) -> Path:
     """
     if not paths:
         raise UserError("no checkpoints to average")
-    newest = load_checkpoint(paths[-1])
+    newest = load_checkpoint(paths[-1], expect=nn.Module)
     total = {name: t.double() for name, t in newest.model.state_dict().items()}
     for path in paths[:-1]:
-        other = load_checkpoint(path)
+        other = load_checkpoint(path, expect=nn.Module)
         if other.config != newest.config:
             raise UserError(f"{path} has a different model config from {paths[-1]}")
         for name, tensor in other.model.state_dict().items():

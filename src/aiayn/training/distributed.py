@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from aiayn.errors import UserError
-from aiayn.layers import DecoderLayer, EncoderLayer
+from aiayn.layers import CrossAttentionBlock, SelfAttentionBlock
 
 STRATEGIES = ("ddp", "fsdp")
 # Rank 0 validates (greedy BLEU) and writes checkpoints while the other ranks wait in a
@@ -219,7 +219,9 @@ def wrap_model(model: nn.Module, env: DistEnv, strategy: str) -> nn.Module:
 
     # a decoder layer's output carries its key/value cache (views); training never writes to them
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module", category=UserWarning)
-    for layer in [m for m in model.modules() if isinstance(m, (EncoderLayer, DecoderLayer))]:
+    for layer in [
+        m for m in model.modules() if isinstance(m, (SelfAttentionBlock, CrossAttentionBlock))
+    ]:
         fully_shard(layer)
     fully_shard(model)
     return model
