@@ -24,8 +24,8 @@ NormFactory = Callable[[int], nn.Module]
 class RMSNorm(nn.Module):
     """Root-mean-square norm without bias or mean subtraction (T5's "LayerNorm").
 
-    The mean of squares is taken in fp32 whatever the input dtype (as T5 does), then the result
-    is cast back before the gain.
+    The mean of squares and the division are computed in fp32 whatever the input dtype, and the
+    result is cast to the gain's dtype before the gain (as T5 does).
     """
 
     def __init__(self, d: int, eps: float = 1e-6):
@@ -37,8 +37,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(*, D) -> (*, D)."""
-        mean_square = x.float().pow(2).mean(dim=-1, keepdim=True)  # (*, 1)
-        return (x.float() * torch.rsqrt(mean_square + self.eps)).to(x.dtype) * self.weight
+        x = x.float()
+        mean_square = x.pow(2).mean(dim=-1, keepdim=True)  # (*, 1)
+        return self.weight * (x * torch.rsqrt(mean_square + self.eps)).to(self.weight.dtype)
 
 
 def layer_norm(eps: float = 1e-5) -> NormFactory:
