@@ -89,5 +89,5 @@ def test_weights_of_another_model_are_refused_by_name(tmp_path: Path) -> None:
         format_version=FORMAT_VERSION,
         model_config=_gpt2().config.to_dict(),
     )
-    with pytest.raises(UserError, match="no tensor 'embedder.embedding.weight'"):
+    with pytest.raises(UserError, match=r"no tensor 'embedder\.embedding\.weight'"):
         load_checkpoint(folder, expect=GPT2)
