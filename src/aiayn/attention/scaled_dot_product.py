@@ -105,14 +105,13 @@ def _explicit_is_faster(query: Tensor, key: Tensor, dropout_p: float) -> bool:
     They do for short queries without gradients, the shapes of decoding:
 
     - many one-query rows (batched greedy and beam steps, B·H·T ≥ 512 query rows of length
-      T ≤ 8): the fused kernel's blocking is made for long sequences. Timed alone
-      (``benchmarks/cpu_kernels.py``, docs/results/cpu_kernels.md) they already win from 128
-      rows, but inside a decode (batch 32, greedy, ``small`` and ``base``) the fused kernel was
-      faster at 128–256 rows (interleaved A/B on 2026-11-21, not kept), so the cut is 512;
+      T ≤ 8): the fused kernel's blocking is made for long sequences. The cut at 512 rows is
+      where they won inside a whole decode, not only timed alone;
     - a few queries over longer keys (2 ≤ T < S, T ≤ 8: the K beams of a sentence over its
-      source, folded into K queries), from 32 query rows: timed alone at d_k = 64 (scratch,
-      2026-11-21), the fused kernel took 17–113 µs at 1–8 sentences × 8 heads × 4 beams over
-      24 source positions, the plain ops 13–31 µs.
+      source, folded into K queries), from 32 query rows.
+
+    The timings behind both cuts: ``benchmarks/cpu_kernels.py`` (docs/results/cpu_kernels.md)
+    and docs/benchmarks.md.
     """
     b, h, t, _ = query.shape
     rows = b * h * t

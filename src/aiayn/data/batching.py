@@ -7,9 +7,8 @@ length, breaking ties at random, pack consecutive sentences into batches under a
 then shuffle the order of the batches. The sort key is (longer side, target length, source
 length), not fairseq's (source length, target length): sorting by the source alone lets target
 lengths spread inside a batch, and target padding is the costly kind (the decoder and the output
-layer run on it). On the 20,000 demo pairs (8k BPE) at 4096 tokens: 3.2% target / 8.5%
-source padding instead of 15.5% / 1.2%, and 12% fewer batches for the same data (a scratch
-measurement, not kept; docs/performance.md). Everything random is drawn from ``(seed, epoch)``,
+layer run on it); docs/performance.md compares the two keys. Everything random is drawn from
+``(seed, epoch)``,
 so a trainer can rebuild an epoch's batch list and resume at any batch index.
 
 Lengths passed to the sampler are subword counts *without* specials (as returned by

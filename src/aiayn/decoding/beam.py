@@ -165,8 +165,8 @@ def top_candidates(candidates: Tensor, n: int, chunk: int = 128) -> tuple[Tensor
     """The n largest values of each row of ``candidates`` (b, M), largest first, and their
     indices: ``torch.topk``'s values exactly, found in fewer passes over long rows.
 
-    CPU ``topk`` copies every element of a row into its selection buffer (~1 ns each: 33–36 µs
-    for one sentence's K·V = 4 × 8,000 candidates). Here only a vectorised maximum reads every
+    CPU ``topk`` copies every element of a row into its selection buffer (the cost is in
+    docs/benchmarks.md). Here only a vectorised maximum reads every
     element: the row is cut into chunks of ``chunk`` elements, and the n elements sought lie in
     the n chunks with the largest maxima (an element among the n largest is at least the n-th
     largest value, and so is its chunk's maximum; fewer than n chunks can have a larger one).
@@ -177,7 +177,7 @@ def top_candidates(candidates: Tensor, n: int, chunk: int = 128) -> tuple[Tensor
     b, m = candidates.shape
     chunks = -(-m // chunk)
     if candidates.device.type != "cpu" or m < 1 << 14 or chunks <= n:
-        return candidates.topk(n, dim=1)  # short rows (8,000: 10 against 22 µs), or not CPU
+        return candidates.topk(n, dim=1)  # short rows (topk is faster there), or not CPU
     padded = F.pad(candidates, (0, chunks * chunk - m), value=-math.inf)  # (b, C·L)
     blocks = padded.view(b, chunks, chunk)  # (b, C·L) -> (b, C, L)
     best_chunks = blocks.amax(dim=2).topk(n, dim=1).indices  # (b, n) chunk ids

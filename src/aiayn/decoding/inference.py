@@ -2,8 +2,8 @@
 
 :func:`inference_step` is :func:`~aiayn.decoding.step.encoder_decoder_step` with the same
 decoder and the same arithmetic (up to summation order), written for speed at small batches,
-where the small operations around a step's matmuls take 19–67% of it (batch 1, ``base`` to
-``tiny``, docs/benchmarks.md). It runs on any device; the packed kernels are CPU-only.
+where the small operations around a step's matmuls take a large share of it (measured in
+docs/benchmarks.md). It runs on any device; the packed kernels are CPU-only.
 
 - the decoder's weights are gathered once into :class:`~aiayn.decoding.packed.LinearKernel`\\ s
   (oneDNN-packed when the model came through

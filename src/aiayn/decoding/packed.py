@@ -4,20 +4,17 @@ On CPU, PyTorch's fp32 ``F.linear`` calls MKL's GEMM. On this project's AMD mach
 its AVX2 code although the CPU has AVX-512, and re-packs the weight at every call, which costs
 the most at the few rows of a decoding step. oneDNN (shipped inside PyTorch, used by its
 compiler for the same purpose) reorders each weight once into its blocked layout and runs its
-own AVX-512 kernels: 1.8–7.4× faster per call at 4–128 rows on the decoder weights of
-``small`` and ``base``, same fp32 arithmetic up to summation order (the smallest, 256 × 256,
-gains only at 32 rows and more). Measured by ``benchmarks/cpu_kernels.py`` (docs/benchmarks.md).
+own AVX-512 kernels, with the same fp32 arithmetic up to summation order. How much faster per
+call, at which row counts and weight sizes: ``benchmarks/cpu_kernels.py``,
+docs/results/cpu_kernels.md.
 
-Small products are the exception. oneDNN's call costs ~15 µs however small the product, and
-MKL's is cheap for a few rows. While a decoding step's weights stay in cache (at most half the
-last-level cache: ``tiny`` at vocabulary 8,000, 2.6 MB), products of up to 2^18 multiply–adds
-(rows × D_in × D_out: one row of a 512 × 512 weight, four of a 256 × 256 one) keep PyTorch's
-kernel: ``tiny`` decodes 1.2–1.8× faster at batch 1 than with all of them on oneDNN. When the
-step's weights do not stay there (``small``: 21 MB for a 32 MB cache; ``base``: 117 MB), every
-product uses oneDNN, which reads a weight on all threads where MKL's one-row product uses one;
-end to end, small products on MKL ran at 0.85–1.02× that speed at batch 1 in the run kept in
-docs/benchmarks.md (0.78–1.08× greedy in earlier runs). Measured by
-``benchmarks/decode_vs_hf.py``.
+Small products are the exception: oneDNN's call has a fixed cost however small the product,
+and MKL's is cheap for a few rows. The rule: while a decoding step's weights stay in cache (at
+most half the last-level cache), products of up to 2^18 multiply–adds (rows × D_in × D_out:
+one row of a 512 × 512 weight, four of a 256 × 256 one) keep PyTorch's kernel; when the step's
+weights do not stay there, every product uses oneDNN, which reads a weight on all threads where
+MKL's one-row product uses one. The end-to-end effect of the rule is measured by
+``benchmarks/decode_vs_hf.py`` (docs/benchmarks.md).
 
 :func:`pack_for_inference` returns a copy of a model whose ``nn.Linear`` layers are
 :class:`PackedLinear`: CPU, fp32, inference only (no gradients; the packed weights cannot be

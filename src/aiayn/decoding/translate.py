@@ -37,9 +37,8 @@ class DecodeOptions:
         max_src_tokens: longer sources are truncated with a warning (None = the model's limit).
         pack: on CPU, decode with a copy of the model whose linear layers are packed for
             oneDNN (:func:`~aiayn.decoding.packed.pack_for_inference`; same fp32 arithmetic up
-            to summation order; in ``benchmarks/decode_vs_hf.py`` 1.42–2.36× faster decoding
-            than PyTorch's linears at ``small`` and ``base``, 0.91–1.09× at ``tiny``).
-            Ignored on GPU.
+            to summation order; its speed against PyTorch's linears is measured by
+            ``benchmarks/decode_vs_hf.py``, docs/benchmarks.md). Ignored on GPU.
     """
 
     beam_size: int = 4

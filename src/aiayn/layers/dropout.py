@@ -1,8 +1,8 @@
 """Dropout (§5.4, P_drop) with a faster mask on CPU.
 
 On CPU, :func:`torch.nn.functional.dropout` draws one Bernoulli sample per element, which costs
-about as much as a small matmul (7% of a `small` training step in a development profile that
-was not kept; docs/performance.md). This module draws 16 random bits per element instead (four
+about as much as a small matmul (docs/performance.md). This module draws 16 random bits per
+element instead (four
 elements per 64-bit draw of the same generator) and keeps an element when those bits, read as a
 signed 16-bit integer, reach a threshold:
 
