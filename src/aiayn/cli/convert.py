@@ -1,0 +1,102 @@
+"""``aiayn convert``: a Hugging Face model folder (or Hub name) -> an aiayn checkpoint, and back.
+
+    aiayn convert --from-hf gpt2 --to runs/gpt2            Hugging Face -> aiayn checkpoint
+    aiayn convert --checkpoint runs/gpt2 --to-hf out/gpt2  aiayn checkpoint -> Hugging Face
+
+An existing destination is refused unless ``--force`` (then it is replaced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``convert`` sub-command."""
+    p = subparsers.add_parser(
+        "convert",
+        help="convert a Hugging Face model (folder or Hub name) to an aiayn checkpoint, or back",
+        description="Convert pretrained weights exactly: every tensor is used, shapes are "
+        "checked, unsupported options are refused by name. Families: GPT-2 (model_type gpt2).",
+    )
+    p.add_argument("--from-hf", metavar="DIR_OR_NAME", help="Hugging Face folder or Hub name")
+    p.add_argument("--to", metavar="DIR", help="aiayn checkpoint folder to write (with --from-hf)")
+    p.add_argument("--checkpoint", metavar="DIR", help="aiayn checkpoint to write back")
+    p.add_argument(
+        "--to-hf", metavar="OUT", help="Hugging Face folder to write (with --checkpoint)"
+    )
+    p.add_argument("--force", action="store_true", help="replace an existing destination")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Convert in the direction the arguments give and print one summary line."""
+    from aiayn.errors import UserError
+
+    if args.from_hf and args.to and not (args.checkpoint or args.to_hf):
+        return _from_hf(args.from_hf, Path(args.to), args.force)
+    if args.checkpoint and args.to_hf and not (args.from_hf or args.to):
+        return _to_hf(Path(args.checkpoint), Path(args.to_hf), args.force)
+    raise UserError("give --from-hf DIR_OR_NAME --to DIR, or --checkpoint DIR --to-hf OUT")
+
+
+def _refuse_existing(path: Path, force: bool) -> None:
+    from aiayn.errors import UserError
+
+    if path.exists() and not force:
+        raise UserError(f"{path} exists: pass --force to replace it")
+
+
+def _from_hf(source: str, out: Path, force: bool) -> int:
+    from aiayn.convert import from_hf
+    from aiayn.errors import UserError
+    from aiayn.models import count_parameters
+    from aiayn.models.families import family_of
+    from aiayn.training.checkpoint import TOKENIZER_FILE, save_checkpoint
+
+    _refuse_existing(out, force)
+    converted = from_hf(source)
+    if converted.tokenizer is None:
+        raise UserError(
+            f"{converted.folder} has no tokenizer (tokenizer.json, or vocab.json + "
+            "merges.txt): an aiayn checkpoint needs one"
+        )
+    state = {"converted_from": str(source), "hf_config": converted.hf_config}
+    with tempfile.TemporaryDirectory() as tmp:
+        converted.tokenizer.save(Path(tmp) / TOKENIZER_FILE)
+        save_checkpoint(out, converted.model, state, Path(tmp) / TOKENIZER_FILE)
+    family = family_of(converted.model).name
+    print(
+        f"converted {source} -> {out}: {family}, {count_parameters(converted.model):,} "
+        f"parameters, {converted.tensors_mapped} tensors mapped"
+    )
+    return 0
+
+
+def _to_hf(checkpoint: Path, out: Path, force: bool) -> int:
+    import shutil
+
+    from torch import nn
+
+    from aiayn.convert import to_hf
+    from aiayn.data.text_tokenizer import TextTokenizer
+    from aiayn.models import count_parameters
+    from aiayn.training.checkpoint import load_checkpoint
+
+    _refuse_existing(out, force)
+    loaded = load_checkpoint(checkpoint, expect=nn.Module)
+    tokenizer = TextTokenizer.load(loaded.tokenizer_path)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    to_hf(loaded.model, tmp, tokenizer)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    print(
+        f"wrote {loaded.path} -> {out}: {loaded.family}, "
+        f"{count_parameters(loaded.model):,} parameters, Hugging Face format"
+    )
+    return 0

@@ -1,0 +1,103 @@
+"""Pretrained checkpoints of other libraries <-> aiayn's model families.
+
+:func:`from_hf` reads a Hugging Face model folder (or Hub name), picks the family from
+``config.json``'s ``model_type`` and converts the weights exactly (every tensor used, shapes
+checked); :func:`to_hf` writes an aiayn model back as a folder transformers loads. One module per
+family holds its name map (:mod:`aiayn.convert.gpt2`); :mod:`aiayn.convert.hf_folder` reads and
+writes the folders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from aiayn.convert.gpt2 import (
+    HF_TO_AIAYN,
+    gpt2_config_from_hf,
+    gpt2_config_to_hf,
+    gpt2_from_hf,
+    gpt2_from_hf_tensors,
+    gpt2_state_dict_from_hf,
+    gpt2_state_dict_to_hf,
+    gpt2_to_hf,
+)
+from aiayn.convert.hf_folder import (
+    read_hf_config,
+    read_hf_tokenizer,
+    read_hf_weights,
+    resolve_hf_source,
+)
+from aiayn.data.text_tokenizer import TextTokenizer
+from aiayn.errors import UserError
+from aiayn.models.families import family_of
+from aiayn.models.gpt2 import GPT2
+
+FromHF = Callable[[Mapping[str, Any], Mapping[str, Tensor]], tuple[nn.Module, int]]
+
+FROM_HF: dict[str, FromHF] = {"gpt2": gpt2_from_hf_tensors}
+"""Hugging Face ``model_type`` -> the converter of its config and tensors."""
+
+
+@dataclass(frozen=True)
+class HFConversion:
+    """A converted Hugging Face model.
+
+    Attributes:
+        model: the aiayn model, in eval mode.
+        tokenizer: the folder's vocabulary, or None when it has none.
+        hf_config: the folder's ``config.json``.
+        folder: where the folder was read (a Hub name resolves to its local snapshot).
+        tensors_mapped: how many checkpoint tensors went into the model.
+    """
+
+    model: nn.Module
+    tokenizer: TextTokenizer | None
+    hf_config: dict[str, Any]
+    folder: Path
+    tensors_mapped: int
+
+
+def from_hf(source: str | Path) -> HFConversion:
+    """Convert the Hugging Face model at ``source`` (a folder or a Hub name).
+
+    Raises:
+        UserError: an unsupported ``model_type`` (by name), option or tensor.
+    """
+    folder = resolve_hf_source(source)
+    hf_config = read_hf_config(folder)
+    model_type = hf_config.get("model_type")
+    if model_type not in FROM_HF:
+        raise UserError(
+            f"model_type {model_type!r} is not supported yet (supported: {', '.join(FROM_HF)})"
+        )
+    model, mapped = FROM_HF[model_type](hf_config, read_hf_weights(folder))
+    return HFConversion(model, read_hf_tokenizer(folder), hf_config, folder, mapped)
+
+
+def to_hf(model: nn.Module, out_dir: str | Path, tokenizer: TextTokenizer | None = None) -> Path:
+    """Write ``model`` as a Hugging Face folder (families with a converter back: GPT-2)."""
+    if isinstance(model, GPT2):
+        return gpt2_to_hf(model, out_dir, tokenizer)
+    family = family_of(model).name
+    raise UserError(f"the {family} family cannot be written as a Hugging Face model yet")
+
+
+__all__ = [
+    "FROM_HF",
+    "HF_TO_AIAYN",
+    "HFConversion",
+    "from_hf",
+    "gpt2_config_from_hf",
+    "gpt2_config_to_hf",
+    "gpt2_from_hf",
+    "gpt2_from_hf_tensors",
+    "gpt2_state_dict_from_hf",
+    "gpt2_state_dict_to_hf",
+    "gpt2_to_hf",
+    "to_hf",
+]
