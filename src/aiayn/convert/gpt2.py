@@ -264,8 +264,9 @@ def load_gpt2_state(model: GPT2, state: dict[str, Tensor]) -> None:
                 f"tensor {_hf_name(name)!r} has shape {_hf_shape(name, tensor.shape)}; the config "
                 f"says {_hf_shape(name, expected[name].shape)}"
             )
-    with torch.no_grad():
-        model.load_state_dict(state, strict=True)
+    model.load_state_dict(state, strict=True, assign=True)  # the checkpoint's tensors, in place
+    if model.config.tie_output:  # assigned one by one, the two names hold two Parameters: re-tie
+        model.output_proj.weight = model.embedder.embedding.weight
 
 
 def _fold_tied_head(model: GPT2, state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -296,8 +297,9 @@ def gpt2_from_hf_tensors(
 ) -> tuple[GPT2, int]:
     """A GPT-2 (eval mode, fp32) from a config dict and its tensors; also the number of
     checkpoint tensors mapped."""
-    model = GPT2(gpt2_config_from_hf(hf_config))
-    state = gpt2_state_dict_from_hf(hf_tensors)
+    with torch.device("meta"):  # no random draws or memory for weights the checkpoint gives
+        model = GPT2(gpt2_config_from_hf(hf_config))
+    state = {k: t.float().contiguous() for k, t in gpt2_state_dict_from_hf(hf_tensors).items()}
     load_gpt2_state(model, state)
     return model.eval(), len(state)
 
