@@ -130,6 +130,22 @@ def test_kv_cache_appends_in_place_and_copies_on_write() -> None:
     assert torch.all(b.key[:, :, -1] == 1)  # the source of the reorder is untouched
 
 
+def test_kv_cache_reserve_holds_later_appends_in_one_buffer() -> None:
+    k0, v0 = torch.randn(2, H, 3, 8), torch.randn(2, H, 3, 8)
+    cache = KVCache(k0, v0).reserve(40)  # more than a first append allocates (16 or 2 × L)
+    buffer = cache.key.untyped_storage().data_ptr()
+    for _ in range(37):  # up to the capacity reserved: no new buffer
+        cache = cache.append(torch.randn(2, H, 1, 8), torch.randn(2, H, 1, 8))
+        assert cache.key.untyped_storage().data_ptr() == buffer
+    assert cache.length == 40
+    torch.testing.assert_close(cache.key[:, :, :3], k0, rtol=0, atol=0)
+    torch.testing.assert_close(cache.value[:, :, :3], v0, rtol=0, atol=0)
+    assert cache.reserve(6) is cache  # the newest cache of a buffer large enough
+    grown = cache.reserve(50)
+    assert grown.key.untyped_storage().data_ptr() != buffer
+    torch.testing.assert_close(grown.key, cache.key, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_grouped_queries_share_keys_values_exactly_like_copies(need_weights: bool) -> None:
     # 3 sentences × 4 beams of queries over each sentence's one memory row

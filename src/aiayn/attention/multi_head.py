@@ -98,6 +98,22 @@ class KVCache:
         storage.filled = new
         return KVCache(storage.key[:, :, :new], storage.value[:, :, :new], storage)
 
+    def reserve(self, capacity: int) -> KVCache:
+        """This cache in buffers of at least ``capacity`` positions, so that appending up to
+        them copies only the new positions (e.g. a prompt's keys/values before decoding up to
+        a known length). Returns ``self`` when its buffers are already the newest and large
+        enough, or while autograd records (appends then concatenate)."""
+        storage, n = self._storage, self.length
+        if _records_grad(self.key, self.value) or (
+            storage is not None and storage.filled == n and storage.capacity >= capacity
+        ):
+            return self
+        storage = _Storage.allocate(self, self.key.size(0), max(capacity, n))
+        storage.key[:, :, :n] = self.key  # (B, H, L, d_k)
+        storage.value[:, :, :n] = self.value
+        storage.filled = n
+        return KVCache(storage.key[:, :, :n], storage.value[:, :, :n], storage)
+
     def index_select(self, index: Tensor) -> KVCache:
         """Reorder/select batch rows (e.g. surviving beams): index is (B',) into B."""
         if self._storage is None or _records_grad(self.key, self.value):

@@ -12,10 +12,32 @@ import sys
 from collections.abc import Sequence
 
 from aiayn import __version__
-from aiayn.cli import attention, average, evaluate, experiment, explain, params, train, translate
+from aiayn.cli import (
+    attention,
+    average,
+    convert,
+    evaluate,
+    experiment,
+    explain,
+    generate,
+    params,
+    train,
+    translate,
+)
 from aiayn.errors import UserError
 
-COMMANDS = (train, translate, evaluate, average, attention, experiment, explain, params)
+COMMANDS = (
+    train,
+    translate,
+    generate,
+    evaluate,
+    average,
+    attention,
+    experiment,
+    explain,
+    params,
+    convert,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,8 @@ Shape legend:  B batch   V vocabulary
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -49,15 +51,18 @@ def sample(
     top_k: int | None = None,
     top_p: float | None = None,
     min_len: int = 0,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     device: torch.device | str = "cpu",
 ) -> list[list[int]]:
     """Draw one output per row from the (filtered, tempered) model distribution.
 
-    Pass a seeded ``torch.Generator`` for reproducible samples.
+    Pass a seeded ``torch.Generator`` for reproducible samples, or one generator per row: each
+    row then draws from its own, so its sample does not depend on the other rows of the batch.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    if isinstance(generator, Sequence) and len(generator) != batch_size:
+        raise ValueError(f"need one generator per row: {len(generator)} for {batch_size}")
     limit = torch.as_tensor(max_len, device=device).expand(batch_size)  # (B,)
     tokens = torch.full((batch_size, 1), bos_id, dtype=torch.long, device=device)  # (B, 1)
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
@@ -68,7 +73,7 @@ def sample(
         if t < min_len:
             logits[:, eos_id] = -torch.inf
         logits = filter_logits(logits, top_k=top_k, top_p=top_p)
-        drawn = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]  # (B,)
+        drawn = _draw(logits.softmax(dim=-1), generator)  # (B,)
         drawn = torch.where(finished | (t >= limit), eos_id, drawn)
         outputs.append(drawn)
         finished |= drawn == eos_id
@@ -77,3 +82,11 @@ def sample(
         tokens = drawn[:, None]
     rows = torch.stack(outputs, dim=1).tolist()
     return [row[: row.index(eos_id)] if eos_id in row else row for row in rows]
+
+
+def _draw(probs: Tensor, generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
+    """One token per row of (B, V) ``probs``: (B,) ids, with one generator or one per row."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B, 1) -> (B,)
+    rows = [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generator, strict=True)]
+    return torch.cat(rows)  # B × (1,) -> (B,)

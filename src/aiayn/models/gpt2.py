@@ -225,7 +225,8 @@ class GPT2(nn.Module):
         tokens: Tensor,
         *,
         key_padding: Tensor | None = None,
-        cache: list[KVCache] | None = None,
+        positions: Tensor | None = None,
+        cache: list[KVCache] | tuple[KVCache, ...] | None = None,
         need_weights: bool = False,
     ) -> LMOutput:
         """Final states of the T new tokens after L cached ones.
@@ -233,17 +234,16 @@ class GPT2(nn.Module):
         Args:
             tokens: (B, T) ids.
             key_padding: (B, L + T) boolean, True = a real token, False = padding (e.g. the left
-                padding of shorter prompts); None = no padding. Positions count from each
-                row's first real token.
+                padding of shorter prompts); None = no padding.
+            positions: (B, T) position ids of the new tokens; None = counted from each row's
+                first real token (from ``key_padding``), or L .. L + T - 1 without padding.
             cache: per layer, the keys/values of the L earlier positions, or None (L = 0).
         """
-        t = tokens.size(1)
         offset = 0 if cache is None else cache[0].length
-        positions = None
-        if key_padding is not None:
+        if positions is None and key_padding is not None:
             positions = positions_from_padding(key_padding)[:, offset:]  # (B, T)
         x = self.embedder(tokens, offset, positions=positions)  # (B, T, D)
-        mask = decoder_only_mask(key_padding, t)
+        mask = decoder_only_mask(key_padding, tokens.size(1))
         new_cache: list[KVCache] = []
         weights: list[Tensor] | None = [] if need_weights else None
         for i, block in enumerate(self.layers):

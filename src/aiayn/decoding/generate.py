@@ -1,0 +1,231 @@
+"""Text generation with a decoder-only language model (GPT-2, Radford et al. 2019) through
+aiayn's searches: greedy, beam search (GNMT length penalty) or sampling (temperature, top-k,
+nucleus / top-p: Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration").
+
+Prompts are decoded in batches of similar length (sorted, to limit the left padding), each by
+:func:`~aiayn.decoding.lm.decoder_only_step`; results come back in input order, and every
+prompt gets the output it gets alone (sampling: each prompt draws from its own generator).
+
+Shape legend:  B prompts in a batch   K beams   V vocabulary
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from aiayn.decoding.beam import Hypothesis, beam_search
+from aiayn.decoding.greedy import greedy_search
+from aiayn.decoding.lm import check_prompts, decoder_only_step
+from aiayn.decoding.packed import pack_for_inference
+from aiayn.decoding.sampling import sample
+from aiayn.errors import UserError
+from aiayn.models.gpt2 import GPT2
+
+METHODS = ("greedy", "beam", "sample")
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """How to generate. Every value is checked on construction (:class:`UserError` naming it).
+
+    Attributes:
+        max_new_tokens: the most tokens generated per prompt (EOS excluded); generation stops
+            earlier at EOS.
+        min_new_tokens: EOS is not allowed before this many tokens.
+        method: "greedy", "beam" or "sample".
+        beam_size: K of beam search (1 = greedy search).
+        alpha: α of beam search's GNMT length penalty (see :mod:`aiayn.decoding.beam`).
+        n_best: hypotheses kept per prompt by :func:`generate_ids` (beam search only).
+        temperature: sampling: p ∝ exp(logit / temperature).
+        top_k: sampling: only the k most probable tokens; None = all.
+        top_p: sampling: only the smallest set of most probable tokens whose probability
+            reaches p (nucleus sampling); None = all.
+        seed: sampling: each prompt draws from its own generator, seeded from ``seed`` and the
+            prompt's ids, so its sample is the one it gets alone, whatever the batch, and
+            different prompts draw independent streams (the same prompt twice gives the same
+            text twice); None = torch's global generator, not reproducible.
+        batch_size: prompts decoded together (beam search: K rows each).
+        pack: on CPU, decode with a copy of the model whose linear layers are packed for
+            oneDNN (:func:`~aiayn.decoding.packed.pack_for_inference`: the same fp32
+            arithmetic up to summation order, packed once per call). Ignored on GPU.
+    """
+
+    max_new_tokens: int = 50
+    min_new_tokens: int = 0
+    method: str = "greedy"
+    beam_size: int = 4
+    alpha: float = 0.6
+    n_best: int = 1
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    batch_size: int = 16
+    pack: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("max_new_tokens", self.max_new_tokens, 1)
+        _check_int("min_new_tokens", self.min_new_tokens, 0, self.max_new_tokens)
+        if self.method not in METHODS:
+            raise UserError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        _check_int("beam_size", self.beam_size, 1)
+        _check_int("n_best", self.n_best, 1, self.beam_size)
+        if self.n_best > 1 and self.method != "beam":
+            raise UserError(f"n_best = {self.n_best} needs method 'beam', got {self.method!r}")
+        _check_float("alpha", self.alpha, 0.0, math.inf)
+        _check_float("temperature", self.temperature, 0.0, math.inf, open_low=True)
+        if self.top_k is not None:
+            _check_int("top_k", self.top_k, 1)
+        if self.top_p is not None:
+            _check_float("top_p", self.top_p, 0.0, 1.0, open_low=True)
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, 2**63 - 1)
+        _check_int("batch_size", self.batch_size, 1)
+        if not isinstance(self.pack, bool):
+            raise UserError(f"pack must be True or False, got {self.pack!r}")
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
+    """``value`` is an int (not a bool) in [low, high]."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UserError(f"{name} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        raise UserError(f"{name} must be {bounds}, got {value}")
+
+
+def _check_float(
+    name: str, value: object, low: float, high: float, *, open_low: bool = False
+) -> None:
+    """``value`` is a finite number in [low, high], or (low, high] with ``open_low``."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise UserError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value > high or value < low or (open_low and value == low):
+        interval = f"{'(' if open_low else '['}{low}, {high}{')' if math.isinf(high) else ']'}"
+        raise UserError(f"{name} must be finite and in {interval}, got {value}")
+
+
+class TextCodec(Protocol):
+    """What :func:`generate` needs of a tokenizer (:class:`~aiayn.data.TextTokenizer`, or
+    aiayn's :class:`~aiayn.data.Tokenizer`): ids without specials, and back."""
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text``, no special tokens added."""
+        ...
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids``, special tokens skipped."""
+        ...
+
+
+def generate(
+    model: GPT2,
+    tokenizer: TextCodec,
+    prompts: Sequence[str],
+    options: GenerateOptions = GenerateOptions(),
+) -> list[str]:
+    """The continuation of each prompt (the new text only), in input order.
+
+    An empty prompt starts from BOS: unconditional text, as GPT-2 samples it after
+    ``<|endoftext|>``. The continuation is the decoded prompt + new tokens minus the decoded
+    prompt, so a tokenizer that joins tokens with spaces still gives the space between them.
+
+    Raises:
+        UserError: a prompt needs more than ``config.max_len`` positions with
+            ``max_new_tokens`` more, or encodes to an id outside the model's vocabulary.
+    """
+    ids = [tokenizer.encode(p) or [model.config.bos_id] for p in prompts]
+    best = [hyps[0].tokens for hyps in generate_ids(model, ids, options)]
+    return [_continuation(tokenizer, p, new) for p, new in zip(ids, best, strict=True)]
+
+
+def _continuation(tokenizer: TextCodec, prompt: list[int], new: list[int]) -> str:
+    before = tokenizer.decode(prompt)
+    text = tokenizer.decode([*prompt, *new])
+    return text[len(before) :] if text.startswith(before) else tokenizer.decode(new)
+
+
+@torch.inference_mode()
+def generate_ids(
+    model: GPT2,
+    prompts: Sequence[Sequence[int]],
+    options: GenerateOptions = GenerateOptions(),
+) -> list[list[Hypothesis]]:
+    """Per prompt (non-empty id lists), its ``n_best`` outputs, best first, in input order:
+    new ids without EOS. Greedy and sampled outputs carry ``log_prob = score = nan``.
+
+    Puts the model in eval mode. Prompts are sorted by length and decoded ``batch_size`` at a
+    time. No prompts give an empty list.
+    """
+    if not prompts:
+        return []
+    model.eval()
+    check_prompts(model, prompts, options.max_new_tokens)  # numbered in input order
+    if options.pack:
+        model = pack_for_inference(model)  # the model itself where packing does not apply
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    results: list[list[Hypothesis]] = [[] for _ in prompts]
+    for start in range(0, len(order), options.batch_size):
+        batch = order[start : start + options.batch_size]
+        outputs = _generate_batch(model, [prompts[i] for i in batch], options)
+        for i, hyps in zip(batch, outputs, strict=True):
+            results[i] = hyps
+    return results
+
+
+def _generate_batch(
+    model: GPT2, prompts: list[Sequence[int]], o: GenerateOptions
+) -> list[list[Hypothesis]]:
+    """One batch of B prompts through the chosen search."""
+    c, b = model.config, len(prompts)
+    device = model.embedder.embedding.weight.device
+    step, state = decoder_only_step(
+        model, prompts, max_new_tokens=o.max_new_tokens, final_unread=o.method != "beam"
+    )
+    ends = {"bos_id": c.bos_id, "eos_id": c.eos_id, "max_len": o.max_new_tokens}
+    if o.method == "beam":
+        return beam_search(
+            step,
+            state,
+            **ends,
+            batch_size=b,
+            beam_size=o.beam_size,
+            alpha=o.alpha,
+            n_best=o.n_best,
+            min_len=o.min_new_tokens,
+            device=device,
+        )
+    if o.method == "sample":
+        generators = None
+        if o.seed is not None:
+            generators = [prompt_generator(o.seed, p, device) for p in prompts]
+        outputs = sample(
+            step,
+            state,
+            **ends,
+            batch_size=b,
+            temperature=o.temperature,
+            top_k=o.top_k,
+            top_p=o.top_p,
+            min_len=o.min_new_tokens,
+            generator=generators,
+            device=device,
+        )
+    else:
+        outputs = greedy_search(
+            step, state, **ends, batch_size=b, min_len=o.min_new_tokens, device=device
+        )
+    return [[Hypothesis(out, math.nan, math.nan)] for out in outputs]
+
+
+def prompt_generator(seed: int, prompt: Sequence[int], device: torch.device) -> torch.Generator:
+    """A generator seeded from ``seed`` and the prompt's ids (a stable 63-bit hash of both)."""
+    text = f"{seed}:" + ",".join(str(int(t)) for t in prompt)
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return torch.Generator(device).manual_seed(int.from_bytes(digest, "big") >> 1)
