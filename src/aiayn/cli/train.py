@@ -1,28 +1,22 @@
-"""``aiayn train``: train a translation model (§5); with no config, the built-in demo."""
+"""``aiayn train``: train a translation model (§5) or a language model (GPT-2's architecture);
+with no config, the built-in translation demo."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-DEMO_SENTENCES = (
-    "I love you.",
-    "Where is the train station?",
-    "Tom doesn't like cheese.",
-    "We have to go home now.",
-    "The weather is nice today.",
-    "Can you help me, please?",
-)
-
 
 def register(subparsers: Any) -> None:
     """Add the ``train`` sub-command."""
     p = subparsers.add_parser(
         "train",
-        help="train an encoder-decoder Transformer for translation (default: built-in demo)",
-        description="Train a translation model as in §5 of the paper. With no --config, trains "
-        "a small model on the built-in Tatoeba EN-DE demo corpus (a few minutes on a CPU), "
-        "then translates a few sentences and reports BLEU on held-out pairs.",
+        help="train a translation Transformer or a GPT-2 language model (default: built-in demo)",
+        description="Train a model with the training loop of §5 of the paper. With no --config, "
+        "trains a small translation model on the built-in Tatoeba EN-DE demo corpus (a few "
+        "minutes on a CPU), then translates a few sentences and reports BLEU on held-out pairs. "
+        "A config whose model section says family: gpt2 trains a language model instead "
+        "(configs/lm_demo.yaml: on the demo corpus's English side) and reports perplexity.",
     )
     p.add_argument("--config", help="YAML run config (see configs/); default: the built-in demo")
     p.add_argument(
@@ -41,10 +35,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train, then print the result (and demo translations for the built-in demo)."""
-    from aiayn.decoding.translate import translate_texts
+    """Train, then print the result and the task's report (demo translations, samples…)."""
     from aiayn.training.config import load_run_config
     from aiayn.training.distributed import is_main_process
+    from aiayn.training.task import make_task
     from aiayn.training.trainer import train
 
     overrides = list(args.overrides)
@@ -58,29 +52,5 @@ def run(args: argparse.Namespace) -> int:
         f"\ntrained {result.steps} steps ({result.epochs_completed} full epochs) in "
         f"{result.minutes:.1f} min; run folder: {result.run_dir}"
     )
-    print(
-        f"validation: BLEU {result.valid['bleu']:.2f}, perplexity {result.valid['ppl']:.2f} "
-        f"({result.final_checkpoint.name})"
-    )
-    best = result.averaged_valid or result.valid
-    if result.averaged_valid is not None and result.averaged_checkpoint is not None:
-        print(
-            f"averaged checkpoint: BLEU {result.averaged_valid['bleu']:.2f} "
-            f"({result.averaged_checkpoint})"
-        )
-    if config.data.train_src is None:  # the built-in demo: show it works
-        from aiayn.data import Tokenizer
-        from aiayn.training.checkpoint import load_checkpoint
-
-        ckpt = load_checkpoint(result.averaged_checkpoint or result.final_checkpoint)
-        tokenizer = Tokenizer.load(ckpt.tokenizer_path)
-        print("\ndemo translations (English -> German, greedy):")
-        for src, hyp in zip(
-            DEMO_SENTENCES, translate_texts(ckpt.model, tokenizer, DEMO_SENTENCES), strict=True
-        ):
-            print(f"  {src:<32} -> {hyp}")
-        print(
-            f"\nBLEU on {int(best['bleu_sentences'])} held-out pairs: {best['bleu']:.2f} "
-            "(sacreBLEU, detokenized, cased)"
-        )
+    make_task(config).report(result)
     return 0

@@ -163,6 +163,12 @@ class ParallelDataset:
         """(N,) target lengths in subword tokens, specials not counted."""
         return np.fromiter((len(x) for x in self.tgt), dtype=np.int64, count=len(self.tgt))
 
+    def target_tokens(self, indices: Sequence[int] | NDArray[np.int64]) -> int:
+        """Non-pad ``tgt_out`` entries (EOS included) of the pairs at ``indices`` together, as
+        :func:`collate` counts them, from the lengths alone (no collation)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return int(self.tgt_lengths[idx].sum()) + SPECIALS_PER_ROW * idx.size
+
     def collate(self, indices: Iterable[int]) -> Batch:
         """The padded :class:`Batch` of the pairs at ``indices`` (e.g. one sampler batch)."""
         idx = list(indices)

@@ -1,11 +1,19 @@
-"""Training (§5): label-smoothed loss, the eq. (3) schedule, checkpoints and the trainer."""
+"""Training (§5): label-smoothed loss, the eq. (3) schedule, checkpoints and the trainer, which
+runs a task: translation or a language model."""
 
-from aiayn.training.config import DataConfig, RunConfig, TrainConfig, load_run_config
+from aiayn.training.config import (
+    DataConfig,
+    LMDataConfig,
+    RunConfig,
+    TrainConfig,
+    load_run_config,
+)
 from aiayn.training.loss import LossSums, label_smoothed_nll
 from aiayn.training.schedule import transformer_lr
 
 __all__ = [
     "DataConfig",
+    "LMDataConfig",
     "LossSums",
     "RunConfig",
     "TrainConfig",

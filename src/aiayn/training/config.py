@@ -7,22 +7,31 @@ A YAML file has the three sections plus ``run_dir``::
     data:  {train_src: train.en.gz, train_tgt: train.de.gz, vocab_size: 8000}
     train: {max_tokens: 4096, warmup_steps: 4000, lr_scale: 2.0}
 
-``--set train.max_steps=100`` overrides one key (the value is parsed as YAML). Unknown keys and
-wrong types are errors naming the key.
+``model.family`` picks the model family and with it the task: ``transformer`` (the default: the
+paper's encoder–decoder, translation, :class:`DataConfig`) or ``gpt2`` (a decoder-only language
+model, :class:`LMDataConfig`)::
+
+    model: {family: gpt2, preset: gpt2-tiny, d_model: 128}
+    data:  {train_text: book.txt, block_size: 128, vocab_size: 8000}
+
+``--set train.max_steps=100`` overrides one key (the value is parsed as YAML). Unknown keys, keys
+of the other family's data section and wrong types are errors naming the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from aiayn.config import TransformerConfig, check_field_types, preset
-from aiayn.errors import ConfigError
+from aiayn.config import ModelConfig, TransformerConfig, check_field_types, preset
+from aiayn.errors import ConfigError, UserError
+from aiayn.models.gpt2 import GPT2Config, gpt2_preset
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,48 @@ class DataConfig:
             raise ConfigError(f"data.max_ratio must be >= 1, got {self.max_ratio}")
 
 
+DEMO_SIDES = ("en", "de", "both")
+
+
+@dataclass(frozen=True)
+class LMDataConfig:
+    """The text a language model (family ``gpt2``) learns from, and how it is cut into blocks
+    (see :mod:`aiayn.data.lm`: one document per line, EOS after each, blocks of
+    ``block_size`` targets).
+
+    Attributes:
+        train_text: a UTF-8 text file (plain or .gz), one document per line (blank lines
+            skipped). None = the built-in Tatoeba demo corpus, the side(s) ``demo_side`` names
+            (each sentence once: the file repeats a sentence for each of its translations).
+        valid_text: validation text (same form); None = hold out ``valid_lines`` lines of the
+            training text, chosen at random with the seed.
+        test_text: optional test text, its perplexity reported at the end of training.
+        valid_lines: lines held out when no validation file is given.
+        block_size: L, the input positions of a training block (at most ``model.max_len``).
+        vocab_size: size of the byte-level BPE vocabulary learnt from the training text (not
+            used with ``model.init_from``, which brings its checkpoint's tokenizer).
+        min_frequency: BPE merges need at least this many occurrences.
+        demo_side: of the demo corpus: "en", "de" or "both".
+    """
+
+    train_text: str | None = None
+    valid_text: str | None = None
+    test_text: str | None = None
+    valid_lines: int = 500
+    block_size: int = 128
+    vocab_size: int = 8000
+    min_frequency: int = 2
+    demo_side: str = "en"
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        for name in ("valid_lines", "block_size", "vocab_size", "min_frequency"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"data.{name} must be >= 1, got {getattr(self, name)}")
+        if self.demo_side not in DEMO_SIDES:
+            raise ConfigError(f"data.demo_side must be en, de or both, got {self.demo_side!r}")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation and bookkeeping (§5.2–5.4).
@@ -107,6 +158,8 @@ class TrainConfig:
         keep_freed_memory: on CPU (Linux/glibc), let the allocator keep freed memory for the
             next step instead of returning it to the OS (faster; the process keeps its peak
             memory). See :func:`aiayn.training.performance.keep_freed_memory`.
+        label_smoothing: ε_ls of a language model's loss (None = 0, plain next-token
+            cross-entropy). Not for translation, whose ε_ls is ``model.label_smoothing``.
     """
 
     max_tokens: int = 4096
@@ -133,6 +186,7 @@ class TrainConfig:
     distributed: str = "ddp"
     compile: bool = False
     keep_freed_memory: bool = True
+    label_smoothing: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.adam_betas, list):
@@ -159,29 +213,102 @@ class TrainConfig:
             raise ConfigError(f"train.lr_scale must be positive, got {self.lr_scale}")
         if self.distributed not in ("ddp", "fsdp"):
             raise ConfigError(f"train.distributed must be ddp or fsdp, got {self.distributed!r}")
+        if self.label_smoothing is not None and not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(
+                f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}"
+            )
+
+
+TrainableConfig = TransformerConfig | GPT2Config
+"""The config of a model family ``aiayn train`` can train."""
+
+
+@dataclass(frozen=True)
+class Trainable:
+    """A model family ``aiayn train`` can train: its presets, default preset and data section.
+
+    Attributes:
+        preset: ``name, **overrides -> config`` of the family's presets.
+        default_preset: the preset when the model section names none.
+        data: the data-section class of the family's task.
+        task: what the family is trained for, in messages.
+    """
+
+    preset: Callable[..., ModelConfig]
+    default_preset: str
+    data: type[DataConfig] | type[LMDataConfig]
+    task: str
+
+
+TRAINABLE: dict[str, Trainable] = {
+    "transformer": Trainable(preset, "small", DataConfig, "translation"),
+    "gpt2": Trainable(gpt2_preset, "gpt2-tiny", LMDataConfig, "language model"),
+}
+"""``model.family`` -> what training it needs."""
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything ``aiayn train`` needs; ``model_preset`` + ``model`` fields give the model."""
+    """Everything ``aiayn train`` needs; ``model_preset`` + ``model`` fields give the model.
+
+    Attributes:
+        run_dir: where checkpoints, metrics and plots go.
+        model_preset: the preset the model section started from ("" with ``init_from``).
+        model: the model's config; its class is the family (:attr:`family`).
+        data: the family's data section (:class:`DataConfig` or :class:`LMDataConfig`).
+        train: optimisation and bookkeeping.
+        init_from: (family gpt2) a checkpoint folder whose weights, architecture and tokenizer
+            the run starts from (fine-tuning, e.g. a GPT-2 converted by ``aiayn convert``).
+    """
 
     run_dir: str = "runs/demo"
     model_preset: str = "small"
-    model: TransformerConfig = field(default_factory=lambda: preset("small"))
-    data: DataConfig = field(default_factory=DataConfig)
+    model: TrainableConfig = field(default_factory=lambda: preset("small"))
+    data: DataConfig | LMDataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    init_from: str | None = None
+
+    def __post_init__(self) -> None:
+        want = TRAINABLE[self.family].data
+        if not isinstance(self.data, want):
+            raise ConfigError(f"a {self.family} model needs a {want.__name__} data section")
+        if isinstance(self.model, TransformerConfig):
+            if self.train.label_smoothing is not None:
+                raise ConfigError(
+                    "train.label_smoothing is for language models; a translation model's "
+                    "ε_ls is model.label_smoothing"
+                )
+            if self.init_from is not None:
+                raise ConfigError("model.init_from is supported for family gpt2 only")
+        elif isinstance(self.data, LMDataConfig) and self.data.block_size > self.model.max_len:
+            raise ConfigError(
+                f"data.block_size={self.data.block_size} exceeds the model's "
+                f"max_len={self.model.max_len} positions"
+            )
+
+    @property
+    def family(self) -> str:
+        """The model family: ``transformer`` or ``gpt2``."""
+        return "gpt2" if isinstance(self.model, GPT2Config) else "transformer"
 
     def to_dict(self) -> dict[str, Any]:
         """A YAML/JSON-friendly dict that :func:`run_config_from_dict` reads back."""
         return {
             "run_dir": self.run_dir,
-            "model": {"preset": self.model_preset, **_diff(self.model, preset(self.model_preset))},
+            "model": self._model_dict(),
             "data": dataclasses.asdict(self.data),
             "train": {**dataclasses.asdict(self.train), "adam_betas": list(self.train.adam_betas)},
         }
 
+    def _model_dict(self) -> dict[str, Any]:
+        if self.init_from is not None:  # every field: the checkpoint's config may change
+            return {"family": self.family, "init_from": self.init_from, **self.model.to_dict()}
+        base = TRAINABLE[self.family].preset(self.model_preset)
+        head = {} if self.family == "transformer" else {"family": self.family}
+        return {**head, "preset": self.model_preset, **_diff(self.model, base)}
 
-def _diff(config: TransformerConfig, base: TransformerConfig) -> dict[str, Any]:
+
+def _diff(config: ModelConfig, base: ModelConfig) -> dict[str, Any]:
     new, old = config.to_dict(), base.to_dict()
     return {k: v for k, v in new.items() if v != old[k]}
 
@@ -195,18 +322,72 @@ def run_config_from_dict(values: Mapping[str, Any]) -> RunConfig:
             "(valid: run_dir, model, data, train)"
         )
     model_values = dict(values.get("model") or {})
-    model_preset = model_values.pop("preset", "small")
-    try:
-        model = preset(model_preset, **model_values)
-    except TypeError as error:  # pragma: no cover - from_dict rejects unknown keys first
-        raise ConfigError(str(error)) from error
+    family = model_values.pop("family", "transformer")
+    if family not in TRAINABLE:
+        raise ConfigError(f"unknown model.family {family!r} (trainable: {', '.join(TRAINABLE)})")
+    init_from = model_values.pop("init_from", None)
+    model_preset, model = _model_section(family, model_values, init_from)
     return RunConfig(
         run_dir=str(values.get("run_dir", "runs/demo")),
         model_preset=model_preset,
         model=model,
-        data=_section(DataConfig, values.get("data"), "data"),
+        data=_data_section(family, values.get("data")),
         train=_section(TrainConfig, values.get("train"), "train"),
+        init_from=init_from,
     )
+
+
+def _model_section(family: str, values: dict[str, Any], init_from: Any) -> tuple[str, Any]:
+    """(preset name, config) of the model section (``family`` and ``init_from`` popped)."""
+    if init_from is None:
+        name = values.pop("preset", TRAINABLE[family].default_preset)
+        try:
+            return name, TRAINABLE[family].preset(name, **values)
+        except TypeError as error:  # pragma: no cover - from_dict rejects unknown keys first
+            raise ConfigError(str(error)) from error
+    if family != "gpt2" or not isinstance(init_from, str):
+        raise ConfigError(
+            f"model.init_from must be a checkpoint folder of family gpt2, got {init_from!r} "
+            f"for family {family}"
+        )
+    if "preset" in values:
+        raise ConfigError(
+            "model.preset and model.init_from exclude each other: the checkpoint gives the model"
+        )
+    return "", checkpoint_model_config(init_from).replace(**values)
+
+
+def checkpoint_model_config(path: str) -> GPT2Config:
+    """The GPT-2 config recorded in a checkpoint folder (or a run folder's latest)."""
+    from aiayn.training.checkpoint import STATE_FILE, resolve_checkpoint
+
+    try:
+        folder = resolve_checkpoint(path)
+        state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+        family = state.get("family", "transformer")
+        if family != "gpt2":
+            raise ConfigError(f"model.init_from: {folder} holds a {family} model, not gpt2")
+        return GPT2Config.from_dict(state["model_config"])
+    except ConfigError:
+        raise
+    except (UserError, OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"model.init_from: {error}") from None
+
+
+def _data_section(family: str, values: Mapping[str, Any] | None) -> Any:
+    """The family's data section; a key of another family's section is named as such."""
+    cls = TRAINABLE[family].data
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values or {}) - known
+    for other_family, other in TRAINABLE.items():
+        misplaced = sorted(unknown & {f.name for f in dataclasses.fields(other.data)})
+        if misplaced and other.data is not cls:
+            raise ConfigError(
+                f"data.{misplaced[0]} is a {other.task} key (family {other_family}); a "
+                f"{TRAINABLE[family].task} run (family {family}) takes data keys "
+                f"{', '.join(sorted(known))}"
+            )
+    return _section(cls, values, "data")
 
 
 def _section(cls: type[Any], values: Mapping[str, Any] | None, name: str) -> Any:
@@ -285,6 +466,36 @@ DEMO_CONFIG: dict[str, Any] = {
         "lr_scale": 1.0,
         "max_minutes": 7.0,
         "eval_every": 500,
+        "save_every": 250,
+        "log_every": 50,
+        "keep_last": 3,
+        "average_last": 3,
+    },
+}
+
+
+# The built-in language-model demo (`aiayn train --config configs/lm_demo.yaml`): GPT-2's
+# architecture at gpt2-tiny size on the English side of the shipped Tatoeba subset, about 5
+# minutes on a 2-core CPU. The context (max_len) is the block size, so that `aiayn evaluate
+# --text` windows are the blocks it was trained on. Dropout 0.2: the small text is seen a dozen
+# times in 5 minutes, and at 0.1 validation perplexity turned up before the end (figures in
+# docs/benchmarks.md). Keep configs/lm_demo.yaml identical (a test checks).
+LM_DEMO_CONFIG: dict[str, Any] = {
+    "run_dir": "runs/lm_demo",
+    "model": {
+        "family": "gpt2",
+        "preset": "gpt2-tiny",
+        "max_len": 128,
+        "dropout": 0.2,
+        "embedding_dropout": 0.2,
+    },
+    "data": {"block_size": 128, "vocab_size": 4000, "valid_lines": 500, "demo_side": "en"},
+    "train": {
+        "max_tokens": 2048,
+        "warmup_steps": 200,
+        "lr_scale": 0.5,
+        "max_minutes": 5.0,
+        "eval_every": 250,
         "save_every": 250,
         "log_every": 50,
         "keep_last": 3,

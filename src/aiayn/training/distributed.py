@@ -186,10 +186,10 @@ def all_gather_object(obj: Any) -> list[Any]:
 def wrap_model(model: nn.Module, env: DistEnv, strategy: str) -> nn.Module:
     """The module to train with: ``model`` itself (one process), DDP around it, or it sharded.
 
-    ``fsdp`` uses FSDP2 (``torch.distributed.fsdp.fully_shard``): each encoder and decoder layer
-    is a unit, the rest (embeddings, tied output projection, final norms) the root unit
-    (``model`` is the :class:`~aiayn.training.objective.TranslationObjective` or the bare
-    :class:`~aiayn.models.Transformer`). The
+    ``fsdp`` uses FSDP2 (``torch.distributed.fsdp.fully_shard``): each encoder, decoder or GPT-2
+    layer is a unit, the rest (embeddings, tied output projection, final norms) the root unit
+    (``model`` is the task's objective, e.g.
+    :class:`~aiayn.training.objective.TranslationObjective`, or a bare model). The
     parameters of ``model`` become DTensor shards in place, so ``model`` is returned; gather them
     with :func:`full_model_state_dict`. ``ddp`` keeps ``model`` intact and returns the wrapper.
     """

@@ -1,10 +1,14 @@
-"""The training objective of §5.4 as a module: teacher forcing + label-smoothed cross-entropy.
+"""The training objectives as modules: teacher forcing + label-smoothed cross-entropy (§5.4) for
+translation, next-token cross-entropy for a language model.
 
 Training calls this module, not the model, so that DDP/FSDP wrap the whole step's forward. It
 differs from ``log_probs = model(src, tgt_in)`` followed by :func:`label_smoothed_nll` only in
 speed: the final linear layer (§3.4) runs at the non-pad target positions alone, fused with the
 log-softmax and the loss (:func:`linear_label_smoothed_cross_entropy`), and masked decoder
 self-attention uses the causal kernel (:data:`~aiayn.attention.CAUSAL`).
+
+:class:`LanguageModelObjective` is the same for a decoder-only model (GPT-2): blocks have no
+padding, so every position is a target and the causal kernel needs no mask at all.
 
 Shape legend:
     B batch   S source length   T target length   D d_model   V vocabulary
@@ -17,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.attention import CAUSAL
-from aiayn.models import Transformer
+from aiayn.models import GPT2, Transformer
 from aiayn.training.loss import LossSums, linear_label_smoothed_cross_entropy
 
 
@@ -56,4 +60,31 @@ class TranslationObjective(nn.Module):
         # the output projection (N, D) @ (D, V) happens inside, a chunk of positions at a time
         return linear_label_smoothed_cross_entropy(
             hidden, m.output_proj.weight, gold, config.label_smoothing
+        )
+
+
+class LanguageModelObjective(nn.Module):
+    """Σ next-token cross-entropy of a batch of blocks, label-smoothed by ε (0: plain).
+
+    Args:
+        model: the GPT-2 language model being trained (its parameters are this module's).
+        label_smoothing: ε_ls of the loss (0 by default for language models).
+    """
+
+    def __init__(self, model: GPT2, label_smoothing: float = 0.0):
+        super().__init__()
+        self.model = model
+        self.label_smoothing = label_smoothing
+
+    def forward(self, inputs: Tensor, targets: Tensor) -> LossSums:
+        """Args:
+        inputs: (B, T) block tokens but the last (no padding).
+        targets: (B, T) the next token at each position (block tokens but the first).
+        """
+        hidden = self.model(inputs).hidden  # (B, T, D); no key padding: the CAUSAL kernel
+        hidden = hidden.reshape(-1, hidden.size(-1))  # (B, T, D) -> (B·T, D)
+        gold = targets.reshape(-1)  # (B, T) -> (B·T,)
+        # the LM head (B·T, D) @ (D, V) happens inside, a chunk of positions at a time
+        return linear_label_smoothed_cross_entropy(
+            hidden, self.model.output_proj.weight, gold, self.label_smoothing
         )

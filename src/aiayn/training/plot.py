@@ -7,8 +7,15 @@ from pathlib import Path
 from typing import Any
 
 
-def plot_curves(history: Sequence[dict[str, Any]], path: Path) -> None:
-    """Plot training loss, validation loss and validation BLEU against the step."""
+def plot_curves(
+    history: Sequence[dict[str, Any]],
+    path: Path,
+    metric: str = "bleu",
+    label: str = "BLEU",
+    title: str = "validation BLEU (greedy)",
+) -> None:
+    """Plot training loss, validation loss and the validation ``metric`` (BLEU, perplexity…)
+    against the step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -16,17 +23,17 @@ def plot_curves(history: Sequence[dict[str, Any]], path: Path) -> None:
 
     train = [h for h in history if h["kind"] == "train"]
     valid = [h for h in history if h["kind"] == "valid"]
-    fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(10, 4))
     if train:
         ax_loss.plot([h["step"] for h in train], [h["loss"] for h in train], label="train loss")
     if valid:
         ax_loss.plot(
             [h["step"] for h in valid], [h["loss"] for h in valid], "o-", label="valid loss"
         )
-        ax_bleu.plot([h["step"] for h in valid], [h["bleu"] for h in valid], "o-", color="C2")
+        ax_metric.plot([h["step"] for h in valid], [h[metric] for h in valid], "o-", color="C2")
     ax_loss.set(xlabel="step", ylabel="label-smoothed cross-entropy", title="loss")
     ax_loss.legend()
-    ax_bleu.set(xlabel="step", ylabel="BLEU", title="validation BLEU (greedy)")
+    ax_metric.set(xlabel="step", ylabel=label, title=title)
     fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp.png")
     fig.savefig(tmp, dpi=80)

@@ -1,9 +1,15 @@
 """The training loop of §5: token-budget batches, Adam with the warm-up schedule of eq. (3),
-label smoothing, dropout, periodic validation (loss, perplexity, greedy BLEU), checkpoints that
-resume exactly, and checkpoint averaging. Under torchrun, data-parallel over several processes
-(DDP or FSDP, see :mod:`aiayn.training.distributed` and docs/distributed.md).
+label smoothing, dropout, periodic validation, checkpoints that resume exactly, and checkpoint
+averaging. Under torchrun, data-parallel over several processes (DDP or FSDP, see
+:mod:`aiayn.training.distributed` and docs/distributed.md).
 
-Shape legend:  B sentences in a micro-batch   S source length   T target length   V vocabulary
+One loop for every task: what is learnt (the data, the model, the objective, the validation
+metrics and the best-checkpoint criterion, what happens at the end) is a
+:class:`~aiayn.training.task.Task` the trainer receives: translation
+(:mod:`~aiayn.training.translation`, validated by greedy BLEU) or a language model
+(:mod:`~aiayn.training.lm`, validated by perplexity), picked from the model family.
+
+Shape legend:  B examples in a micro-batch   (the tensors are the task's: see its module)
 """
 
 from __future__ import annotations
@@ -19,22 +25,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from aiayn.data import (
-    Batch,
-    ParallelDataset,
-    TokenBatchSampler,
-    Tokenizer,
-    demo_corpus_path,
-    filter_pairs,
-    read_parallel,
-)
-from aiayn.data.batching import SPECIALS_PER_ROW, batches_padding_fraction
-from aiayn.decoding.translate import DecodeOptions, translate_ids, translate_texts
 from aiayn.errors import UserError
-from aiayn.evaluation import corpus_bleu, corpus_chrf
-from aiayn.models import Transformer, count_parameters
+from aiayn.models import count_parameters
 from aiayn.training import distributed as dist
 from aiayn.training.checkpoint import (
     Checkpoint,
@@ -49,22 +43,12 @@ from aiayn.training.checkpoint import (
     set_rng_state,
 )
 from aiayn.training.config import RunConfig, TrainConfig
-from aiayn.training.objective import TranslationObjective
 from aiayn.training.performance import configure_device, keep_freed_memory
 from aiayn.training.plot import plot_curves
 from aiayn.training.schedule import transformer_lr
-
-
-@dataclass
-class PreparedData:
-    """Tokenizer, encoded splits and the raw validation/test text for BLEU."""
-
-    tokenizer: Tokenizer
-    tokenizer_file: Path
-    train: ParallelDataset
-    valid: ParallelDataset
-    valid_pairs: list[tuple[str, str]]
-    test_pairs: list[tuple[str, str]] = field(default_factory=list)
+from aiayn.training.task import Task, TaskData, make_task
+from aiayn.training.translation import PreparedData as PreparedData
+from aiayn.training.translation import prepare_data as prepare_data
 
 
 class StepStats(NamedTuple):
@@ -91,68 +75,19 @@ class TrainResult:
     valid: dict[str, float]
     averaged_checkpoint: Path | None = None
     averaged_valid: dict[str, float] | None = None
-    test_bleu: float | None = None
+    test: dict[str, Any] | None = None
+    samples: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def test_bleu(self) -> float | None:
+        """The test set's BLEU (translation with a test set), else None."""
+        return None if self.test is None else self.test.get("bleu")
 
 
 def log(message: str) -> None:
     """Print a line of the trainer's report on rank 0 (kept apart so tests can silence it)."""
     if dist.is_main_process():
         print(message, flush=True)
-
-
-def prepare_data(run: RunConfig, *, reuse_tokenizer: bool) -> PreparedData:
-    """Read, clean, split and tokenise the corpus; train (or reload) the joint BPE (§5.1)."""
-    d = run.data
-    if d.train_src is None:
-        train_pairs = read_parallel(demo_corpus_path())
-        log(
-            f"data: built-in demo corpus {demo_corpus_path().name} "
-            "(Tatoeba EN-DE, CC BY 2.0: www.manythings.org/anki and tatoeba.org)"
-        )
-    else:
-        train_pairs = read_parallel(d.train_src, d.train_tgt)
-    if d.lowercase:
-        train_pairs = [(s.lower(), t.lower()) for s, t in train_pairs]
-    train_pairs, report = filter_pairs(train_pairs, max_words=d.max_words, max_ratio=d.max_ratio)
-    log(f"data: train {report}")
-    if d.valid_src is not None:
-        valid_pairs, vreport = filter_pairs(
-            read_parallel(d.valid_src, d.valid_tgt), max_words=10**6, max_ratio=1e9
-        )
-        log(f"data: valid {vreport}")
-    else:  # hold out a seeded random slice
-        order = np.random.default_rng(run.train.seed).permutation(len(train_pairs))
-        held = set(order[: d.valid_size].tolist())
-        valid_pairs = [train_pairs[i] for i in sorted(held)]
-        train_pairs = [p for i, p in enumerate(train_pairs) if i not in held]
-        log(f"data: held out {len(valid_pairs)} training pairs for validation")
-    test_pairs: list[tuple[str, str]] = []
-    if d.test_src is not None:
-        test_pairs, _ = filter_pairs(
-            read_parallel(d.test_src, d.test_tgt), max_words=10**6, max_ratio=1e9
-        )
-
-    tokenizer_file = Path(run.run_dir) / "tokenizer.json"
-    if reuse_tokenizer and tokenizer_file.is_file():
-        tokenizer = Tokenizer.load(tokenizer_file)
-    else:
-        started = time.perf_counter()
-        texts = [s for s, _ in train_pairs] + [t for _, t in train_pairs]
-        tokenizer = Tokenizer.train(texts, d.vocab_size, min_frequency=d.min_frequency)
-        tokenizer_file.parent.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(tokenizer_file)
-        log(
-            f"data: joint BPE vocabulary of {tokenizer.vocab_size} tokens "
-            f"({time.perf_counter() - started:.1f}s)"
-        )
-    limit = d.max_tokens_per_sentence
-    train = ParallelDataset.from_pairs(train_pairs, tokenizer, max_tokens_per_sentence=limit)
-    valid = ParallelDataset.from_pairs(valid_pairs, tokenizer)
-    if train.num_dropped_too_long:
-        log(f"data: dropped {train.num_dropped_too_long} training pairs over {limit} subwords")
-    if len(train) == 0:
-        raise UserError("no training pairs left after cleaning; check the data files")
-    return PreparedData(tokenizer, tokenizer_file, train, valid, valid_pairs, test_pairs)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -172,15 +107,18 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 class Trainer:
     """Runs one training job described by a :class:`RunConfig` (see :func:`train`).
 
-    Under torchrun every process builds its own Trainer. ``self.model`` is the plain
-    :class:`Transformer`; ``self.objective`` is the loss module around it
-    (:class:`TranslationObjective`), and ``self.train_model`` is what the training steps run:
-    the objective itself with one process, DDP around it, or (FSDP) it with its parameters
-    sharded. Rank 0 logs, validates and writes files; the others wait for it in the next collective.
+    ``task``: what is learnt (default: the task of the run's model family, see
+    :func:`~aiayn.training.task.make_task`). Under torchrun every process builds its own
+    Trainer. ``self.model`` is the plain model (:class:`~aiayn.models.Transformer`,
+    :class:`~aiayn.models.GPT2`); ``self.objective`` is the task's loss module around it, and
+    ``self.train_model`` is what the training steps run: the objective itself with one process,
+    DDP around it, or (FSDP) it with its parameters sharded. Rank 0 logs, validates and writes
+    files; the others wait for it in the next collective.
     """
 
-    def __init__(self, run: RunConfig, *, resume: bool = False):
+    def __init__(self, run: RunConfig, *, resume: bool = False, task: Task | None = None):
         self.run = run
+        self.task = make_task(run, log) if task is None else task
         self.cfg = run.train
         self.run_dir = Path(run.run_dir)
         if not resume and list_checkpoints(self.run_dir):
@@ -202,17 +140,14 @@ class Trainer:
             raise UserError("train.distributed=fsdp does not support precision fp16; use bf16")
         _seed_everything(self.cfg.seed)
         self.data = self._prepare_data(resume)
-        tok = self.data.tokenizer
-        self.model_config = run.model.replace(
-            vocab_size=tok.vocab_size, pad_id=tok.pad_id, tgt_vocab_size=None
-        )
-        self.model = Transformer(self.model_config).to(self.device)
+        self.model_config = self.task.model_config(self.data)
+        self.model = self.task.new_model(self.model_config).to(self.device)
         if self.dist.rank > 0:  # a dropout stream of its own; rank 0 keeps the 1-process one
             _seed_everything(_rank_seed(self.cfg.seed, self.dist.rank))
         checkpoint = self._latest_checkpoint() if resume else None
         if checkpoint is not None:  # before sharding: FSDP shards the loaded weights
             self.model.load_state_dict(checkpoint.model.state_dict())
-        self.objective = TranslationObjective(self.model)
+        self.objective = self.task.objective(self.model)
         self.train_model = dist.wrap_model(self.objective, self.dist, self.cfg.distributed)
         if self.cfg.compile:
             self.train_model.compile()  # in place: the module's forward runs compiled
@@ -228,12 +163,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(
             self.device.type, enabled=self.amp_dtype == torch.float16
         )
-        self.sampler = TokenBatchSampler(
-            self.data.train.src_lengths,
-            self.data.train.tgt_lengths,
-            self.cfg.max_tokens,
-            seed=self.cfg.seed,
-        )
+        self.sampler = self.task.sampler(self.data, self.cfg.max_tokens, self.cfg.seed)
         per_step = self.dist.world_size * self.cfg.accum_steps
         if self.dist.distributed and len(self.sampler) < per_step:
             raise UserError(
@@ -242,7 +172,7 @@ class Trainer:
                 "takes: lower train.max_tokens or use fewer processes"
             )
         self.step, self.epoch, self.batch_index = 0, 0, 0
-        self.best_bleu = -math.inf
+        self.best = self.task.criterion.worst  # the best validation score so far
         self._validated_at = -1
         self._last_saved: Path | None = None
         self._batches: list[list[int]] = []
@@ -252,11 +182,12 @@ class Trainer:
             self._restore(checkpoint)
 
     # -- bookkeeping ---------------------------------------------------------------------------
-    def _prepare_data(self, resume: bool) -> PreparedData:
+    def _prepare_data(self, resume: bool) -> TaskData:
         """Rank 0 trains (or reloads) the tokenizer; then the other ranks load its file."""
+        prepare = self.task.prepare_data
         if not self.dist.distributed:
-            return prepare_data(self.run, reuse_tokenizer=resume)
-        data = prepare_data(self.run, reuse_tokenizer=resume) if self.dist.is_main else None
+            return prepare(self.run_dir, reuse_tokenizer=resume)
+        data = prepare(self.run_dir, reuse_tokenizer=resume) if self.dist.is_main else None
         dist.barrier()
         if data is not None:
             return data
@@ -265,7 +196,7 @@ class Trainer:
                 f"rank {self.dist.rank} cannot see {self.run_dir / 'tokenizer.json'}, which "
                 "rank 0 wrote: with several machines, run_dir must be on a shared file system"
             )
-        return prepare_data(self.run, reuse_tokenizer=True)
+        return prepare(self.run_dir, reuse_tokenizer=True)
 
     def _latest_checkpoint(self) -> Checkpoint | None:
         """The checkpoint to resume from: the same one on every rank, of the same world size."""
@@ -279,7 +210,7 @@ class Trainer:
         if not checkpoints:
             log(f"resume: no checkpoint in {self.run_dir}; starting from scratch")
             return None
-        ckpt = load_checkpoint(checkpoints[-1], map_location=self.device)
+        ckpt = load_checkpoint(checkpoints[-1], map_location=self.device, expect=nn.Module)
         if ckpt.config != self.model_config:
             raise UserError(f"{ckpt.path}: its model config differs from this run's config")
         saved, world = int(ckpt.state.get("world_size", 1)), self.dist.world_size
@@ -303,7 +234,7 @@ class Trainer:
         if "grad_scaler" in s:
             self.scaler.load_state_dict(s["grad_scaler"])
         self.step, self.epoch, self.batch_index = s["step"], s["epoch"], s["batch_index"]
-        self.best_bleu = s.get("best_bleu", -math.inf)
+        self.best = s.get(self.task.criterion.state_key, self.task.criterion.worst)
         set_rng_state(s["rng_per_rank"][self.dist.rank] if self.dist.distributed else s["rng"])
         log(
             f"resume: from {ckpt.path.name} at step {self.step}, epoch {self.epoch}, "
@@ -318,7 +249,7 @@ class Trainer:
             "epoch": self.epoch,
             "batch_index": self.batch_index,
             "world_size": self.dist.world_size,
-            "best_bleu": self.best_bleu,
+            self.task.criterion.state_key: self.best,
             "grad_scaler": self.scaler.state_dict(),
             "rng": rngs[0],
             "run_config": self.run.to_dict(),
@@ -329,7 +260,7 @@ class Trainer:
             state["rng_per_rank"] = rngs
         return state
 
-    def _full_model(self) -> Transformer:
+    def _full_model(self) -> nn.Module:
         """The model with all its weights: ``self.model``, or under FSDP an unsharded copy.
 
         Collective under FSDP: every rank calls it; ranks > 0 get ``self.model`` back.
@@ -340,11 +271,11 @@ class Trainer:
         if not self.dist.is_main:
             return self.model
         with torch.random.fork_rng(devices=[]):  # building a model draws initial weights
-            full = Transformer(self.model_config)
+            full = self.task.new_model(self.model_config)
         full.load_state_dict(weights)
         return full.to(self.device)
 
-    def save(self, metrics: dict[str, Any] | None = None, model: Transformer | None = None) -> Path:
+    def save(self, metrics: dict[str, Any] | None = None, model: nn.Module | None = None) -> Path:
         """Write ``checkpoints/step_XXXXXXXX`` and prune old ones (every rank calls; rank 0
         writes, the others wait until it is written)."""
         path = self.run_dir / "checkpoints" / f"step_{self.step:08d}"
@@ -394,8 +325,7 @@ class Trainer:
         step = batches[self.batch_index : self.batch_index + world * accum]
         start = self.dist.rank * accum
         self.batch_index = min(self.batch_index + world * accum, len(batches))
-        ids = np.concatenate(step)
-        tokens = int(self.data.train.tgt_lengths[ids].sum()) + SPECIALS_PER_ROW * ids.size
+        tokens = self.data.train.target_tokens(np.concatenate(step))
         return step[start : start + accum], tokens
 
     def _epoch_batches(self) -> list[list[int]]:
@@ -405,9 +335,7 @@ class Trainer:
             self._batches_epoch = self.epoch
         return self._batches
 
-    def accumulate_gradients(
-        self, batches: list[Batch], total_tokens: int
-    ) -> tuple[Tensor, Tensor]:
+    def accumulate_gradients(self, batches: list[Any], total_tokens: int) -> tuple[Tensor, Tensor]:
         """Backward over micro-batches, each loss divided by ``total_tokens``, the non-pad
         target tokens of the whole effective batch (of every rank's micro-batches).
 
@@ -427,15 +355,13 @@ class Trainer:
                     dtype=self.amp_dtype or torch.float32,
                     enabled=self.amp_dtype is not None,
                 ):
-                    sums = self.train_model(
-                        batch.src, batch.tgt_in, batch.tgt_out, batch.num_tgt_tokens
-                    )
+                    sums = self.train_model(*self.task.step_inputs(batch))
                 self.scaler.scale(sums.loss * world / total_tokens).backward()
             loss_sum += sums.loss.detach()
             nll_sum += sums.nll
         return loss_sum, nll_sum
 
-    def _to_device(self, batch: Batch) -> Batch:
+    def _to_device(self, batch: Any) -> Any:
         """Host batch -> device; on a GPU through pinned memory, without waiting for the copy."""
         if self.device.type != "cuda":
             return batch
@@ -463,51 +389,20 @@ class Trainer:
         self.scaler.step(self.optimizer)  # = optimizer.step() unless fp16
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepStats(loss_sum, nll_sum, total_tokens, lr, batches_padding_fraction(batches))
+        return StepStats(loss_sum, nll_sum, total_tokens, lr, self.task.padding(batches))
 
     # -- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(
-        self, *, bleu_sentences: int | None = None, model: Transformer | None = None
-    ) -> dict[str, float]:
-        """Validation loss, NLL, perplexity and greedy BLEU of ``model`` (default: self.model)."""
+    def evaluate(self, *, model: nn.Module | None = None, **options: Any) -> dict[str, float]:
+        """The task's validation metrics of ``model`` (default: self.model), in eval mode and
+        without gradients; ``options`` are the task's (translation: ``bleu_sentences``)."""
         model = self.model if model is None else model
         was_training = model.training
         model.eval()
         try:
-            return self._evaluate(model, bleu_sentences)
+            return self.task.evaluate(model, self.data, max_tokens=self.cfg.max_tokens, **options)
         finally:
             model.train(was_training)
-
-    def _evaluate(self, model: Transformer, bleu_sentences: int | None) -> dict[str, float]:
-        objective = TranslationObjective(model)
-        valid = self.data.valid
-        sampler = TokenBatchSampler(
-            valid.src_lengths, valid.tgt_lengths, self.cfg.max_tokens, seed=0, shuffle=False
-        )
-        loss = nll = tokens = 0.0
-        for ids in sampler.batches(0):
-            batch = valid.collate(ids).to(self.device)
-            sums = objective(batch.src, batch.tgt_in, batch.tgt_out, batch.num_tgt_tokens)
-            loss, nll, tokens = (
-                loss + sums.loss.item(),
-                nll + sums.nll.item(),
-                tokens + batch.num_tgt_tokens,
-            )
-        n = self.run.data.bleu_sentences if bleu_sentences is None else bleu_sentences
-        n = len(valid) if n == 0 else min(n, len(valid))
-        greedy = DecodeOptions(beam_size=1, max_tokens=self.cfg.max_tokens)
-        best = translate_ids(model, valid.src[:n], self.data.tokenizer, greedy)
-        hyps = self.data.tokenizer.decode_batch([h[0].tokens for h in best])
-        refs = [self.data.valid_pairs[int(i)][1] for i in valid.source_indices[:n]]
-        bleu = corpus_bleu(hyps, refs).score
-        return {
-            "loss": loss / tokens,
-            "nll": nll / tokens,
-            "ppl": math.exp(nll / tokens),
-            "bleu": bleu,
-            "bleu_sentences": n,
-        }
 
     def _validate_and_save(self) -> dict[str, float]:
         """Validate (rank 0; the others wait for its metrics) and save (every rank calls)."""
@@ -518,19 +413,19 @@ class Trainer:
         self._validated_at = self.step
         self._record({"kind": "valid", "step": self.step, **metrics})
         path = self.save(metrics, model)
-        if metrics["bleu"] > self.best_bleu:
-            self.best_bleu = metrics["bleu"]
+        criterion = self.task.criterion
+        if criterion.better(metrics[criterion.metric], self.best):
+            self.best = metrics[criterion.metric]
             state = self._state(metrics)
             if self.dist.is_main:
                 best = self.run_dir / "checkpoints" / "best"
                 save_checkpoint(best, model, state, self.data.tokenizer_file)
-        log(
-            f"valid step {self.step}: loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} "
-            f"BLEU {metrics['bleu']:.2f} ({int(metrics['bleu_sentences'])} sentences) "
-            f"-> {path.name}"
-        )
+        log(f"valid step {self.step}: {self.task.metrics_line(metrics)} -> {path.name}")
         if self.dist.is_main:
-            plot_curves(self.history, self.run_dir / "curves.png")
+            curves = self.run_dir / "curves.png"
+            plot_curves(
+                self.history, curves, criterion.metric, criterion.label, criterion.plot_title
+            )
         return metrics
 
     # -- the loop --------------------------------------------------------------------------------
@@ -579,10 +474,11 @@ class Trainer:
         return dist.broadcast_object(result)  # rank 0's, with the averaged/test scores
 
     def _log_setup(self) -> None:
-        cfg, tok, train = self.cfg, self.data.tokenizer, self.data.train
+        cfg = self.cfg
         n_params = count_parameters(self.model)
+        vocab = self.model_config.vocab_size
         log(
-            f"model: {n_params / 1e6:.1f}M parameters, vocab {tok.vocab_size}, device "
+            f"model: {n_params / 1e6:.1f}M parameters, vocab {vocab}, device "
             f"{self.device}, precision {self.amp_dtype or 'fp32'}, "
             f"threads {torch.get_num_threads()}"
         )
@@ -593,8 +489,8 @@ class Trainer:
                 "batches; rank 0 logs and saves"
             )
         log(
-            f"batches: {len(self.sampler)} per epoch of {len(train)} pairs at max_tokens "
-            f"{cfg.max_tokens} (x{cfg.accum_steps} accumulation); padding "
+            f"batches: {len(self.sampler)} per epoch of {self.task.describe(self.data)} at "
+            f"max_tokens {cfg.max_tokens} (x{cfg.accum_steps} accumulation); padding "
             f"{100 * self.sampler.padding_fraction(self.epoch):.1f}%"
         )
 
@@ -622,10 +518,10 @@ class Trainer:
         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{window[-1].lr:.2e}", tok_s=f"{rate:.0f}")
 
     def _finish(self, result: TrainResult) -> None:
-        """Average the last checkpoints (§6.1) and score the test set, on rank 0."""
+        """Average the last checkpoints (§6.1), then the task's end (test set, samples), on
+        rank 0 with the averaged model if any, else the final one."""
         cfg = self.cfg
-        wanted = cfg.average_last > 1 or bool(self.data.test_pairs)
-        model = self._full_model() if wanted else self.model  # collective under FSDP
+        model = self._full_model()  # collective under FSDP
         if not self.dist.is_main:
             return
         if cfg.average_last > 1 and len(list_checkpoints(self.run_dir)) > 1:
@@ -633,7 +529,10 @@ class Trainer:
             result.averaged_checkpoint = average_checkpoints(
                 paths, self.run_dir / "checkpoints" / "averaged"
             )
-            model = load_checkpoint(result.averaged_checkpoint, map_location=self.device).model
+            averaged = load_checkpoint(
+                result.averaged_checkpoint, map_location=self.device, expect=nn.Module
+            )
+            model = averaged.model
             result.averaged_valid = self.evaluate(model=model)
             self._record(
                 {
@@ -643,33 +542,21 @@ class Trainer:
                     **result.averaged_valid,
                 }
             )
+            metric, label = self.task.criterion.metric, self.task.criterion.label
             log(
                 f"averaged last {len(paths)} checkpoints -> "
-                f"BLEU {result.averaged_valid['bleu']:.2f}"
-                f" (last checkpoint: {result.valid['bleu']:.2f})"
+                f"{label} {result.averaged_valid[metric]:.2f}"
+                f" (last checkpoint: {result.valid[metric]:.2f})"
             )
-        if self.data.test_pairs:
-            result.test_bleu = self.score_test_set(model)
-
-    def score_test_set(self, model: Transformer | None = None) -> float:
-        """Greedy-translate the test set with ``model`` (default: self.model); write and score."""
-        model = self.model if model is None else model
-        sources = [s for s, _ in self.data.test_pairs]
-        references = [t for _, t in self.data.test_pairs]
-        hyps = translate_texts(model, self.data.tokenizer, sources)
-        (self.run_dir / "test.hyp.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
-        bleu, chrf = corpus_bleu(hyps, references), corpus_chrf(hyps, references)
-        self._record(
-            {
-                "kind": "test",
-                "step": self.step,
-                "bleu": bleu.score,
-                "chrf": chrf.score,
-                "signature": bleu.signature,
-            }
-        )
-        log(f"test: {bleu}\ntest: {chrf}")
-        return bleu.score
+        was_training = model.training
+        model.eval()
+        try:
+            final = self.task.finish(model, self.data, self.run_dir)
+        finally:
+            model.train(was_training)
+        if final.test is not None:
+            self._record({"kind": "test", "step": self.step, **final.test})
+        result.test, result.samples = final.test, final.samples
 
 
 def train(run: RunConfig, *, resume: bool = False) -> TrainResult:

@@ -1,0 +1,336 @@
+"""The language-model task: a decoder-only model (GPT-2's architecture) learns next-token
+prediction on a plain text with the same trainer as translation.
+
+* data: one document per line, EOS after each, one stream cut into blocks of
+  ``data.block_size`` targets (:mod:`aiayn.data.lm`); the tokenizer is aiayn's byte-level BPE
+  learnt from the training text, or with ``model.init_from`` the checkpoint's own;
+* objective: next-token cross-entropy (``train.label_smoothing``, 0 by default) through the
+  fused output layer + loss, the causal kernel, no padding (:class:`LanguageModelObjective`);
+* validation: loss and perplexity over every token of the validation stream but the first (the
+  best checkpoint has the lowest perplexity); at the end, the test text's perplexity and a few
+  greedy continuations of prompts.
+
+Shape legend:  B blocks in a batch   T block length
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from torch import Tensor, nn
+
+from aiayn.config import ModelConfig
+from aiayn.data import BOS_ID, EOS_ID, PAD_ID, Tokenizer, demo_corpus_path, read_lines
+from aiayn.data.corpus import read_parallel
+from aiayn.data.lm import BlockBatchSampler, LMBatch, TextBlocks, token_stream
+from aiayn.data.text_tokenizer import TextTokenizer
+from aiayn.errors import UserError
+from aiayn.models import GPT2, GPT2Config
+from aiayn.training.config import LMDataConfig, RunConfig
+from aiayn.training.objective import LanguageModelObjective
+from aiayn.training.task import Criterion, FinalOutputs, Log, TaskData, print_main
+
+DEMO_PROMPTS = {
+    "en": ("I think", "Where is", "Tom said that", "The weather"),
+    "de": ("Ich glaube", "Wo ist", "Tom sagte, dass", "Das Wetter"),
+}
+"""Prompts whose greedy continuations end a run on the built-in demo text."""
+
+SAMPLE_TOKENS = 30
+"""New tokens of each sample at the end of training."""
+
+
+class LMTokenizer(Protocol):
+    """What the language-model task needs of a vocabulary (aiayn's or a pretrained one)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def save(self, path: str | Path) -> None: ...
+
+
+def load_lm_tokenizer(path: str | Path) -> LMTokenizer:
+    """The tokenizer of a checkpoint folder or tokenizer.json: aiayn's own vocabulary when the
+    file is one (special ids fixed, text that spells a special token stays text), else any
+    Hugging Face vocabulary (:class:`TextTokenizer`: a converted GPT-2's)."""
+    file = Path(path) / "tokenizer.json" if Path(path).is_dir() else Path(path)
+    try:
+        return Tokenizer.load(file)
+    except UserError:
+        return TextTokenizer.load(path)
+
+
+@dataclass
+class LMData:
+    """The tokenizer, the three streams as blocks, and the prompts of the final samples."""
+
+    tokenizer: LMTokenizer
+    tokenizer_file: Path
+    train: TextBlocks
+    valid: TextBlocks
+    test: TextBlocks | None = None
+    prompts: list[str] = field(default_factory=list)
+
+
+def read_documents(path: str | Path) -> list[str]:
+    """The non-blank lines of a UTF-8 text file (plain or .gz)."""
+    return [line for line in read_lines(path) if line.strip()]
+
+
+def demo_documents(side: str) -> list[str]:
+    """The demo corpus's sentences of ``side`` ("en", "de" or "both"), each once, file order."""
+    pairs = read_parallel(demo_corpus_path())
+    columns = {"en": (0,), "de": (1,), "both": (0, 1)}[side]
+    lines = (pair[c] for pair in pairs for c in columns)
+    return list(dict.fromkeys(line for line in lines if line.strip()))
+
+
+class LanguageModelTask:
+    """Language modelling with GPT-2's architecture (see :mod:`aiayn.training.task`).
+
+    Args:
+        run: the run config (family ``gpt2``, an :class:`LMDataConfig` data section).
+        log: prints the data reports and the final results.
+    """
+
+    criterion = Criterion(
+        "ppl", "perplexity", higher_is_better=False, plot_title="validation perplexity"
+    )
+
+    def __init__(self, run: RunConfig, log: Log = print_main):
+        assert isinstance(run.model, GPT2Config) and isinstance(run.data, LMDataConfig)
+        self.run, self.model_cfg, self.data_cfg, self.log = run, run.model, run.data, log
+        self.label_smoothing = run.train.label_smoothing or 0.0
+
+    # -- data ------------------------------------------------------------------------------------
+    def prepare_data(self, run_dir: Path, *, reuse_tokenizer: bool) -> LMData:
+        """Read the documents, get the tokenizer, make the token streams and their blocks."""
+        d = self.data_cfg
+        train_docs, valid_docs = self._documents()
+        tokenizer, file = self._tokenizer(run_dir, train_docs, reuse_tokenizer)
+        eos = self._eos_id()
+        train = TextBlocks(token_stream(train_docs, tokenizer, eos), d.block_size)
+        valid = TextBlocks(token_stream(valid_docs, tokenizer, eos), d.block_size, keep_tail=True)
+        test = None
+        if d.test_text is not None:
+            stream = token_stream(read_documents(d.test_text), tokenizer, eos)
+            test = TextBlocks(stream, d.block_size, keep_tail=True)
+        self.log(
+            f"data: {train.stream.size} training tokens in {len(train)} blocks of "
+            f"{d.block_size}; {valid.num_targets} validation tokens"
+        )
+        if len(train) == 0 or valid.num_targets == 0:
+            raise UserError(
+                f"the training text needs more than data.block_size={d.block_size} tokens and "
+                "the validation text at least 2"
+            )
+        return LMData(tokenizer, file, train, valid, test, self._prompts(valid_docs))
+
+    def _documents(self) -> tuple[list[str], list[str]]:
+        """Training and validation documents (a file, or a seeded held-out set of lines)."""
+        d = self.data_cfg
+        if d.train_text is None:
+            docs = demo_documents(d.demo_side)
+            self.log(
+                f"data: built-in demo corpus {demo_corpus_path().name}, side {d.demo_side} "
+                f"({len(docs)} sentences; Tatoeba, CC BY 2.0: www.manythings.org/anki and "
+                "tatoeba.org)"
+            )
+        else:
+            docs = read_documents(d.train_text)
+        if d.valid_text is not None:
+            return docs, read_documents(d.valid_text)
+        order = np.random.default_rng(self.run.train.seed).permutation(len(docs))
+        held = set(order[: d.valid_lines].tolist())
+        self.log(f"data: held out {len(held)} of {len(docs)} lines for validation")
+        valid = [docs[i] for i in sorted(held)]
+        return [x for i, x in enumerate(docs) if i not in held], valid
+
+    def _tokenizer(self, run_dir: Path, docs: list[str], reuse: bool) -> tuple[LMTokenizer, Path]:
+        """The run's tokenizer (saved as run_dir/tokenizer.json): reloaded, the init_from
+        checkpoint's, or a byte-level BPE learnt from ``docs``."""
+        file = run_dir / "tokenizer.json"
+        if reuse and file.is_file():
+            return load_lm_tokenizer(file), file
+        file.parent.mkdir(parents=True, exist_ok=True)
+        if self.run.init_from is not None:
+            from aiayn.training.checkpoint import resolve_checkpoint
+
+            source = resolve_checkpoint(self.run.init_from) / "tokenizer.json"
+            shutil.copyfile(source, file)
+            tokenizer = load_lm_tokenizer(file)
+            self.log(f"data: the tokenizer of {source.parent} ({tokenizer.vocab_size} tokens)")
+            return tokenizer, file
+        started = time.perf_counter()
+        d = self.data_cfg
+        bpe = Tokenizer.train(docs, d.vocab_size, min_frequency=d.min_frequency)
+        bpe.save(file)
+        self.log(
+            f"data: byte-level BPE vocabulary of {bpe.vocab_size} tokens "
+            f"({time.perf_counter() - started:.1f}s)"
+        )
+        return bpe, file
+
+    def _eos_id(self) -> int:
+        """The document separator: the checkpoint model's EOS, or aiayn's."""
+        return self.model_cfg.eos_id if self.run.init_from is not None else EOS_ID
+
+    def _prompts(self, valid_docs: list[str]) -> list[str]:
+        """The demo's prompts, or the first three words of four validation lines."""
+        if self.data_cfg.train_text is None:
+            return list(DEMO_PROMPTS["de" if self.data_cfg.demo_side == "de" else "en"])
+        return [" ".join(doc.split()[:3]) for doc in valid_docs[:4]]
+
+    # -- model and steps -------------------------------------------------------------------------
+    def model_config(self, data: TaskData) -> GPT2Config:
+        """The run's model; from scratch with the vocabulary's size and aiayn's special ids."""
+        vocab = _lm_data(data).tokenizer.vocab_size
+        if self.run.init_from is not None:
+            if vocab > self.model_cfg.vocab_size:
+                raise UserError(
+                    f"the tokenizer of {self.run.init_from} has {vocab} tokens, more than the "
+                    f"model's vocab_size={self.model_cfg.vocab_size}"
+                )
+            return self.model_cfg
+        return self.model_cfg.replace(vocab_size=vocab, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
+
+    def new_model(self, config: ModelConfig) -> GPT2:
+        """A freshly initialised GPT-2, or one holding the init_from checkpoint's weights."""
+        assert isinstance(config, GPT2Config)
+        model = GPT2(config)
+        if self.run.init_from is not None:
+            from aiayn.training.checkpoint import load_checkpoint
+
+            start = load_checkpoint(self.run.init_from, expect=GPT2)
+            model.load_state_dict(start.model.state_dict())
+        return model
+
+    def objective(self, model: nn.Module) -> LanguageModelObjective:
+        """Next-token cross-entropy through the fused output layer + loss."""
+        assert isinstance(model, GPT2)
+        return LanguageModelObjective(model, self.label_smoothing)
+
+    def sampler(self, data: TaskData, max_tokens: int, seed: int) -> BlockBatchSampler:
+        """Shuffled blocks, ``max_tokens // block_size`` a batch."""
+        return BlockBatchSampler(_lm_data(data).train, max_tokens, seed=seed)
+
+    def step_inputs(self, batch: LMBatch) -> tuple[Tensor, Tensor]:
+        """(inputs, targets) for :class:`LanguageModelObjective`."""
+        return batch.inputs, batch.targets
+
+    def padding(self, batches: Sequence[LMBatch]) -> float:
+        """0: blocks are never padded."""
+        return 0.0
+
+    def describe(self, data: TaskData) -> str:
+        """The training blocks."""
+        return f"{len(_lm_data(data).train)} blocks of {self.data_cfg.block_size} tokens"
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def evaluate(
+        self, model: nn.Module, data: TaskData, *, max_tokens: int, **options: Any
+    ) -> dict[str, float]:
+        """Validation loss, NLL and perplexity (every validation token but the first)."""
+        if options:
+            raise TypeError(f"unknown evaluation option(s): {', '.join(sorted(options))}")
+        assert isinstance(model, GPT2)
+        return block_metrics(model, _lm_data(data).valid, max_tokens, self.label_smoothing)
+
+    def metrics_line(self, metrics: dict[str, float]) -> str:
+        """Loss and perplexity."""
+        return (
+            f"loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} ({int(metrics['tokens'])} tokens)"
+        )
+
+    def finish(self, model: nn.Module, data: TaskData, run_dir: Path) -> FinalOutputs:
+        """The test text's perplexity (if any) and greedy continuations of the prompts."""
+        assert isinstance(model, GPT2)
+        lm_data, out = _lm_data(data), FinalOutputs()
+        if lm_data.test is not None:
+            out.test = block_metrics(model, lm_data.test, 4096, 0.0)
+            self.log(
+                f"test: perplexity {out.test['ppl']:.2f} over {int(out.test['tokens'])} tokens"
+            )
+        out.samples = greedy_samples(model, lm_data.tokenizer, lm_data.prompts)
+        return out
+
+    def report(self, result: Any) -> None:
+        """Validation (and test) perplexity, then the samples."""
+        print(
+            f"validation: perplexity {result.valid['ppl']:.2f}, loss {result.valid['loss']:.3f} "
+            f"({result.final_checkpoint.name})"
+        )
+        if result.averaged_valid is not None and result.averaged_checkpoint is not None:
+            print(
+                f"averaged checkpoint: perplexity {result.averaged_valid['ppl']:.2f} "
+                f"({result.averaged_checkpoint})"
+            )
+        if result.test is not None:
+            print(f"test: perplexity {result.test['ppl']:.2f}")
+        if result.samples:
+            print("\nsamples (greedy continuations of the prompts):")
+            for prompt, text in result.samples:
+                print(f"  {prompt!r} -> {text!r}")
+
+
+def block_metrics(
+    model: GPT2, blocks: TextBlocks, max_tokens: int, label_smoothing: float = 0.0
+) -> dict[str, float]:
+    """Loss, NLL per token and perplexity of ``model`` (eval mode) over all ``blocks``.
+
+    Each block predicts its tokens after the first from the tokens before it in the block
+    (:mod:`aiayn.data.lm`); the sums run over every block, in batches of
+    ``max(1, max_tokens // block_size)`` blocks.
+    """
+    import torch
+
+    objective = LanguageModelObjective(model, label_smoothing)
+    device = model.output_proj.weight.device
+    sampler = BlockBatchSampler(blocks, max_tokens, seed=0, shuffle=False)
+    loss = nll = 0.0
+    with torch.no_grad():
+        for ids in sampler.batches(0):
+            batch = blocks.collate(ids).to(device)
+            sums = objective(batch.inputs, batch.targets)
+            loss, nll = loss + sums.loss.item(), nll + sums.nll.item()
+    tokens = blocks.num_targets
+    return {
+        "loss": loss / tokens,
+        "nll": nll / tokens,
+        "ppl": math.exp(min(nll / tokens, 700.0)),
+        "tokens": tokens,
+    }
+
+
+def greedy_samples(
+    model: GPT2, tokenizer: LMTokenizer, prompts: Sequence[str]
+) -> list[tuple[str, str]]:
+    """(prompt, greedy continuation) pairs by :func:`aiayn.decoding.generate.generate`: up to
+    :data:`SAMPLE_TOKENS` new tokens, fewer where the model's positions run out, none past EOS."""
+    from aiayn.decoding.generate import GenerateOptions, generate
+
+    prompts = [p for p in prompts if p]
+    longest = max((len(tokenizer.encode(p)) for p in prompts), default=0)
+    new_tokens = min(SAMPLE_TOKENS, model.config.max_len - longest)
+    if not prompts or new_tokens < 1:
+        return []
+    options = GenerateOptions(max_new_tokens=new_tokens, method="greedy")
+    return list(zip(prompts, generate(model, tokenizer, prompts, options), strict=True))
+
+
+def _lm_data(data: TaskData) -> LMData:
+    assert isinstance(data, LMData)
+    return data

@@ -1,0 +1,199 @@
+"""What a training job is about, as the one training loop sees it: a *task*.
+
+:class:`~aiayn.training.trainer.Trainer` runs the same loop for every task (token-budget
+batches, gradient accumulation normalised by the global target tokens, the eq. (3) schedule,
+checkpoints that resume exactly, averaging, DDP/FSDP). What differs between translation and
+language modelling is a :class:`Task` the trainer receives:
+
+================  =============================  ==================================
+part              translation (``translation``)  language model (``lm``)
+================  =============================  ==================================
+data              sentence pairs, joint BPE      one token stream cut into blocks
+model             ``Transformer``                ``GPT2``
+objective         ``TranslationObjective``       ``LanguageModelObjective``
+batches           ``TokenBatchSampler``          ``BlockBatchSampler``
+validation        loss, perplexity, greedy BLEU  loss, perplexity
+best checkpoint   highest BLEU                   lowest perplexity
+at the end        the test set's BLEU            test perplexity, greedy samples
+================  =============================  ==================================
+
+:func:`make_task` picks the task from the run config's model family.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+
+from aiayn.config import ModelConfig
+from aiayn.training import distributed as dist
+from aiayn.training.config import RunConfig, TrainableConfig
+
+Log = Callable[[str], None]
+
+
+def print_main(message: str) -> None:
+    """Print a line on rank 0 (the default ``log`` of a task)."""
+    if dist.is_main_process():
+        print(message, flush=True)
+
+
+class TrainBatch(Protocol):
+    """A collated batch: host tensors the task's objective reads, and its target count."""
+
+    @property
+    def num_tgt_tokens(self) -> int: ...
+
+    def pin_memory(self) -> Any: ...
+
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Any: ...
+
+
+class TrainSplit(Protocol):
+    """The training examples: collation and host-side target counts, by example index."""
+
+    def __len__(self) -> int: ...
+
+    def collate(self, indices: Iterable[int]) -> Any: ...
+
+    def target_tokens(self, indices: Sequence[int] | NDArray[np.int64]) -> int: ...
+
+
+class TaskData(Protocol):
+    """A task's prepared data: what the loop reads of it (the task reads the rest)."""
+
+    @property
+    def tokenizer_file(self) -> Path: ...
+
+    @property
+    def train(self) -> TrainSplit: ...
+
+
+class BatchSampler(Protocol):
+    """An epoch's batches (example indices), deterministic in (seed, epoch)."""
+
+    def __len__(self) -> int: ...
+
+    def batches(self, epoch: int) -> list[list[int]]: ...
+
+    def padding_fraction(self, epoch: int = 0) -> float: ...
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """Which validation metric picks the ``best`` checkpoint.
+
+    Attributes:
+        metric: its key in the validation metrics ("bleu", "ppl").
+        label: its name in messages ("BLEU", "perplexity").
+        higher_is_better: the direction.
+        plot_title: the title of its panel in ``curves.png``.
+    """
+
+    metric: str
+    label: str
+    higher_is_better: bool
+    plot_title: str
+
+    @property
+    def state_key(self) -> str:
+        """Its key in a checkpoint's state (``best_bleu``, ``best_ppl``)."""
+        return f"best_{self.metric}"
+
+    @property
+    def worst(self) -> float:
+        """The value any first result beats."""
+        return -math.inf if self.higher_is_better else math.inf
+
+    def better(self, value: float, than: float) -> bool:
+        """``value`` beats ``than``."""
+        return value > than if self.higher_is_better else value < than
+
+
+@dataclass
+class FinalOutputs:
+    """What a task adds at the end of training (rank 0, with the final or averaged model).
+
+    Attributes:
+        test: the test set's metrics (recorded in metrics.jsonl as ``kind: test``), or None.
+        samples: (prompt, continuation) pairs to show.
+    """
+
+    test: dict[str, Any] | None = None
+    samples: list[tuple[str, str]] = field(default_factory=list)
+
+
+class Task(Protocol):
+    """The parts of a training job that depend on what is learnt (see the module docstring)."""
+
+    criterion: Criterion
+
+    def prepare_data(self, run_dir: Path, *, reuse_tokenizer: bool) -> TaskData:
+        """Read the data, train (or reload from ``run_dir``) the tokenizer, encode."""
+        ...
+
+    def model_config(self, data: TaskData) -> TrainableConfig:
+        """The model's config for this data (the vocabulary filled in)."""
+        ...
+
+    def new_model(self, config: ModelConfig) -> nn.Module:
+        """A model to train: fresh weights (or the run's starting weights)."""
+        ...
+
+    def objective(self, model: nn.Module) -> nn.Module:
+        """The loss module around ``model``: called with :meth:`step_inputs`, gives LossSums."""
+        ...
+
+    def sampler(self, data: TaskData, max_tokens: int, seed: int) -> BatchSampler:
+        """The training batches under the token budget."""
+        ...
+
+    def step_inputs(self, batch: Any) -> tuple[Any, ...]:
+        """The objective's arguments for a (device) batch."""
+        ...
+
+    def padding(self, batches: Sequence[Any]) -> float:
+        """Fraction of padding in collated ``batches``."""
+        ...
+
+    def describe(self, data: TaskData) -> str:
+        """What the training split holds, for the setup line ("12000 pairs")."""
+        ...
+
+    def evaluate(
+        self, model: nn.Module, data: TaskData, *, max_tokens: int, **options: Any
+    ) -> dict[str, float]:
+        """Validation metrics of ``model`` (eval mode, no gradients: the caller's business);
+        ``loss``, ``nll`` and ``ppl`` always, and the criterion's metric."""
+        ...
+
+    def metrics_line(self, metrics: dict[str, float]) -> str:
+        """Validation metrics in one log line."""
+        ...
+
+    def finish(self, model: nn.Module, data: TaskData, run_dir: Path) -> FinalOutputs:
+        """The end of training (rank 0): test set, samples."""
+        ...
+
+    def report(self, result: Any) -> None:
+        """Print the end of ``aiayn train``'s output for a finished run (rank 0)."""
+        ...
+
+
+def make_task(run: RunConfig, log: Log = print_main) -> Task:
+    """The task of ``run``'s model family; ``log`` prints its data reports and results."""
+    if run.family == "gpt2":
+        from aiayn.training.lm import LanguageModelTask
+
+        return LanguageModelTask(run, log)
+    from aiayn.training.translation import TranslationTask
+
+    return TranslationTask(run, log)

@@ -1,0 +1,287 @@
+"""The translation task of §5: sentence pairs and a joint BPE, the encoder–decoder Transformer,
+label-smoothed teacher forcing, and validation by loss, perplexity and greedy BLEU (the best
+checkpoint has the highest BLEU); at the end, the test set's BLEU and chrF.
+
+Shape legend:  B sentences in a batch   S source length   T target length
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import Tensor, nn
+
+from aiayn.config import ModelConfig, TransformerConfig
+from aiayn.data import (
+    Batch,
+    ParallelDataset,
+    TokenBatchSampler,
+    Tokenizer,
+    demo_corpus_path,
+    filter_pairs,
+    read_parallel,
+)
+from aiayn.data.batching import batches_padding_fraction
+from aiayn.decoding.translate import DecodeOptions, translate_ids, translate_texts
+from aiayn.errors import UserError
+from aiayn.evaluation import corpus_bleu, corpus_chrf
+from aiayn.models import Transformer
+from aiayn.training.config import DataConfig, RunConfig
+from aiayn.training.objective import TranslationObjective
+from aiayn.training.task import Criterion, FinalOutputs, Log, TaskData, print_main
+
+DEMO_SENTENCES = (
+    "I love you.",
+    "Where is the train station?",
+    "Tom doesn't like cheese.",
+    "We have to go home now.",
+    "The weather is nice today.",
+    "Can you help me, please?",
+)
+"""What ``aiayn train`` translates after training on the built-in demo corpus."""
+
+
+@dataclass
+class PreparedData:
+    """Tokenizer, encoded splits and the raw validation/test text for BLEU."""
+
+    tokenizer: Tokenizer
+    tokenizer_file: Path
+    train: ParallelDataset
+    valid: ParallelDataset
+    valid_pairs: list[tuple[str, str]]
+    test_pairs: list[tuple[str, str]] = field(default_factory=list)
+
+
+def prepare_data(run: RunConfig, *, reuse_tokenizer: bool, log: Log = print_main) -> PreparedData:
+    """Read, clean, split and tokenise the corpus; train (or reload) the joint BPE (§5.1)."""
+    d = run.data
+    assert isinstance(d, DataConfig)
+    train_pairs, valid_pairs = _read_pairs(d, run.train.seed, log)
+    test_pairs: list[tuple[str, str]] = []
+    if d.test_src is not None:
+        test_pairs, _ = filter_pairs(
+            read_parallel(d.test_src, d.test_tgt), max_words=10**6, max_ratio=1e9
+        )
+
+    tokenizer_file = Path(run.run_dir) / "tokenizer.json"
+    if reuse_tokenizer and tokenizer_file.is_file():
+        tokenizer = Tokenizer.load(tokenizer_file)
+    else:
+        started = time.perf_counter()
+        texts = [s for s, _ in train_pairs] + [t for _, t in train_pairs]
+        tokenizer = Tokenizer.train(texts, d.vocab_size, min_frequency=d.min_frequency)
+        tokenizer_file.parent.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(tokenizer_file)
+        log(
+            f"data: joint BPE vocabulary of {tokenizer.vocab_size} tokens "
+            f"({time.perf_counter() - started:.1f}s)"
+        )
+    limit = d.max_tokens_per_sentence
+    train = ParallelDataset.from_pairs(train_pairs, tokenizer, max_tokens_per_sentence=limit)
+    valid = ParallelDataset.from_pairs(valid_pairs, tokenizer)
+    if train.num_dropped_too_long:
+        log(f"data: dropped {train.num_dropped_too_long} training pairs over {limit} subwords")
+    if len(train) == 0:
+        raise UserError("no training pairs left after cleaning; check the data files")
+    return PreparedData(tokenizer, tokenizer_file, train, valid, valid_pairs, test_pairs)
+
+
+def _read_pairs(
+    d: DataConfig, seed: int, log: Log
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The cleaned training pairs and the validation pairs (a file, or a seeded held-out slice)."""
+    if d.train_src is None:
+        train_pairs = read_parallel(demo_corpus_path())
+        log(
+            f"data: built-in demo corpus {demo_corpus_path().name} "
+            "(Tatoeba EN-DE, CC BY 2.0: www.manythings.org/anki and tatoeba.org)"
+        )
+    else:
+        train_pairs = read_parallel(d.train_src, d.train_tgt)
+    if d.lowercase:
+        train_pairs = [(s.lower(), t.lower()) for s, t in train_pairs]
+    train_pairs, report = filter_pairs(train_pairs, max_words=d.max_words, max_ratio=d.max_ratio)
+    log(f"data: train {report}")
+    if d.valid_src is not None:
+        valid_pairs, vreport = filter_pairs(
+            read_parallel(d.valid_src, d.valid_tgt), max_words=10**6, max_ratio=1e9
+        )
+        log(f"data: valid {vreport}")
+        return train_pairs, valid_pairs
+    # hold out a seeded random slice
+    order = np.random.default_rng(seed).permutation(len(train_pairs))
+    held = set(order[: d.valid_size].tolist())
+    valid_pairs = [train_pairs[i] for i in sorted(held)]
+    train_pairs = [p for i, p in enumerate(train_pairs) if i not in held]
+    log(f"data: held out {len(valid_pairs)} training pairs for validation")
+    return train_pairs, valid_pairs
+
+
+class TranslationTask:
+    """Translation with the paper's encoder–decoder (see :mod:`aiayn.training.task`).
+
+    Args:
+        run: the run config (family ``transformer``, a :class:`DataConfig` data section).
+        log: prints the data reports and the test scores.
+    """
+
+    criterion = Criterion(
+        "bleu", "BLEU", higher_is_better=True, plot_title="validation BLEU (greedy)"
+    )
+
+    def __init__(self, run: RunConfig, log: Log = print_main):
+        assert isinstance(run.model, TransformerConfig) and isinstance(run.data, DataConfig)
+        self.run, self.model_cfg, self.data_cfg, self.log = run, run.model, run.data, log
+
+    def prepare_data(self, run_dir: Path, *, reuse_tokenizer: bool) -> PreparedData:
+        """See :func:`prepare_data` (``run_dir`` is the run config's)."""
+        return prepare_data(self.run, reuse_tokenizer=reuse_tokenizer, log=self.log)
+
+    def model_config(self, data: TaskData) -> TransformerConfig:
+        """The run's model with the joint vocabulary's size and padding id."""
+        tok = _prepared(data).tokenizer
+        return self.model_cfg.replace(
+            vocab_size=tok.vocab_size, pad_id=tok.pad_id, tgt_vocab_size=None
+        )
+
+    def new_model(self, config: ModelConfig) -> Transformer:
+        """A freshly initialised Transformer."""
+        assert isinstance(config, TransformerConfig)
+        return Transformer(config)
+
+    def objective(self, model: nn.Module) -> TranslationObjective:
+        """Teacher forcing + the fused label-smoothed loss."""
+        assert isinstance(model, Transformer)
+        return TranslationObjective(model)
+
+    def sampler(self, data: TaskData, max_tokens: int, seed: int) -> TokenBatchSampler:
+        """Length-bucketed token-budget batches (§5.1)."""
+        train = _prepared(data).train
+        return TokenBatchSampler(train.src_lengths, train.tgt_lengths, max_tokens, seed=seed)
+
+    def step_inputs(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor, int]:
+        """(src, tgt_in, tgt_out, non-pad target count) for :class:`TranslationObjective`."""
+        return batch.src, batch.tgt_in, batch.tgt_out, batch.num_tgt_tokens
+
+    def padding(self, batches: Sequence[Batch]) -> float:
+        """Padding over the batches' source and target tensors."""
+        return batches_padding_fraction(batches)
+
+    def describe(self, data: TaskData) -> str:
+        """The training pairs."""
+        return f"{len(_prepared(data).train)} pairs"
+
+    def evaluate(
+        self,
+        model: nn.Module,
+        data: TaskData,
+        *,
+        max_tokens: int,
+        bleu_sentences: int | None = None,
+        **options: Any,
+    ) -> dict[str, float]:
+        """Validation loss, NLL, perplexity and greedy BLEU on ``bleu_sentences`` sentences
+        (default: ``data.bleu_sentences``; 0 = all)."""
+        assert isinstance(model, Transformer) and not options, options
+        prepared = _prepared(data)
+        loss, nll, tokens = self._valid_loss(model, prepared, max_tokens)
+        valid = prepared.valid
+        n = self.data_cfg.bleu_sentences if bleu_sentences is None else bleu_sentences
+        n = len(valid) if n == 0 else min(n, len(valid))
+        greedy = DecodeOptions(beam_size=1, max_tokens=max_tokens)
+        best = translate_ids(model, valid.src[:n], prepared.tokenizer, greedy)
+        hyps = prepared.tokenizer.decode_batch([h[0].tokens for h in best])
+        refs = [prepared.valid_pairs[int(i)][1] for i in valid.source_indices[:n]]
+        bleu = corpus_bleu(hyps, refs).score
+        return {
+            "loss": loss / tokens,
+            "nll": nll / tokens,
+            "ppl": math.exp(nll / tokens),
+            "bleu": bleu,
+            "bleu_sentences": n,
+        }
+
+    def _valid_loss(
+        self, model: Transformer, data: PreparedData, max_tokens: int
+    ) -> tuple[float, float, float]:
+        """(Σ loss, Σ NLL, target tokens) over the validation pairs."""
+        objective = TranslationObjective(model)
+        valid, device = data.valid, model.output_proj.weight.device
+        sampler = TokenBatchSampler(
+            valid.src_lengths, valid.tgt_lengths, max_tokens, seed=0, shuffle=False
+        )
+        loss = nll = tokens = 0.0
+        for ids in sampler.batches(0):
+            batch = valid.collate(ids).to(device)
+            sums = objective(batch.src, batch.tgt_in, batch.tgt_out, batch.num_tgt_tokens)
+            loss, nll, tokens = (
+                loss + sums.loss.item(),
+                nll + sums.nll.item(),
+                tokens + batch.num_tgt_tokens,
+            )
+        return loss, nll, tokens
+
+    def metrics_line(self, metrics: dict[str, float]) -> str:
+        """Loss, perplexity and BLEU."""
+        return (
+            f"loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} "
+            f"BLEU {metrics['bleu']:.2f} ({int(metrics['bleu_sentences'])} sentences)"
+        )
+
+    def finish(self, model: nn.Module, data: TaskData, run_dir: Path) -> FinalOutputs:
+        """Greedy-translate the test set (if any) with ``model``; write and score it."""
+        prepared = _prepared(data)
+        if not prepared.test_pairs:
+            return FinalOutputs()
+        assert isinstance(model, Transformer)
+        sources = [s for s, _ in prepared.test_pairs]
+        references = [t for _, t in prepared.test_pairs]
+        hyps = translate_texts(model, prepared.tokenizer, sources)
+        (run_dir / "test.hyp.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+        bleu, chrf = corpus_bleu(hyps, references), corpus_chrf(hyps, references)
+        self.log(f"test: {bleu}\ntest: {chrf}")
+        return FinalOutputs(
+            test={"bleu": bleu.score, "chrf": chrf.score, "signature": bleu.signature}
+        )
+
+    def report(self, result: Any) -> None:
+        """Validation BLEU and perplexity; after the built-in demo, a few translations."""
+        print(
+            f"validation: BLEU {result.valid['bleu']:.2f}, perplexity {result.valid['ppl']:.2f} "
+            f"({result.final_checkpoint.name})"
+        )
+        best = result.averaged_valid or result.valid
+        if result.averaged_valid is not None and result.averaged_checkpoint is not None:
+            print(
+                f"averaged checkpoint: BLEU {result.averaged_valid['bleu']:.2f} "
+                f"({result.averaged_checkpoint})"
+            )
+        if self.data_cfg.train_src is None:  # the built-in demo: show it works
+            self._demo_translations(result.averaged_checkpoint or result.final_checkpoint)
+            print(
+                f"\nBLEU on {int(best['bleu_sentences'])} held-out pairs: {best['bleu']:.2f} "
+                "(sacreBLEU, detokenized, cased)"
+            )
+
+    @staticmethod
+    def _demo_translations(checkpoint: Path) -> None:
+        from aiayn.training.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(checkpoint)
+        tokenizer = Tokenizer.load(ckpt.tokenizer_path)
+        print("\ndemo translations (English -> German, greedy):")
+        hyps = translate_texts(ckpt.model, tokenizer, DEMO_SENTENCES)
+        for src, hyp in zip(DEMO_SENTENCES, hyps, strict=True):
+            print(f"  {src:<32} -> {hyp}")
+
+
+def _prepared(data: TaskData) -> PreparedData:
+    assert isinstance(data, PreparedData)
+    return data
