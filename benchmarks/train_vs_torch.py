@@ -54,6 +54,7 @@ from aiayn.training.config import RunConfig, run_config_from_dict
 from aiayn.training.performance import configure_device, keep_freed_memory
 from aiayn.training.schedule import transformer_lr
 from aiayn.training.trainer import Trainer, autocast_dtype, prepare_data, resolve_device
+from aiayn.training.translation import TRANSLATION_LABEL_SMOOTHING
 
 
 class TorchReference(nn.Module):
@@ -205,7 +206,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
                 logits.flatten(0, 1).float(),
                 batch.tgt_out.flatten(),
                 ignore_index=config.pad_id,
-                label_smoothing=config.label_smoothing,
+                label_smoothing=TRANSLATION_LABEL_SMOOTHING,  # aiayn's default: §5.4
                 reduction="sum",
             )
             (loss / batch.num_tgt_tokens).backward()

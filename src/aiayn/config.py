@@ -64,7 +64,6 @@ class TransformerConfig(ModelConfig):
         num_decoder_layers: N of the decoder stack.
         dropout: P_drop, on each sub-layer output and on embeddings + positions (§5.4).
         attention_dropout: dropout on attention weights (not in the paper; default 0).
-        label_smoothing: ε_ls (§5.4), used by the training loss.
         activation: of the feed-forward network: "relu" as in eq. 2, or "gelu".
         norm_first: False = post-norm LayerNorm(x + Sublayer(x)) as in the paper;
             True = pre-norm x + Sublayer(LayerNorm(x)) with a final LayerNorm per stack.
@@ -85,7 +84,6 @@ class TransformerConfig(ModelConfig):
     num_decoder_layers: int = 6
     dropout: float = 0.1
     attention_dropout: float = 0.0
-    label_smoothing: float = 0.1
     activation: Activation = "relu"
     norm_first: bool = False
     positional: Positional = "sinusoidal"
@@ -110,7 +108,7 @@ class TransformerConfig(ModelConfig):
             raise ConfigError(
                 f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
             )
-        for name in ("dropout", "attention_dropout", "label_smoothing"):
+        for name in ("dropout", "attention_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {value}")

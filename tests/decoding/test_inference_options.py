@@ -34,7 +34,6 @@ OPTION_VALUES: dict[str, list[object]] = {
     "num_decoder_layers": [2, 1, 3],
     "dropout": [0.0, 0.3],  # eval mode: no dropout on either path
     "attention_dropout": [0.0, 0.2],
-    "label_smoothing": [0.1, 0.0],  # training only
     "activation": ["relu", "gelu"],
     "norm_first": [False, True],
     "positional": ["sinusoidal", "learned", "none"],

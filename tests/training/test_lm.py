@@ -234,8 +234,8 @@ def test_lm_config_errors_name_the_key(
 def test_translation_config_refuses_lm_keys() -> None:
     with pytest.raises(ConfigError, match=r"data\.block_size is a language model key"):
         load_run_config(None, ["data.block_size=64"])
-    with pytest.raises(ConfigError, match=r"train\.label_smoothing is for language models"):
-        load_run_config(None, ["train.label_smoothing=0.1"])
+    with pytest.raises(ConfigError, match=r"model\.label_smoothing is a training setting"):
+        load_run_config(None, ["model.label_smoothing=0.1"])
     with pytest.raises(ConfigError, match="init_from must be a checkpoint folder of family gpt2"):
         load_run_config(None, ["model.init_from=x"])
 

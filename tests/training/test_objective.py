@@ -33,7 +33,7 @@ def test_objective_equals_explicit_loss_and_gradients(norm_first: bool) -> None:
     sums.loss.backward()
     fast = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    want = label_smoothed_nll(model(src, tgt_in), tgt_out, config.label_smoothing, 0)
+    want = label_smoothed_nll(model(src, tgt_in), tgt_out, 0.1, 0)
     want.loss.backward()
 
     torch.testing.assert_close(sums.loss, want.loss)
@@ -42,3 +42,18 @@ def test_objective_equals_explicit_loss_and_gradients(norm_first: bool) -> None:
     assert fast.keys() == {k for k, p in model.named_parameters() if p.grad is not None}
     for name, p in model.named_parameters():
         torch.testing.assert_close(fast[name], p.grad, msg=name)
+
+
+def test_label_smoothing_is_a_training_setting() -> None:
+    """ε_ls comes from train.label_smoothing (default: §5.4's 0.1 for translation, 0 for a
+    language model), not from the model config."""
+    from aiayn.training.config import load_run_config
+    from aiayn.training.lm import LanguageModelTask
+    from aiayn.training.translation import TranslationTask
+
+    model = Transformer(preset("tiny", vocab_size=60))
+    for overrides, want in (([], 0.1), (["train.label_smoothing=0.25"], 0.25)):
+        task = TranslationTask(load_run_config(None, overrides))
+        assert task.objective(model).label_smoothing == want
+    lm = load_run_config("configs/lm_demo.yaml")
+    assert LanguageModelTask(lm).label_smoothing == 0.0

@@ -52,6 +52,17 @@ def family_named(name: str) -> Family:
     return FAMILIES[name]
 
 
+RETIRED_CONFIG_KEYS: dict[str, tuple[str, ...]] = {"transformer": ("label_smoothing",)}
+"""Keys older checkpoints recorded in a family's model config that are no longer part of it
+(label smoothing is a training setting: ``train.label_smoothing``)."""
+
+
+def upgrade_config(family: str, values: dict[str, object]) -> dict[str, object]:
+    """A recorded model config without the keys its family retired."""
+    retired = RETIRED_CONFIG_KEYS.get(family, ())
+    return {k: v for k, v in values.items() if k not in retired}
+
+
 _FORMAT_1_MOVES = {
     f"{stack}.{part}.": f"{stack}.embedder.{part}."
     for stack in ("encoder", "decoder")

@@ -33,7 +33,13 @@ from torch import nn
 from aiayn.config import ModelConfig
 from aiayn.errors import UserError
 from aiayn.models import Transformer
-from aiayn.models.families import FORMAT_VERSION, family_named, family_of, upgrade_state_dict
+from aiayn.models.families import (
+    FORMAT_VERSION,
+    family_named,
+    family_of,
+    upgrade_config,
+    upgrade_state_dict,
+)
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -164,7 +170,7 @@ def load_checkpoint(
     try:
         state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
         family = family_named(str(state.get("family", "transformer")))
-        config = family.config.from_dict(state["model_config"])
+        config = family.config.from_dict(upgrade_config(family.name, state["model_config"]))
         model = family.model(config)
         version = int(state.get("format_version", 1))
     except (OSError, ValueError, KeyError, TypeError) as error:

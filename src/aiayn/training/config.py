@@ -158,8 +158,9 @@ class TrainConfig:
         keep_freed_memory: on CPU (Linux/glibc), let the allocator keep freed memory for the
             next step instead of returning it to the OS (faster; the process keeps its peak
             memory). See :func:`aiayn.training.performance.keep_freed_memory`.
-        label_smoothing: ε_ls of a language model's loss (None = 0, plain next-token
-            cross-entropy). Not for translation, whose ε_ls is ``model.label_smoothing``.
+        label_smoothing: ε_ls of the loss; None = the task's default: 0.1 for translation
+            (§5.4), 0 (plain next-token cross-entropy) for a language model. A training
+            setting, so it is not part of the model config (nor of its checkpoints' config).
     """
 
     max_tokens: int = 4096
@@ -273,11 +274,6 @@ class RunConfig:
         if not isinstance(self.data, want):
             raise ConfigError(f"a {self.family} model needs a {want.__name__} data section")
         if isinstance(self.model, TransformerConfig):
-            if self.train.label_smoothing is not None:
-                raise ConfigError(
-                    "train.label_smoothing is for language models; a translation model's "
-                    "ε_ls is model.label_smoothing"
-                )
             if self.init_from is not None:
                 raise ConfigError("model.init_from is supported for family gpt2 only")
         elif isinstance(self.data, LMDataConfig) and self.data.block_size > self.model.max_len:
@@ -339,6 +335,10 @@ def run_config_from_dict(values: Mapping[str, Any]) -> RunConfig:
 
 def _model_section(family: str, values: dict[str, Any], init_from: Any) -> tuple[str, Any]:
     """(preset name, config) of the model section (``family`` and ``init_from`` popped)."""
+    if "label_smoothing" in values:
+        raise ConfigError(
+            "model.label_smoothing is a training setting: set train.label_smoothing instead"
+        )
     if init_from is None:
         name = values.pop("preset", TRAINABLE[family].default_preset)
         try:

@@ -26,16 +26,18 @@ from aiayn.training.loss import LossSums, linear_label_smoothed_cross_entropy
 
 
 class TranslationObjective(nn.Module):
-    """Σ label-smoothed CE (ε from the model config) of a batch under teacher forcing.
+    """Σ label-smoothed CE of a batch under teacher forcing.
 
     Args:
         model: the encoder–decoder Transformer being trained (its parameters are this
             module's).
+        label_smoothing: ε_ls of the loss (0.1 in §5.4; a training setting, not the model's).
     """
 
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, label_smoothing: float = 0.1):
         super().__init__()
         self.model = model
+        self.label_smoothing = label_smoothing
 
     def forward(
         self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, num_tgt_tokens: int
@@ -59,7 +61,7 @@ class TranslationObjective(nn.Module):
         gold = tgt_out.reshape(-1).index_select(0, keep)  # (N,)
         # the output projection (N, D) @ (D, V) happens inside, a chunk of positions at a time
         return linear_label_smoothed_cross_entropy(
-            hidden, m.output_proj.weight, gold, config.label_smoothing
+            hidden, m.output_proj.weight, gold, self.label_smoothing
         )
 
 

@@ -124,6 +124,10 @@ def _read_pairs(
     return train_pairs, valid_pairs
 
 
+TRANSLATION_LABEL_SMOOTHING = 0.1
+"""ε_ls of §5.4, the translation task's default ``train.label_smoothing``."""
+
+
 class TranslationTask:
     """Translation with the paper's encoder–decoder (see :mod:`aiayn.training.task`).
 
@@ -139,6 +143,8 @@ class TranslationTask:
     def __init__(self, run: RunConfig, log: Log = print_main):
         assert isinstance(run.model, TransformerConfig) and isinstance(run.data, DataConfig)
         self.run, self.model_cfg, self.data_cfg, self.log = run, run.model, run.data, log
+        smoothing = run.train.label_smoothing
+        self.label_smoothing = TRANSLATION_LABEL_SMOOTHING if smoothing is None else smoothing
 
     def prepare_data(self, run_dir: Path, *, reuse_tokenizer: bool) -> PreparedData:
         """See :func:`prepare_data` (``run_dir`` is the run config's)."""
@@ -159,7 +165,7 @@ class TranslationTask:
     def objective(self, model: nn.Module) -> TranslationObjective:
         """Teacher forcing + the fused label-smoothed loss."""
         assert isinstance(model, Transformer)
-        return TranslationObjective(model)
+        return TranslationObjective(model, self.label_smoothing)
 
     def sampler(self, data: TaskData, max_tokens: int, seed: int) -> TokenBatchSampler:
         """Length-bucketed token-budget batches (§5.1)."""
@@ -212,7 +218,7 @@ class TranslationTask:
         self, model: Transformer, data: PreparedData, max_tokens: int
     ) -> tuple[float, float, float]:
         """(Σ loss, Σ NLL, target tokens) over the validation pairs."""
-        objective = TranslationObjective(model)
+        objective = TranslationObjective(model, self.label_smoothing)
         valid, device = data.valid, model.output_proj.weight.device
         sampler = TokenBatchSampler(
             valid.src_lengths, valid.tgt_lengths, max_tokens, seed=0, shuffle=False
