@@ -10,7 +10,8 @@ configured (GPT-2's 0.1 by default), AdamW (lr 1e-4, weight decay 0.01), mean ne
 aiayn's step is what `aiayn train` runs for a language model: `LanguageModelObjective`
 (causal kernel, the LM head fused with the loss a chunk of positions at a time, no (N, V)
 logits tensor), then backward and the optimizer step; HF's is the cross-entropy of
-`model(inputs).logits` against the targets, backward, step. Steps alternate between the two
+`model(inputs).logits` against the targets, backward, step. Both use `torch.optim.AdamW` as
+the trainer builds it on CPU (the default, unfused implementation). Steps alternate between the two
 (interleaved rounds, after warm-up steps), so both meet the same machine. Reports tokens/s,
 the ratio aiayn / HF, and the fraction of the measured fp32 matmul peak (matmul FLOPs of a
 step / step time / peak).

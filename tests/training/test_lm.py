@@ -202,6 +202,9 @@ def test_lm_demo_yaml_equals_builtin_and_loads() -> None:
     assert (run.family, run.model.d_model, run.model.max_len) == ("gpt2", 128, 128)
     assert run_config_from_dict(run.to_dict()) == run
     assert load_run_config(None).family == "transformer"  # the no-argument default
+    assert load_run_config(None, demo="lm") == run  # `aiayn train --demo lm`: no YAML needed
+    with pytest.raises(ConfigError, match="unknown demo 'chat'"):
+        load_run_config(None, demo="chat")
 
 
 @pytest.mark.parametrize(
@@ -251,3 +254,15 @@ def test_train_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ckpt = list_checkpoints(tmp_path / "run")[-1]
     assert main(["evaluate", "--checkpoint", str(ckpt), "--text", str(text)]) == 0
     assert "perplexity: " in capsys.readouterr().out
+
+
+def test_the_builtin_lm_demo_runs_without_a_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["train", "--demo", "lm", "--run-dir", str(tmp_path / "run")]
+    short = ["--set", "train.max_steps=2", "--set", "train.average_last=0"]
+    assert main([*args, *short, "--set", "data.vocab_size=300"]) == 0
+    out = capsys.readouterr().out
+    assert "trained 2 steps" in out and "samples (greedy continuations" in out, out
+    assert main([*args, "--config", "configs/lm_demo.yaml"]) == 2
+    assert "give --config FILE or --demo lm, not both" in capsys.readouterr().err

@@ -20,6 +20,14 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--config", help="YAML run config (see configs/); default: the built-in demo")
     p.add_argument(
+        "--demo",
+        choices=("translation", "lm"),
+        default="translation",
+        help="the built-in run without --config: the EN-DE translation demo (default) or a "
+        "GPT-2-architecture language model on the demo corpus's English side (as "
+        "configs/lm_demo.yaml), which prints samples",
+    )
+    p.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -36,6 +44,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Train, then print the result and the task's report (demo translations, samples…)."""
+    from aiayn.errors import UserError
     from aiayn.training.config import load_run_config
     from aiayn.training.distributed import is_main_process
     from aiayn.training.task import make_task
@@ -44,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.run_dir:
         overrides.append(f"run_dir={args.run_dir}")
-    config = load_run_config(args.config, overrides)
+    if args.config is not None and args.demo != "translation":
+        raise UserError("give --config FILE or --demo lm, not both")
+    config = load_run_config(args.config, overrides, demo=args.demo)
     result = train(config, resume=args.resume)
     if not is_main_process():  # under torchrun only rank 0 reports
         return 0

@@ -426,9 +426,14 @@ def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[st
     return result
 
 
-def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read a YAML run config (None = the built-in demo) and apply ``--set`` overrides."""
-    values: dict[str, Any] = dict(DEMO_CONFIG)
+def load_run_config(
+    path: str | Path | None, overrides: Sequence[str] = (), *, demo: str = "translation"
+) -> RunConfig:
+    """Read a YAML run config (None = the built-in ``demo``: "translation" or "lm") and apply
+    ``--set`` overrides."""
+    if demo not in DEMOS:
+        raise ConfigError(f"unknown demo {demo!r} (choose from {', '.join(DEMOS)})")
+    values: dict[str, Any] = dict(DEMOS[demo])
     if path is not None:
         file = Path(path)
         if not file.is_file():
@@ -502,3 +507,6 @@ LM_DEMO_CONFIG: dict[str, Any] = {
         "average_last": 3,
     },
 }
+
+DEMOS: dict[str, dict[str, Any]] = {"translation": DEMO_CONFIG, "lm": LM_DEMO_CONFIG}
+"""The built-in runs ``aiayn train`` makes without a config (``--demo``)."""

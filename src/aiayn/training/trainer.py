@@ -151,7 +151,7 @@ class Trainer:
         self.train_model = dist.wrap_model(self.objective, self.dist, self.cfg.distributed)
         if self.cfg.compile:
             self.train_model.compile()  # in place: the module's forward runs compiled
-        self.optimizer = torch.optim.Adam(
+        self.optimizer = torch.optim.AdamW(  # Adam (§5.3) with decoupled weight decay (0: Adam)
             self.model.parameters(),
             lr=0.0,
             betas=self.cfg.adam_betas,
