@@ -89,3 +89,18 @@ def test_a_bias_cannot_be_shared_by_grouped_queries() -> None:
     kv = attn.project_key_value(torch.randn(2, 3, 8))
     with pytest.raises(ValueError, match="one key/value row per query row"):
         attn.attend(query, kv, None, False, torch.zeros(1, 2, 1, 3))
+
+
+def test_attention_dropout_on_cpu_uses_aiayns_mask_on_the_causal_weights() -> None:
+    """With dropout on the weights (training), CPU attention is the explicit computation with
+    aiayn's dropout mask (torch's fused kernel would fall back to a Bernoulli draw per weight)."""
+    from aiayn.layers.dropout import dropout
+
+    q, k, v = torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
+    torch.manual_seed(5)
+    got, _ = scaled_dot_product_attention(q, k, v, CAUSAL, dropout_p=0.4)
+    _, weights = _reference(q, k, v, causal_mask(6), None, 1 / math.sqrt(8))
+    torch.manual_seed(5)
+    want = dropout(weights, 0.4) @ v
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, weights @ v, atol=1e-3)  # some weights were dropped

@@ -61,7 +61,7 @@ def scaled_dot_product_attention(
     """
     if isinstance(mask, Causal):
         t, s = query.size(-2), key.size(-2)
-        if t == s and not need_weights and bias is None:
+        if t == s and not need_weights and bias is None and not _cpu_dropout(query, dropout_p):
             output = F.scaled_dot_product_attention(
                 query, key, value, dropout_p=dropout_p, is_causal=True, scale=scale
             )  # (B, H, T, d_v)
@@ -80,7 +80,7 @@ def scaled_dot_product_attention(
     weights: Tensor | None = None
     if need_weights:
         output, weights = _explicit_attention(query, key, value, mask, bias, scale, dropout_p)
-    elif _explicit_is_faster(query, key, dropout_p):
+    elif _explicit_is_faster(query, key, dropout_p) or _cpu_dropout(query, dropout_p):
         output, _ = _explicit_attention(query, key, value, mask, bias, scale, dropout_p)
     else:
         output = F.scaled_dot_product_attention(
@@ -97,6 +97,13 @@ def scaled_dot_product_attention(
         if weights is not None:
             weights = weights * row_has_key  # (B, H, T, S)
     return output, weights
+
+
+def _cpu_dropout(query: Tensor, dropout_p: float) -> bool:
+    """Dropout on the attention weights on CPU: the fused kernel then falls back to PyTorch's
+    unfused path with a Bernoulli draw per weight; the explicit path draws aiayn's cheaper
+    dropout mask (:mod:`aiayn.layers.dropout`, same drop rate) over the same products."""
+    return dropout_p > 0 and query.device.type == "cpu"
 
 
 def _explicit_is_faster(query: Tensor, key: Tensor, dropout_p: float) -> bool:
@@ -153,6 +160,10 @@ def _explicit_attention(
     if mask is not None:
         scores = scores.masked_fill(~mask, mask_fill_value(scores.dtype))
     weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
-    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    attended = weights
+    if dropout_p > 0:
+        from aiayn.layers.dropout import dropout  # (aiayn.layers imports this package)
+
+        attended = dropout(weights, dropout_p)  # aiayn's mask (F.dropout on GPUs)
     output = attended @ value  # (B, H, T, S) @ (B, H, S, d_v) -> (B, H, T, d_v)
     return output, weights
