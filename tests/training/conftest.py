@@ -5,10 +5,15 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+import torch
 
 from aiayn.training.config import RunConfig, run_config_from_dict
+
+if TYPE_CHECKING:
+    from aiayn.training.trainer import Trainer
 
 LETTERS = "abcdefghij"
 
@@ -86,3 +91,29 @@ def make_run() -> Callable[..., RunConfig]:
 @pytest.fixture(autouse=True)
 def _quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("aiayn.training.trainer.log", lambda message: None)
+
+
+def resume_matches_straight_run(run: Callable[[Path, int, int], RunConfig], root: Path) -> Trainer:
+    """Train 12 steps straight, and 7 steps then resumed to 12 (``run(folder, max_steps,
+    save_every)`` builds the config); assert the two end bit for bit equal, at the same data
+    position; return the straight trainer."""
+    from aiayn.training.trainer import Trainer
+
+    straight = Trainer(run(root / "a", 12, 5))
+    straight.fit()
+    Trainer(run(root / "b", 7, 7)).fit()
+    resumed = Trainer(run(root / "b", 12, 5), resume=True)
+    assert resumed.step == 7 and resumed.optimizer.state_dict()["state"]
+    resumed.fit()
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert (straight.epoch, straight.batch_index) == (resumed.epoch, resumed.batch_index)
+    return straight
+
+
+@pytest.fixture
+def resume_check() -> Callable[..., Trainer]:
+    """The :func:`resume_matches_straight_run` helper, as a fixture."""
+    return resume_matches_straight_run

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,21 +105,14 @@ def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
-def test_resume_continues_exactly(tmp_path: Path) -> None:
+def test_resume_continues_exactly(tmp_path: Path, resume_check: Callable[..., Trainer]) -> None:
     """n steps straight == k steps, stop, resume to n, bit for bit (dropout on)."""
     text = write_text(tmp_path, 100, seed=1)  # 6 batches an epoch
-    straight = Trainer(lm_run(tmp_path / "a", text, max_steps=12, save_every=5))
-    straight.fit()
-    first = Trainer(lm_run(tmp_path / "b", text, max_steps=7, save_every=7))
-    first.fit()
-    resumed = Trainer(lm_run(tmp_path / "b", text, max_steps=12, save_every=5), resume=True)
-    assert resumed.step == 7 and resumed.optimizer.state_dict()["state"]
-    resumed.fit()
-    a, b = _params(straight), _params(resumed)
-    assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
-    assert (straight.epoch, straight.batch_index) == (resumed.epoch, resumed.batch_index)
+
+    def run(folder: Path, steps: int, save_every: int) -> RunConfig:
+        return lm_run(folder, text, max_steps=steps, save_every=save_every)
+
+    straight = resume_check(run, tmp_path)
     assert straight.epoch >= 1  # the runs crossed an epoch boundary after the resume
 
 

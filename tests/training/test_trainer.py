@@ -49,21 +49,16 @@ def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
-def test_resume_continues_exactly(tmp_path: Path, reverse_task: Task, make_run: MakeRun) -> None:
+def test_resume_continues_exactly(
+    tmp_path: Path, reverse_task: Task, make_run: MakeRun, resume_check: Callable[..., Trainer]
+) -> None:
     """n steps straight == k steps, stop, resume to n (dropout on, so RNG state matters)."""
     train = reverse_task(tmp_path, 400, seed=1)
-    straight = Trainer(make_run(tmp_path / "a", train, max_steps=12, save_every=5))
-    straight.fit()
-    first = Trainer(make_run(tmp_path / "b", train, max_steps=7, save_every=7))
-    first.fit()
-    resumed = Trainer(make_run(tmp_path / "b", train, max_steps=12, save_every=5), resume=True)
-    assert resumed.step == 7 and resumed.optimizer.state_dict()["state"]
-    resumed.fit()
-    a, b = _params(straight), _params(resumed)
-    assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
-    assert (straight.epoch, straight.batch_index) == (resumed.epoch, resumed.batch_index)
+
+    def run(folder: Path, steps: int, save_every: int) -> RunConfig:
+        return make_run(folder, train, max_steps=steps, save_every=save_every)
+
+    resume_check(run, tmp_path)
 
 
 def test_two_half_batches_equal_one_full_batch(
