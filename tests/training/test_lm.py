@@ -101,10 +101,6 @@ def test_the_language_model_learns(tmp_path: Path) -> None:
     assert (config.bos_id, config.eos_id, config.pad_id) == (1, 2, 0)  # aiayn's specials
 
 
-def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-
-
 def test_resume_continues_exactly(tmp_path: Path, resume_check: Callable[..., Trainer]) -> None:
     """n steps straight == k steps, stop, resume to n, bit for bit (dropout on)."""
     text = write_text(tmp_path, 100, seed=1)  # 6 batches an epoch

@@ -45,10 +45,6 @@ def test_reverse_task_is_learned_to_99_percent(
     assert result.valid["bleu"] > 95
 
 
-def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-
-
 def test_resume_continues_exactly(
     tmp_path: Path, reverse_task: Task, make_run: MakeRun, resume_check: Callable[..., Trainer]
 ) -> None:
