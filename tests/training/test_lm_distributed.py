@@ -1,5 +1,5 @@
-"""The language-model task under torchrun (2 CPU processes, DDP over gloo): the same steps as
-one process taking both micro-batches of each step (dropout 0), as for translation in
+"""The language-model task under torchrun (2 CPU processes over gloo, DDP and FSDP): the same
+steps as one process taking both micro-batches of each step (dropout 0), as for translation in
 test_distributed.py."""
 
 from __future__ import annotations
@@ -37,12 +37,14 @@ def _losses(run_dir: Path) -> list[float]:
     return [e["loss"] for e in map(json.loads, lines) if e["kind"] == "train"]
 
 
-def test_two_ranks_equal_one_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_equal_one_process(tmp_path: Path, strategy: str) -> None:
     text = tmp_path / "text.txt"
     text.write_text("the cat sat on the mat .\nthe dog ran on the rug .\n" * 60)
     config = lm_config(tmp_path / "ddp", text, max_steps=4, log_every=2, threads=1)
     config["model"] = {**config["model"], "dropout": 0.0, "attention_dropout": 0.0}
     config["model"]["embedding_dropout"] = 0.0
+    config["train"] = {**config["train"], "distributed": strategy}
     file = tmp_path / "ddp.yaml"
     file.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -52,7 +54,7 @@ def test_two_ranks_equal_one_process(tmp_path: Path) -> None:
     cmd += ["-m", "aiayn", "train", "--config", str(file)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "distributed: 2 processes, DDP over gloo" in out.stdout
+    assert f"distributed: 2 processes, {strategy.upper()} over gloo" in out.stdout
     assert out.stdout.count("trained 4 steps") == 1  # rank 0 alone reports
 
     single = {**config, "run_dir": str(tmp_path / "single")}
