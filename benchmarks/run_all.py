@@ -9,7 +9,10 @@ Runs, each as its own process (so they never share the cores):
   2. profile_train_step.py — where the `small` training step spends its time (grouped profile);
   3. decode_vs_hf.py — decoding tokens/s against Hugging Face generate, `small` and `base`
      (CPU only);
-  4. cpu_kernels.py — the linear and attention kernels behind decoding (CPU only).
+  4. cpu_kernels.py — the linear and attention kernels behind decoding (CPU only);
+  5. generate_vs_hf.py — GPT-2 (124M-shaped) generation against Hugging Face generate, and
+     train_lm_vs_hf.py — GPT-2 training steps against a plain GPT2LMHeadModel loop, at 124M and
+     at the LM demo's size (CPU only).
 Then prints one table and writes docs/results/summary.{json,md} with the machine, the torch
 version and this command; each benchmark also leaves its own detailed files there. With
 ``--from-results`` nothing runs: the summary is assembled from those files, and names the
@@ -52,11 +55,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     device = "cuda" if args.device.startswith("cuda") else "cpu"
-    if args.from_results:
-        training, decoding = load_results(device)
-    else:
-        training, decoding = run_all(args, device)
-    write_summary(args.threads, training, decoding, from_results=args.from_results)
+    if not args.from_results:
+        run_all(args, device)
+    training, decoding = load_results(device)
+    write_summary(
+        args.threads, training, decoding, gpt2_results(device), from_results=args.from_results
+    )
 
 
 def load_results(device: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -70,9 +74,25 @@ def load_results(device: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return training, decoding
 
 
-def run_all(args: argparse.Namespace, device: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run every benchmark (each in its own process) and return the training and decoding
-    reports they wrote."""
+GPT2_TRAINING = {
+    "gpt2": [],
+    "gpt2-tiny": ["--batch", "16", "--seq", "128", "--steps", "20", "--warmup", "3"],
+}
+
+
+def gpt2_results(device: str) -> dict[str, Any]:
+    """The GPT-2 reports in docs/results: "generate" and "train PRESET" (CPU only)."""
+    found: dict[str, Any] = {}
+    paths = {"generate": RESULTS / "generate_vs_hf_gpt2.json"}
+    paths.update({f"train {p}": RESULTS / f"train_lm_vs_hf_{p}.json" for p in GPT2_TRAINING})
+    for name, path in paths.items():
+        if device == "cpu" and path.exists():
+            found[name] = json.loads(path.read_text())
+    return found
+
+
+def run_all(args: argparse.Namespace, device: str) -> None:
+    """Run every benchmark, each in its own process; each writes its report."""
     train_args = ["--threads", str(args.threads), "--rounds", str(args.rounds)]
     train_args += ["--device", args.device, "--compile-presets", args.compile_presets]
     run("train_vs_torch.py", "--presets", "small,base", *train_args)
@@ -81,11 +101,18 @@ def run_all(args: argparse.Namespace, device: str) -> tuple[dict[str, Any], dict
         for preset in ("small", "base"):
             run("decode_vs_hf.py", "--preset", preset, "--threads", str(args.threads))
         run("cpu_kernels.py", "--threads", str(args.threads))
-    return load_results(device)
+        run("generate_vs_hf.py", "--preset", "gpt2", "--threads", str(args.threads))
+        for preset, extra in GPT2_TRAINING.items():
+            run("train_lm_vs_hf.py", "--preset", preset, "--threads", str(args.threads), *extra)
 
 
 def write_summary(
-    threads: int, training: dict[str, Any], decoding: dict[str, Any], *, from_results: bool
+    threads: int,
+    training: dict[str, Any],
+    decoding: dict[str, Any],
+    gpt2: dict[str, Any],
+    *,
+    from_results: bool,
 ) -> None:
     """Print the summary table and write docs/results/summary.{json,md}."""
     peak = training["matmul_peak_flops"]
@@ -103,7 +130,9 @@ def write_summary(
             [
                 "Assembled from the result files of: "
                 + "; ".join(
-                    f"`{r['command']}`" for r in [training, *decoding.values()] if "command" in r
+                    f"`{r['command']}`"
+                    for r in [training, *decoding.values(), *gpt2.values()]
+                    if "command" in r
                 )
                 + ".",
                 "",
@@ -132,15 +161,37 @@ def write_summary(
                 f"| decoding tok/s, batch {r['batch']}, {search} vs HF generate | {preset} | "
                 f"{r['aiayn_tok_s']:,.0f} | {r['hf_tok_s']:,.0f} | {r['ratio']:.2f}× | |"
             )
+    lines += gpt2_rows(gpt2)
     summary = {
         "command": command_line(),
         "machine": machine(),
         "training": training,
         "decoding": decoding,
+        "gpt2": gpt2,
     }
     path = write_report("summary", summary, lines)
     print("\n".join(lines))
     print(f"wrote {path} and .json")
+
+
+def gpt2_rows(gpt2: dict[str, Any]) -> list[str]:
+    """Summary rows of the GPT-2 reports."""
+    lines = []
+    for r in gpt2.get("generate", {}).get("rows", []):
+        lines.append(
+            f"| GPT-2 generation tok/s, batch {r['batch']}, greedy vs HF generate | gpt2 | "
+            f"{r['aiayn packed tok/s']:,.0f} | {r['hf tok/s']:,.0f} | "
+            f"{r['aiayn packed vs hf']:.2f}× | |"
+        )
+    for name, report in gpt2.items():
+        if name.startswith("train "):
+            r = report["row"]
+            lines.append(
+                f"| GPT-2 training tok/s vs GPT2LMHeadModel loop | {report['preset']} | "
+                f"{r['aiayn']['tok_s']:,.0f} | {r['hf']['tok_s']:,.0f} | {r['ratio']:.2f}× | "
+                f"{100 * r['aiayn']['peak_fraction']:.1f}% |"
+            )
+    return lines
 
 
 if __name__ == "__main__":
