@@ -37,3 +37,14 @@ def test_bad_input_is_a_clear_error_without_traceback() -> None:
     assert result.returncode == 2
     assert "error: vocab_size must be positive, got -5" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_params_of_the_gpt2_presets(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["params", "--preset", "gpt2"]) == 0
+    out = capsys.readouterr().out
+    assert "124,439,808" in out and "published GPT-2" in out and "+0.0%" in out
+    assert main(["params", "--preset", "gpt2-xl"]) == 0
+    assert "1,557,611,200" in capsys.readouterr().out
+    assert main(["params", "--preset", "gpt2", "--vocab-size", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "vocab=1000" in out and "published" not in out  # another vocabulary: no comparison
