@@ -10,6 +10,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,21 @@ def sync(device: str | torch.device) -> None:
     """Wait for queued GPU work (no-op on CPU)."""
     if str(device).startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Wall times of ``repeats`` calls of each function, taken in rounds (one call of each per
+    round, after one warm-up call of each), so that all of them meet the same machine: this
+    VM's memory bandwidth drifts by tens of percent over minutes."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
 def spread(values: list[float]) -> dict[str, float]:

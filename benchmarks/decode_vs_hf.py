@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, machine, spread, write_report
+from _common import command_line, machine, spread, time_interleaved, write_report
 from aiayn.config import preset
 from aiayn.decoding import (
     beam_search,
@@ -104,21 +104,6 @@ def search_name(beam: int) -> str:
 def time_it(fn: Callable[[], object], repeats: int) -> list[float]:
     """Wall times of ``repeats`` calls after one warm-up call."""
     return time_interleaved({"": fn}, repeats)[""]
-
-
-def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Wall times of ``repeats`` calls of each function, taken in rounds (one call of each per
-    round, after one warm-up call of each), so that all of them meet the same machine: this
-    VM's memory bandwidth drifts by tens of percent over minutes."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def share_inside(fn: Callable[[], object], owner: object, *names: str) -> float:

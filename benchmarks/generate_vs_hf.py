@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, fmt, machine, spread, write_report
+from _common import command_line, fmt, machine, spread, time_interleaved, write_report
 from aiayn.convert.gpt2 import gpt2_from_hf_tensors
 from aiayn.decoding import pack_for_inference
 from aiayn.decoding.generate import GenerateOptions, generate_ids
@@ -55,19 +54,6 @@ def hf_model(preset: str, seed: int):  # type: ignore[no-untyped-def]
     )
     torch.manual_seed(seed)
     return GPT2LMHeadModel(config).eval()
-
-
-def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Wall times of ``repeats`` calls of each function in rounds, after one warm-up each."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def run_batch(hf: Any, ours: GPT2, packed: GPT2, batch: int, args: argparse.Namespace) -> dict:
