@@ -16,6 +16,7 @@ from aiayn.decoding import (
     generate,
     generate_ids,
     greedy_search,
+    sample,
 )
 from aiayn.decoding.generate import prompt_generator
 from aiayn.errors import UserError
@@ -211,22 +212,23 @@ def test_a_state_stepped_twice_gives_the_same_output(model: GPT2) -> None:
     torch.testing.assert_close(again, a, atol=0, rtol=0)
 
 
-def test_final_unread_skips_only_the_last_forward(model: GPT2) -> None:
+@pytest.mark.parametrize("search", ["greedy", "sample"])
+def test_n_new_tokens_take_n_model_passes(model: GPT2, search: str) -> None:
+    """The prefill gives the first new token, one pass each the others; the searches end the
+    rows at their length limit with EOS without running the step once more."""
     calls = []
     hook = model.final_norm.register_forward_hook(lambda *_: calls.append(1))
+    ends = {"bos_id": 0, "eos_id": 0, "max_len": 12, "min_len": 12, "batch_size": 4}
     try:
-        outputs = {}
-        for unread in (False, True):
-            calls.clear()
-            step, state = decoder_only_step(model, PROMPTS, max_new_tokens=12, final_unread=unread)
-            outputs[unread] = greedy_search(
-                step, state, bos_id=0, eos_id=0, max_len=12, min_len=12, batch_size=4
-            )
-            assert len(calls) == (12 if unread else 13)  # prefill + one per new token (+ 1)
+        step, state = decoder_only_step(model, PROMPTS, max_new_tokens=12)
+        if search == "greedy":
+            outputs = greedy_search(step, state, **ends)
+        else:
+            outputs = sample(step, state, **ends, generator=torch.Generator().manual_seed(0))
     finally:
         hook.remove()
-    assert outputs[True] == outputs[False]
-    assert all(len(o) == 12 for o in outputs[True])
+    assert len(calls) == 12  # prefill + 11 steps
+    assert all(len(o) == 12 for o in outputs)
 
 
 def test_refuses_bad_prompts_naming_the_numbers(model: GPT2) -> None:
@@ -411,3 +413,10 @@ def test_greedy_50_tokens_equal_hugging_face_generate(
         options = GenerateOptions(max_new_tokens=50, pack=pack)
         assert [h[0].tokens for h in generate_ids(stopping, batch, options)] == expected
     assert 0 < len(expected[0]) < 50
+
+
+def test_generation_gives_the_models_mode_back(model: GPT2) -> None:
+    model.train()
+    generate_ids(model, PROMPTS[:2], GenerateOptions(max_new_tokens=3, pack=False))
+    assert model.training
+    model.eval()

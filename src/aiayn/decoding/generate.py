@@ -160,23 +160,27 @@ def generate_ids(
     """Per prompt (non-empty id lists), its ``n_best`` outputs, best first, in input order:
     new ids without EOS. Greedy and sampled outputs carry ``log_prob = score = nan``.
 
-    Puts the model in eval mode. Prompts are sorted by length and decoded ``batch_size`` at a
-    time. No prompts give an empty list.
+    Decodes in eval mode (the model's mode is given back). Prompts are sorted by length and
+    decoded ``batch_size`` at a time. No prompts give an empty list.
     """
     if not prompts:
         return []
-    model.eval()
     check_prompts(model, prompts, options.max_new_tokens)  # numbered in input order
-    if options.pack:
-        model = pack_for_inference(model)  # the model itself where packing does not apply
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    results: list[list[Hypothesis]] = [[] for _ in prompts]
-    for start in range(0, len(order), options.batch_size):
-        batch = order[start : start + options.batch_size]
-        outputs = _generate_batch(model, [prompts[i] for i in batch], options)
-        for i, hyps in zip(batch, outputs, strict=True):
-            results[i] = hyps
-    return results
+    was_training = model.training
+    model.eval()
+    try:
+        # a packed copy on CPU (pack_for_inference returns the model itself elsewhere)
+        decoder = pack_for_inference(model) if options.pack else model
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: list[list[Hypothesis]] = [[] for _ in prompts]
+        for start in range(0, len(order), options.batch_size):
+            batch = order[start : start + options.batch_size]
+            outputs = _generate_batch(decoder, [prompts[i] for i in batch], options)
+            for i, hyps in zip(batch, outputs, strict=True):
+                results[i] = hyps
+        return results
+    finally:
+        model.train(was_training)
 
 
 def _generate_batch(
@@ -185,9 +189,7 @@ def _generate_batch(
     """One batch of B prompts through the chosen search."""
     c, b = model.config, len(prompts)
     device = model.embedder.embedding.weight.device
-    step, state = decoder_only_step(
-        model, prompts, max_new_tokens=o.max_new_tokens, final_unread=o.method != "beam"
-    )
+    step, state = decoder_only_step(model, prompts, max_new_tokens=o.max_new_tokens)
     ends = {"bos_id": c.bos_id, "eos_id": c.eos_id, "max_len": o.max_new_tokens}
     if o.method == "beam":
         return beam_search(

@@ -38,7 +38,11 @@ def greedy_search(
     outputs = []
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
     ends = set(limit.tolist())  # the steps at which some sentence reaches its limit
-    for t in range(max(ends) + 1):
+    last = max(ends)
+    for t in range(last + 1):
+        if t == last:  # every sentence ends here (at its limit or before): EOS, no step run
+            outputs.append(torch.full_like(finished, eos_id, dtype=torch.long))
+            break
         log_probs, state = step(tokens, state)  # (B, V)
         if t < min_len:
             log_probs.select(1, eos_id).fill_(-torch.inf)  # (B,) column of EOS

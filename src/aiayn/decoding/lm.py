@@ -23,7 +23,6 @@ Shape legend:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -83,14 +82,11 @@ class LMState:
         padding: the prompts' left padding, or None when no prompt is padded (causal, no mask).
         pending: (B, V) log-probabilities of the token after the prompt, which the first step
             returns; None after it.
-        stop: the cache length L at which the step returns a uniform distribution instead of
-            running the model (see ``final_unread``), or None.
     """
 
     cache: tuple[KVCache, ...]
     padding: Padding | None
     pending: Tensor | None
-    stop: int | None = None
 
     @property
     def length(self) -> int:
@@ -108,7 +104,6 @@ class LMState:
             tuple(c.index_select(index) for c in self.cache),
             None if self.padding is None else self.padding.index_select(index),
             None if self.pending is None else self.pending.index_select(0, index),
-            self.stop,
         )
 
     def repeat_interleave(self, repeats: int) -> LMState:
@@ -124,7 +119,6 @@ def decoder_only_step(
     *,
     max_new_tokens: int | None = None,
     banned: tuple[int, ...] | None = None,
-    final_unread: bool = False,
 ) -> tuple[StepFunction, LMState]:
     """Run the prompts once (prefill) and return the step function and its initial state.
 
@@ -140,9 +134,6 @@ def decoder_only_step(
             checked against the model's positions, and the cache is sized for it. None =
             unknown (the cache grows as needed).
         banned: tokens never produced.
-        final_unread: greedy search and sampling end every row with EOS at output
-            ``max_new_tokens`` without reading that step's log-probabilities: return a uniform
-            distribution there instead of running the model. Beam search reads EOS's.
 
     Raises:
         UserError: a prompt is empty, has an id outside the vocabulary, or needs more than
@@ -150,31 +141,23 @@ def decoder_only_step(
     """
     if model.training:
         raise ValueError("decoder_only_step decodes without dropout: call model.eval() first")
-    if final_unread and max_new_tokens is None:
-        raise ValueError("final_unread needs max_new_tokens")
     check_prompts(model, prompts, max_new_tokens)
     device = model.embedder.embedding.weight.device
     ban = _banned_ids(model, banned, device)
     tokens, key_padding = left_pad(prompts, model.config.pad_id, device)  # (B, P), (B, P)
     capacity = tokens.size(1) + (64 if max_new_tokens is None else max_new_tokens)
     state = _prefill(model, tokens, key_padding, capacity, ban)
-    if final_unread:
-        assert max_new_tokens is not None
-        state = replace(state, stop=tokens.size(1) + max_new_tokens - 1)
 
     @torch.inference_mode()
     def step(tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         assert isinstance(state, LMState)
         if state.pending is not None:  # the first step: the prompt's log-probs, BOS unread
             return state.pending.clone(), replace(state, pending=None)
-        if state.stop is not None and state.length >= state.stop:
-            rows, vocab = state.cache[0].key.size(0), model.config.vocab_size
-            return torch.full((rows, vocab), -math.log(vocab), device=device), state  # (B, V)
         hidden, cache, padding = _decode(model, tokens, state)  # (B, D)
         log_probs = model.log_probs(hidden)  # (B, D) -> (B, V)
         if ban is not None:
             log_probs.index_fill_(1, ban, -torch.inf)
-        return log_probs, LMState(cache, padding, None, state.stop)
+        return log_probs, LMState(cache, padding, None)
 
     return step, state
 

@@ -67,7 +67,11 @@ def sample(
     tokens = torch.full((batch_size, 1), bos_id, dtype=torch.long, device=device)  # (B, 1)
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
     outputs = []
-    for t in range(int(limit.max()) + 1):
+    last = int(limit.max())
+    for t in range(last + 1):
+        if t == last:  # every row ends here (at its limit or before): EOS, no step run
+            outputs.append(torch.full_like(finished, eos_id, dtype=torch.long))
+            break
         log_probs, state = step(tokens, state)  # (B, V)
         logits = log_probs.float() / temperature
         if t < min_len:
