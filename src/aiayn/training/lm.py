@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
@@ -260,7 +261,7 @@ class LanguageModelTask:
         assert isinstance(model, GPT2)
         lm_data, out = _lm_data(data), FinalOutputs()
         if lm_data.test is not None:
-            out.test = block_metrics(model, lm_data.test, 4096, 0.0)
+            out.test = block_metrics(model, lm_data.test, self.run.train.max_tokens)
             self.log(
                 f"test: perplexity {out.test['ppl']:.2f} over {int(out.test['tokens'])} tokens"
             )
@@ -295,8 +296,6 @@ def block_metrics(
     (:mod:`aiayn.data.lm`); the sums run over every block, in batches of
     ``max(1, max_tokens // block_size)`` blocks.
     """
-    import torch
-
     objective = LanguageModelObjective(model, label_smoothing)
     device = model.output_proj.weight.device
     sampler = BlockBatchSampler(blocks, max_tokens, seed=0, shuffle=False)

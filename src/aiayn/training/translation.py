@@ -195,7 +195,9 @@ class TranslationTask:
     ) -> dict[str, float]:
         """Validation loss, NLL, perplexity and greedy BLEU on ``bleu_sentences`` sentences
         (default: ``data.bleu_sentences``; 0 = all)."""
-        assert isinstance(model, Transformer) and not options, options
+        if options:
+            raise TypeError(f"unknown evaluation option(s): {', '.join(sorted(options))}")
+        assert isinstance(model, Transformer)
         prepared = _prepared(data)
         loss, nll, tokens = self._valid_loss(model, prepared, max_tokens)
         valid = prepared.valid
