@@ -35,6 +35,7 @@ from aiayn.errors import UserError
 from aiayn.models import Transformer
 from aiayn.models.families import (
     FORMAT_VERSION,
+    Family,
     family_named,
     family_of,
     upgrade_config,
@@ -166,25 +167,35 @@ def load_checkpoint(
     both, as is an unknown family or a format newer than this aiayn reads. Checkpoints written
     before families existed (no ``family`` recorded) hold the paper's model.
     """
+    folder, family, config, state = read_checkpoint_config(path)
+    if not issubclass(family.model, expect):
+        raise UserError(
+            f"{folder} holds a {family.name} model; this needs a {expect.__name__} checkpoint"
+        )
+    model = family.model(config)
+    try:
+        version = int(state.get("format_version", 1))
+        tensors = upgrade_state_dict(load_file(str(folder / MODEL_FILE)), version)
+    except (OSError, SafetensorError, TypeError) as error:
+        raise UserError(f"{folder / MODEL_FILE}: cannot read the weights ({error})") from None
+    _load_tied(model, tensors, folder / MODEL_FILE)
+    return Checkpoint(folder, model.to(map_location).eval(), config, state)
+
+
+def read_checkpoint_config(path: str | Path) -> tuple[Path, Family, ModelConfig, dict[str, Any]]:
+    """A checkpoint's folder, model family, model config and JSON state, without its weights.
+
+    Raises:
+        UserError: naming the folder, when its state is unreadable or names an unknown family.
+    """
     folder = resolve_checkpoint(path)
     try:
         state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
         family = family_named(str(state.get("family", "transformer")))
         config = family.config.from_dict(upgrade_config(family.name, state["model_config"]))
-        model = family.model(config)
-        version = int(state.get("format_version", 1))
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise UserError(f"{folder}: not a readable aiayn checkpoint ({error})") from None
-    if not isinstance(model, expect):
-        raise UserError(
-            f"{folder} holds a {family.name} model; this needs a {expect.__name__} checkpoint"
-        )
-    try:
-        tensors = upgrade_state_dict(load_file(str(folder / MODEL_FILE)), version)
-    except (OSError, SafetensorError) as error:
-        raise UserError(f"{folder / MODEL_FILE}: cannot read the weights ({error})") from None
-    _load_tied(model, tensors, folder / MODEL_FILE)
-    return Checkpoint(folder, model.to(map_location).eval(), config, state)
+    return folder, family, config, state
 
 
 def _load_tied(model: nn.Module, tensors: dict[str, torch.Tensor], file: Path) -> None:

@@ -21,7 +21,6 @@ of the other family's data section and wrong types are errors naming the key.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -359,19 +358,15 @@ def _model_section(family: str, values: dict[str, Any], init_from: Any) -> tuple
 
 def checkpoint_model_config(path: str) -> GPT2Config:
     """The GPT-2 config recorded in a checkpoint folder (or a run folder's latest)."""
-    from aiayn.training.checkpoint import STATE_FILE, resolve_checkpoint
+    from aiayn.training.checkpoint import read_checkpoint_config
 
     try:
-        folder = resolve_checkpoint(path)
-        state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
-        family = state.get("family", "transformer")
-        if family != "gpt2":
-            raise ConfigError(f"model.init_from: {folder} holds a {family} model, not gpt2")
-        return GPT2Config.from_dict(state["model_config"])
-    except ConfigError:
-        raise
-    except (UserError, OSError, ValueError, KeyError, TypeError) as error:
+        folder, family, config, _ = read_checkpoint_config(path)
+    except UserError as error:
         raise ConfigError(f"model.init_from: {error}") from None
+    if not isinstance(config, GPT2Config):
+        raise ConfigError(f"model.init_from: {folder} holds a {family.name} model, not gpt2")
+    return config
 
 
 def _data_section(family: str, values: Mapping[str, Any] | None) -> Any:
