@@ -96,6 +96,14 @@ def _swap_cross_attention(model: Transformer) -> None:
     model.decoder.layers[0].cross_attn = CrossAttention(32, 4, head_dim=4, scale=1.0)
 
 
+def _other_head_size(model: Transformer) -> None:
+    model.decoder.layers[1].cross_attn = CrossAttention(32, 8, head_dim=4)  # scale 1/√d_k
+
+
+def _other_norm_placement(model: Transformer) -> None:
+    model.decoder.layers[0].ff_sublayer.norm_first = True  # the config is post-norm
+
+
 def _add_token_types(model: Transformer) -> None:
     model.decoder.embedder.token_types = nn.Embedding(2, 32)
 
@@ -113,6 +121,8 @@ UNKNOWN_PARTS: dict[str, tuple[Callable[[Transformer], None], str]] = {
     "unscaled self-attention": (_swap_attention, "scale 1/√d_k"),
     "unscaled cross-attention": (_swap_cross_attention, "scale 1/√d_k"),
     "token-type embeddings": (_add_token_types, "no token types"),
+    "heads of another size": (_other_head_size, "4 heads of size 8 .*got 8 of size 4"),
+    "a sub-layer normed first": (_other_norm_placement, "norm_first=False"),
 }
 
 

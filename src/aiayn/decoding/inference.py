@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import CrossAttention, KVCache, SelfAttention, scaled_dot_product_attention
+from aiayn.config import TransformerConfig
 from aiayn.decoding.packed import LinearKernel, linear_kernel
 from aiayn.decoding.step import DecoderState, banned_ids, encode_source, select_source_rows
 from aiayn.layers import CrossAttentionBlock, FeedForward
@@ -41,8 +42,9 @@ from aiayn.models.transformer import Transformer
 
 def _decoder_layers(model: Transformer) -> list[CrossAttentionBlock]:
     """The decoder's layers, checked to be built of the parts this step knows how to run: the
-    paper's attention (1/√d_k, no bias), a FeedForward with ReLU or exact GELU, LayerNorms, and
-    an embedder without token types or norm. Anything else is refused, never run differently."""
+    paper's attention (1/√d_k, no score bias, the config's heads and head size), a FeedForward
+    with ReLU or exact GELU, LayerNorms placed as the config says, and an embedder without token
+    types or norm. Anything else is refused, never run differently."""
     embedder = model.decoder.embedder
     if embedder.token_types is not None or embedder.norm is not None:
         raise TypeError("inference_step runs the paper's embedder (no token types, no norm)")
@@ -53,15 +55,20 @@ def _decoder_layers(model: Transformer) -> list[CrossAttentionBlock]:
                 f"inference_step runs aiayn's CrossAttentionBlock, got {type(layer).__name__}"
             )
         assert isinstance(layer, CrossAttentionBlock)
-        _check_parts(layer)
+        _check_parts(layer, model.config)
         layers.append(layer)
     return layers
 
 
-def _check_parts(layer: CrossAttentionBlock) -> None:
+def _check_parts(layer: CrossAttentionBlock, config: TransformerConfig) -> None:
     for attn in (layer.self_attn, layer.cross_attn):
         if type(attn) not in (SelfAttention, CrossAttention) or attn.scale is not None:
             raise TypeError("inference_step runs the paper's attention (scale 1/√d_k)")
+        if (attn.num_heads, attn.d_k) != (config.num_heads, config.d_k):
+            raise TypeError(
+                f"inference_step runs {config.num_heads} heads of size {config.d_k} (the "
+                f"config's), got {attn.num_heads} of size {attn.d_k}"
+            )
     ff = layer.feed_forward
     if type(ff) is not FeedForward or ff.activation_name not in _ACTIVATIONS:
         raise TypeError(
@@ -71,6 +78,8 @@ def _check_parts(layer: CrossAttentionBlock) -> None:
     for sub in (layer.self_sublayer, layer.cross_sublayer, layer.ff_sublayer):
         if type(sub.norm) is not nn.LayerNorm:
             raise TypeError(f"inference_step runs LayerNorm, got {type(sub.norm).__name__}")
+        if sub.norm_first != config.norm_first:
+            raise TypeError(f"inference_step runs norm_first={config.norm_first} (the config's)")
 
 
 _ACTIVATIONS = ("relu", "gelu")  # what _feed_forward computes
