@@ -123,3 +123,21 @@ def test_load_foreign_tokenizer_without_fixed_specials(tmp_path: Path) -> None:
 def test_train_rejects_tiny_vocab(vocab_size: int) -> None:
     with pytest.raises(UserError, match="vocab_size"):
         Tokenizer.train(["a b"], vocab_size=vocab_size)
+
+
+def test_a_checkpoints_tokenizer_loads_as_what_it_is(
+    small_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """aiayn's own vocabulary loads as :class:`Tokenizer` (text that spells "<pad>" stays text,
+    as in training); any other vocabulary as a pretrained model's :class:`TextTokenizer`."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    from aiayn.data.text_tokenizer import TextTokenizer, load_lm_tokenizer
+
+    small_tokenizer.save(tmp_path / "tokenizer.json")
+    ours = load_lm_tokenizer(tmp_path)
+    assert isinstance(ours, Tokenizer) and PAD_ID not in ours.encode("a <pad> b")
+    other = tmp_path / "other.json"
+    other.write_text(HFTokenizer(models.BPE(vocab={"a": 0}, merges=[])).to_str())
+    assert isinstance(load_lm_tokenizer(other), TextTokenizer)

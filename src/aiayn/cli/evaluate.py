@@ -93,10 +93,11 @@ def run(args: argparse.Namespace) -> int:
 def perplexity(args: argparse.Namespace) -> int:
     """Tokens, NLL per token and perplexity of the --checkpoint language model on --text."""
     from aiayn.data.lm import TextBlocks, token_stream
+    from aiayn.data.text_tokenizer import load_lm_tokenizer
     from aiayn.errors import UserError
     from aiayn.models import GPT2
     from aiayn.training.checkpoint import load_checkpoint
-    from aiayn.training.lm import block_metrics, load_lm_tokenizer, read_documents
+    from aiayn.training.lm import block_metrics, read_documents
     from aiayn.training.trainer import resolve_device
 
     given = [f"--{n}" for n in ("ref", "hyp", "src") if getattr(args, n) is not None]

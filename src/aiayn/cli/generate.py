@@ -76,7 +76,7 @@ def options_from(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Generate and print the results in input order."""
     from aiayn.cli.translate import read_input
-    from aiayn.data.text_tokenizer import TextTokenizer
+    from aiayn.data.text_tokenizer import load_lm_tokenizer
     from aiayn.decoding.generate import generate
     from aiayn.models.gpt2 import GPT2
     from aiayn.training.checkpoint import load_checkpoint
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give prompts as arguments or with --input, not both")
     device = _device(args.device)
     ckpt = load_checkpoint(args.checkpoint, map_location=device, expect=GPT2)
-    tokenizer = TextTokenizer.load(ckpt.tokenizer_path)
+    tokenizer = load_lm_tokenizer(ckpt.tokenizer_path)
     prompts = list(args.prompts) or read_input(args.input)
     texts = generate(ckpt.model, tokenizer, prompts, options) if prompts else []
     for prompt, text in zip(prompts, texts, strict=True):

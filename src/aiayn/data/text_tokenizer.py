@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import UserError
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -107,3 +109,29 @@ def _byte_level_bpe(vocab: Path, merges: Path) -> _HFTokenizer:
     if specials:
         hf.add_special_tokens(specials)
     return hf
+
+
+class LMTokenizer(Protocol):
+    """What the language-model task needs of a vocabulary (aiayn's or a pretrained one)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def save(self, path: str | Path) -> None: ...
+
+
+def load_lm_tokenizer(path: str | Path) -> LMTokenizer:
+    """The tokenizer of a checkpoint folder or tokenizer.json: aiayn's own vocabulary when the
+    file is one (special ids fixed, text that spells a special token stays text), else any
+    Hugging Face vocabulary (:class:`TextTokenizer`: a converted GPT-2's)."""
+    file = Path(path) / TOKENIZER_JSON if Path(path).is_dir() else Path(path)
+    try:
+        return Tokenizer.load(file)
+    except UserError:
+        return TextTokenizer.load(path)

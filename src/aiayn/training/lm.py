@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from aiayn.config import ModelConfig
 from aiayn.data import BOS_ID, EOS_ID, PAD_ID, Tokenizer, demo_corpus_path, read_lines
 from aiayn.data.corpus import read_parallel
 from aiayn.data.lm import BlockBatchSampler, LMBatch, TextBlocks, token_stream
-from aiayn.data.text_tokenizer import TextTokenizer
+from aiayn.data.text_tokenizer import LMTokenizer, load_lm_tokenizer
 from aiayn.errors import UserError
 from aiayn.models import GPT2, GPT2Config
 from aiayn.training.config import LMDataConfig, RunConfig
@@ -46,32 +46,6 @@ DEMO_PROMPTS = {
 
 SAMPLE_TOKENS = 30
 """New tokens of each sample at the end of training."""
-
-
-class LMTokenizer(Protocol):
-    """What the language-model task needs of a vocabulary (aiayn's or a pretrained one)."""
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
-
-    def decode(self, ids: Iterable[int]) -> str: ...
-
-    def save(self, path: str | Path) -> None: ...
-
-
-def load_lm_tokenizer(path: str | Path) -> LMTokenizer:
-    """The tokenizer of a checkpoint folder or tokenizer.json: aiayn's own vocabulary when the
-    file is one (special ids fixed, text that spells a special token stays text), else any
-    Hugging Face vocabulary (:class:`TextTokenizer`: a converted GPT-2's)."""
-    file = Path(path) / "tokenizer.json" if Path(path).is_dir() else Path(path)
-    try:
-        return Tokenizer.load(file)
-    except UserError:
-        return TextTokenizer.load(path)
 
 
 @dataclass
