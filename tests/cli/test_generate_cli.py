@@ -76,26 +76,17 @@ def test_prompts_as_arguments_print_prompt_and_continuation(
     assert code == 0 and only == "".join(n + "\n" for n in new)
 
 
+def _generate_in_a_subprocess(
+    checkpoint: Path, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "aiayn", "generate", "--checkpoint", str(checkpoint), *args]
+    return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=300)
+
+
 def test_prompts_from_stdin_in_a_subprocess(checkpoint: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aiayn",
-            "generate",
-            "--checkpoint",
-            str(checkpoint),
-            "--max-new-tokens",
-            "6",
-            "--only-new",
-            "--beam",
-            "2",
-        ],
-        input="".join(p + "\n" for p in PROMPTS),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    stdin = "".join(p + "\n" for p in PROMPTS)
+    args = ("--max-new-tokens", "6", "--only-new", "--beam", "2")
+    result = _generate_in_a_subprocess(checkpoint, *args, stdin=stdin)
     assert result.returncode == 0, result.stderr
     new = _expected(
         checkpoint, PROMPTS, GenerateOptions(max_new_tokens=6, method="beam", beam_size=2)
@@ -183,22 +174,7 @@ def test_a_translation_checkpoint_is_refused(
 
 
 def test_a_bad_option_exits_2_without_traceback_in_a_subprocess(checkpoint: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aiayn",
-            "generate",
-            "--checkpoint",
-            str(checkpoint),
-            "--top-p",
-            "2",
-            "x",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = _generate_in_a_subprocess(checkpoint, "--top-p", "2", "x")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == "aiayn generate: error: --top-p applies to --sample only\n"
 
