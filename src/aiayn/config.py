@@ -16,8 +16,8 @@ from typing import Any, Literal, TypeVar
 
 from aiayn.errors import ConfigError
 
-Activation = Literal["relu", "gelu"]
-Positional = Literal["sinusoidal", "learned", "none"]
+Activation = Literal["relu", "gelu", "silu"]
+Positional = Literal["sinusoidal", "sinusoidal-halves", "learned", "none"]
 
 
 _C = TypeVar("_C", bound="ModelConfig")
@@ -64,15 +64,21 @@ class TransformerConfig(ModelConfig):
         num_decoder_layers: N of the decoder stack.
         dropout: P_drop, on each sub-layer output and on embeddings + positions (§5.4).
         attention_dropout: dropout on attention weights (not in the paper; default 0).
-        activation: of the feed-forward network: "relu" as in eq. 2, or "gelu".
+        activation: of the feed-forward network: "relu" as in eq. 2, "gelu", or "silu"
+            (x·σ(x), "swish": Marian's OPUS-MT models).
         norm_first: False = post-norm LayerNorm(x + Sublayer(x)) as in the paper;
             True = pre-norm x + Sublayer(LayerNorm(x)) with a final LayerNorm per stack.
-        positional: "sinusoidal" (§3.5), "learned" (Table 3 row E) or "none".
+        positional: "sinusoidal" (§3.5), "sinusoidal-halves" (the same sinusoids, sines in the
+            first half of the dimensions and cosines in the second: Marian's layout),
+            "learned" (Table 3 row E) or "none".
         max_len: longest sequence the positional encoding must cover.
         share_embeddings: one embedding matrix for source and target (§3.4; joint vocabulary).
         tie_output: the pre-softmax linear layer shares the target embedding's weights (§3.4).
+        output_bias: the pre-softmax linear layer has a bias (zero at initialisation; Marian's
+            ``final_logits_bias``); the paper's has none.
         layer_norm_eps: ε of LayerNorm.
-        pad_id: id of the padding token (its embedding is zero and it is never attended to).
+        pad_id: id of the padding token (its embedding starts at zero and it is never attended
+            to, except as the decoder's start token at position 0: Marian starts with it).
     """
 
     vocab_size: int = 37000
@@ -90,6 +96,7 @@ class TransformerConfig(ModelConfig):
     max_len: int = 1024
     share_embeddings: bool = True
     tie_output: bool = True
+    output_bias: bool = False
     layer_norm_eps: float = 1e-5
     pad_id: int = 0
 

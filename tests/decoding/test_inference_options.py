@@ -1,8 +1,9 @@
 """House rule 7 for the flattened inference step: every value of every model option is held to the
 module step, and every part the fast path does not compute is refused, never run differently.
 
-A new field of TransformerConfig fails ``test_every_option_is_enumerated`` until its values are
-added to OPTION_VALUES (and so checked here).
+A new field of TransformerConfig (or T5Config) fails ``test_every_option_is_enumerated`` (or
+``test_every_t5_option_is_enumerated``) until its values are added to OPTION_VALUES (or
+T5_OPTION_VALUES), and so checked here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from aiayn.attention import CrossAttention, SelfAttention
 from aiayn.config import TransformerConfig, preset
 from aiayn.decoding import encoder_decoder_step, inference_step
 from aiayn.layers import FeedForward, GatedFeedForward, RMSNorm
-from aiayn.models import Transformer
+from aiayn.layers.relative_position import RelativePositionBias
+from aiayn.models import T5, Transformer
+from aiayn.models.t5 import T5Config
 
 V = 30
 PAD, BOS, EOS = 0, 1, 2
@@ -34,16 +37,20 @@ OPTION_VALUES: dict[str, list[object]] = {
     "num_decoder_layers": [2, 1, 3],
     "dropout": [0.0, 0.3],  # eval mode: no dropout on either path
     "attention_dropout": [0.0, 0.2],
-    "activation": ["relu", "gelu"],
+    "activation": ["relu", "gelu", "silu"],
     "norm_first": [False, True],
-    "positional": ["sinusoidal", "learned", "none"],
+    "positional": ["sinusoidal", "sinusoidal-halves", "learned", "none"],
     "max_len": [64, 3],  # 3: the step computes sinusoids past its table
     "share_embeddings": [True, False],
     "tie_output": [True, False],
+    "output_bias": [False, True],  # drawn at random below (it starts at zero)
     "layer_norm_eps": [1e-5, 1e-2],
     "pad_id": [PAD],  # the searches' PAD/BOS/EOS ids are fixed by the tokenizer
 }
-NEEDS = {("tgt_vocab_size", 37): {"share_embeddings": False}}
+NEEDS = {
+    ("tgt_vocab_size", 37): {"share_embeddings": False},
+    ("positional", "sinusoidal-halves"): {"max_len": 3},  # within and past the step's table
+}
 
 
 def test_every_option_is_enumerated() -> None:
@@ -65,6 +72,8 @@ def test_fast_step_equals_module_step_for_every_option_value(name: str, value: o
     torch.manual_seed(0)
     config = _base().replace(**{name: value, **NEEDS.get((name, value), {})})
     model = Transformer(config).eval()
+    if model.output_proj.bias is not None:
+        torch.nn.init.normal_(model.output_proj.bias)
     src = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
     module_step, module_state = encoder_decoder_step(model, src)
     fast_step, fast_state = inference_step(model, src, capacity=2)
@@ -76,6 +85,31 @@ def test_fast_step_equals_module_step_for_every_option_value(name: str, value: o
         tokens = torch.randint(3, config.target_vocab_size, (2, 1))
 
 
+@torch.no_grad()
+def test_start_token_with_the_pad_id() -> None:
+    """Marian starts decoding with its pad id: a real token to both steps, not padding."""
+    torch.manual_seed(0)
+    config = _base().replace(
+        activation="silu",
+        positional="sinusoidal-halves",
+        output_bias=True,
+        share_embeddings=False,
+        tgt_vocab_size=37,
+    )
+    model = Transformer(config).eval()
+    assert model.output_proj.bias is not None
+    torch.nn.init.normal_(model.output_proj.bias)
+    src = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
+    module_step, module_state = encoder_decoder_step(model, src, banned=())
+    fast_step, fast_state = inference_step(model, src, banned=(), capacity=2)
+    tokens = torch.full((2, 1), PAD)
+    for _ in range(4):
+        want, module_state = module_step(tokens, module_state)
+        got, fast_state = fast_step(tokens, fast_state)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        tokens = torch.randint(3, 37, (2, 1))
+
+
 def _swap_feed_forward(build: Callable[[int, int], nn.Module]) -> Callable[[Transformer], None]:
     def swap(model: Transformer) -> None:
         for layer in model.decoder.layers:
@@ -84,8 +118,120 @@ def _swap_feed_forward(build: Callable[[int, int], nn.Module]) -> Callable[[Tran
     return swap
 
 
+def _all_norms(model: Transformer) -> None:
+    for layer in model.decoder.layers:
+        for sub in (layer.self_sublayer, layer.cross_sublayer, layer.ff_sublayer):
+            sub.norm = RMSNorm(32, eps=1e-3)
+            nn.init.normal_(sub.norm.weight)
+
+
+def _all_attention(scale: float, head_dim: int) -> Callable[[Transformer], None]:
+    def swap(model: Transformer) -> None:
+        for layer in model.decoder.layers:
+            layer.self_attn = SelfAttention(32, 4, head_dim=head_dim, scale=scale, bias=False)
+            layer.cross_attn = CrossAttention(32, 4, head_dim=head_dim, scale=scale, bias=False)
+
+    return swap
+
+
+def _position_bias(model: Transformer) -> None:
+    bias = RelativePositionBias(4, bidirectional=False, num_buckets=6, max_distance=5)
+    nn.init.normal_(bias.embedding.weight)
+    model.decoder.position_bias = bias
+
+
+SUPPORTED_PARTS: dict[str, Callable[[Transformer], None]] = {
+    "GELU (tanh) feed-forward": _swap_feed_forward(lambda d, f: FeedForward(d, f, "gelu_tanh")),
+    "gated GELU (tanh)": _swap_feed_forward(lambda d, f: GatedFeedForward(d, f, "gelu_tanh")),
+    "gated ReLU": _swap_feed_forward(lambda d, f: GatedFeedForward(d, f, "relu")),
+    "gated SiLU with biases": _swap_feed_forward(
+        lambda d, f: GatedFeedForward(d, f, "silu", bias=True)
+    ),
+    "RMSNorm everywhere": _all_norms,
+    "unscaled attention, heads of 12": _all_attention(1.0, 12),
+    "attention scaled by 0.3, heads of 5": _all_attention(0.3, 5),
+    "a relative position bias": _position_bias,
+}
+
+
+@pytest.mark.parametrize("part", list(SUPPORTED_PARTS))
+@torch.no_grad()
+def test_fast_step_equals_module_step_for_other_parts(part: str) -> None:
+    """T5's and Marian's parts in the paper model's decoder, one at a time: same log-probs."""
+    torch.manual_seed(0)
+    model = Transformer(_base()).eval()
+    SUPPORTED_PARTS[part](model)
+    _assert_steps_agree(model, steps=7)  # past a capacity of 2, and the bias table's growth
+
+
+def _assert_steps_agree(model: nn.Module, *, steps: int, vocab: int = V) -> None:
+    src = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
+    module_step, module_state = encoder_decoder_step(model, src, banned=())  # type: ignore[arg-type]
+    fast_step, fast_state = inference_step(model, src, banned=(), capacity=2)  # type: ignore[arg-type]
+    tokens = torch.full((2, 1), BOS)
+    for _ in range(steps):
+        want, module_state = module_step(tokens, module_state)
+        got, fast_state = fast_step(tokens, fast_state)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        tokens = torch.randint(3, vocab, (2, 1))
+
+
+# every settable field of T5Config, with the values checked (the tiny test model's included)
+T5_OPTION_VALUES: dict[str, list[object]] = {
+    "vocab_size": [V, 41],
+    "d_model": [32, 24],
+    "d_kv": [8, 5],
+    "d_ff": [64, 24],
+    "num_heads": [4, 1],
+    "num_encoder_layers": [2, 0],
+    "num_decoder_layers": [2, 1, 3],
+    "activation": ["relu", "gelu", "gelu_tanh", "silu"],
+    "gated": [False, True],
+    "num_buckets": [8, 4, 32],  # 32 with max_distance 128 (it must exceed num_buckets / 2)
+    "max_distance": [6, 5, 128],
+    "dropout": [0.0, 0.3],  # eval mode: no dropout on either path
+    "layer_norm_eps": [1e-6, 1e-2],
+    "tie_output": [True, False],
+    "scale_output": [True, False],
+    "max_len": [4, 64],  # 4: the bias table grows past it
+    "pad_id": [PAD],
+}
+
+
+def test_every_t5_option_is_enumerated() -> None:
+    fields = {f.name for f in dataclasses.fields(T5Config) if f.init}
+    assert fields == set(T5_OPTION_VALUES)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [(name, value) for name, values in T5_OPTION_VALUES.items() for value in values],
+    ids=lambda x: str(x),
+)
+@torch.no_grad()
+def test_fast_step_equals_module_step_for_every_t5_option(name: str, value: object) -> None:
+    torch.manual_seed(0)
+    base = T5Config(
+        vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_heads=4, num_encoder_layers=2,
+        num_decoder_layers=2, num_buckets=8, max_distance=6, max_len=4,
+    )  # fmt: skip
+    needs = {"max_distance": 128} if (name, value) == ("num_buckets", 32) else {}
+    model = T5(base.replace(**{name: value, **needs})).eval()
+    for norm in (m for m in model.modules() if isinstance(m, RMSNorm)):
+        nn.init.normal_(norm.weight)  # not all ones: a misplaced norm shows
+    _assert_steps_agree(model, steps=6, vocab=model.config.vocab_size)
+
+
+class _OtherFeedForward(FeedForward):
+    """A subclass: may compute anything."""
+
+
+class _OtherBias(RelativePositionBias):
+    """A subclass: may compute anything."""
+
+
 def _swap_norm(model: Transformer) -> None:
-    model.decoder.layers[1].cross_sublayer.norm = RMSNorm(32)
+    model.decoder.layers[1].cross_sublayer.norm = nn.Identity()
 
 
 def _swap_attention(model: Transformer) -> None:
@@ -108,21 +254,22 @@ def _add_token_types(model: Transformer) -> None:
     model.decoder.embedder.token_types = nn.Embedding(2, 32)
 
 
+def _other_bias(model: Transformer) -> None:
+    model.decoder.position_bias = _OtherBias(4, bidirectional=False)
+
+
 UNKNOWN_PARTS: dict[str, tuple[Callable[[Transformer], None], str]] = {
-    "GELU (tanh) feed-forward": (
-        _swap_feed_forward(lambda d, f: FeedForward(d, f, "gelu_tanh")),
-        "activation relu or gelu",
+    "a feed-forward subclass": (
+        _swap_feed_forward(lambda d, f: _OtherFeedForward(d, f, "relu")),
+        "FeedForward or GatedFeedForward .*got _OtherFeedForward",
     ),
-    "gated feed-forward": (
-        _swap_feed_forward(lambda d, f: GatedFeedForward(d, f, "gelu_tanh")),
-        "GatedFeedForward",
-    ),
-    "RMSNorm": (_swap_norm, "LayerNorm, got RMSNorm"),
-    "unscaled self-attention": (_swap_attention, "scale 1/√d_k"),
-    "unscaled cross-attention": (_swap_cross_attention, "scale 1/√d_k"),
-    "token-type embeddings": (_add_token_types, "no token types"),
-    "heads of another size": (_other_head_size, "4 heads of size 8 .*got 8 of size 4"),
+    "a norm of another kind": (_swap_norm, "LayerNorm or RMSNorm, got Identity"),
+    "one unscaled self-attention": (_swap_attention, "one attention shape.*scale 1.0"),
+    "one unscaled cross-attention": (_swap_cross_attention, "one attention shape.*scale 1.0"),
+    "token-type embeddings": (_add_token_types, "without token types"),
+    "heads of another size": (_other_head_size, "4 heads of size 8.*got 8 of size 4"),
     "a sub-layer normed first": (_other_norm_placement, "norm_first=False"),
+    "a position bias subclass": (_other_bias, "T5's position bias, got _OtherBias"),
 }
 
 

@@ -96,3 +96,36 @@ def test_per_row_positions(kind: str) -> None:
     positions = torch.tensor([[0, 1, 2], [0, 0, 5]])  # the second row beyond a 3-row table
     got = pos(x, positions=positions)
     torch.testing.assert_close(got, table[positions])
+
+
+def test_sinusoid_layouts_by_hand() -> None:
+    """D = 4: frequencies 1 and 1/100 (10000^(2i/4), i = 0, 1). The paper interleaves sin and
+    cos of each; Marian's "halves" puts the sines first."""
+    for pos in (0, 1, 7):
+        s1, s2, c1, c2 = math.sin(pos), math.sin(pos / 100), math.cos(pos), math.cos(pos / 100)
+        interleaved = sinusoidal_encoding(8, 4)[pos]
+        halves = sinusoidal_encoding(8, 4, layout="halves")[pos]
+        torch.testing.assert_close(interleaved, torch.tensor([s1, c1, s2, c2]))
+        torch.testing.assert_close(halves, torch.tensor([s1, s2, c1, c2]))
+    # odd D = 5: three sines (frequencies 10000^(-2i/5), i = 0, 1, 2), then two cosines
+    f = [10000 ** (-2 * i / 5) for i in range(3)]
+    want = [math.sin(3 * f[0]), math.sin(3 * f[1]), math.sin(3 * f[2])]
+    want += [math.cos(3 * f[0]), math.cos(3 * f[1])]
+    torch.testing.assert_close(
+        sinusoidal_encoding(1, 5, offset=3, layout="halves")[0], torch.tensor(want)
+    )
+    with pytest.raises(ValueError, match="layout must be one of"):
+        sinusoidal_encoding(2, 4, layout="alternating")  # type: ignore[arg-type]
+
+
+def test_sinusoid_halves_module_past_its_table() -> None:
+    pos = SinusoidalPositionalEncoding(6, 2, layout="halves")  # two positions tabulated
+    got = pos(torch.zeros(1, 5, 6))[0]  # (5, 6): positions 2..4 computed on demand
+    torch.testing.assert_close(got, sinusoidal_encoding(5, 6, layout="halves"))
+    torch.testing.assert_close(pos(torch.zeros(1, 1, 6), offset=4)[0], got[4:])
+    assert not torch.allclose(got, sinusoidal_encoding(5, 6))  # not the paper's layout
+
+
+def test_silu_activation() -> None:
+    x = torch.linspace(-4, 4, 17, dtype=torch.float64)
+    torch.testing.assert_close(FeedForward(1, 1, "silu").activation(x), x * torch.sigmoid(x))

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from aiayn.config import TransformerConfig, preset
 from aiayn.models import Transformer
+from aiayn.models.params import count_parameters, expected_parameter_count
 
 PAD = 0
 TINY = preset("tiny", vocab_size=50, dropout=0.0, d_model=32, d_ff=64, num_heads=4)
@@ -129,3 +130,58 @@ def test_all_padding_rows_give_no_nan(dtype: torch.dtype, rows: int) -> None:
         logp = model(src, tgt)
         memory = model.encode(src).memory
     assert torch.isfinite(logp).all() and torch.isfinite(memory).all()
+
+
+MARIAN_OPTIONS = {
+    "activation": "silu",
+    "positional": "sinusoidal-halves",
+    "output_bias": True,
+    "share_embeddings": False,
+    "tgt_vocab_size": 40,
+}
+
+
+@pytest.mark.parametrize("tie_output", [True, False])
+def test_marian_options_incremental_decoding_equals_full_forward(tie_output: bool) -> None:
+    """SiLU, sinusoids in halves, an output bias, separate vocabularies, and a decoder whose
+    start token is the pad id (Marian's): the decoding paths agree."""
+    model = _model(TINY, **MARIAN_OPTIONS, tie_output=tie_output)
+    assert model.output_proj.bias is not None and not model.output_proj.bias.any()  # zero init
+    with torch.no_grad():
+        model.output_proj.bias.normal_()
+    src = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, PAD, PAD]])
+    tgt = torch.randint(3, 40, (2, 6))
+    tgt[:, 0] = PAD  # the start token has the pad id
+    full = model(src, tgt)  # (B, T, V)
+    assert full.shape == (2, 6, 40)
+    src_mask, memory, cache = model.source_mask(src), model.encode(src).memory, None
+    for t in range(6):
+        out = model.decode(
+            tgt[:, t : t + 1], memory if t == 0 else None, src_mask, cache=cache, offset=t
+        )
+        cache = out.cache
+        torch.testing.assert_close(
+            model.log_probs(out.hidden)[:, 0], full[:, t], atol=1e-5, rtol=1e-5
+        )
+    hidden = model.decode(tgt, memory, src_mask).hidden
+    logits = hidden @ model.output_proj.weight.T + model.output_proj.bias
+    torch.testing.assert_close(full, torch.log_softmax(logits, -1), atol=1e-5, rtol=1e-5)
+
+
+def test_start_token_is_never_masked_as_padding() -> None:
+    model = _model(TINY)
+    tgt = torch.tensor([[PAD, 5, 6, PAD], [7, 8, PAD, PAD]])
+    mask = model.target_mask(tgt)  # (B, 1, T, T)
+    assert mask.shape == (2, 1, 4, 4)
+    assert mask[..., 0].all()  # position 0, the start token, is a real key for every query
+    assert not mask[0, 0, 3, 3] and not mask[1, 0, 3, 2]  # later padding stays masked
+    assert mask[0, 0, 2, :3].all() and not mask[0, 0, 2, 3]  # causal
+
+
+@pytest.mark.parametrize("tie_output", [True, False])
+def test_output_bias_is_counted(tie_output: bool) -> None:
+    for output_bias in (False, True):
+        config = TINY.replace(output_bias=output_bias, tie_output=tie_output)
+        model = _model(config)
+        assert (model.output_proj.bias is not None) == output_bias
+        assert count_parameters(model) == expected_parameter_count(config)

@@ -20,7 +20,8 @@ def register(subparsers: Any) -> None:
         "convert",
         help="convert a Hugging Face model (folder or Hub name) to an aiayn checkpoint, or back",
         description="Convert pretrained weights exactly: every tensor is used, shapes are "
-        "checked, unsupported options are refused by name. Families: GPT-2 (model_type gpt2).",
+        "checked, unsupported options are refused by name. Families: GPT-2 (model_type gpt2), "
+        "T5 (t5) and Marian/OPUS-MT (marian); back to Hugging Face: GPT-2.",
     )
     p.add_argument("--from-hf", metavar="DIR_OR_NAME", help="Hugging Face folder or Hub name")
     p.add_argument("--to", metavar="DIR", help="aiayn checkpoint folder to write (with --from-hf)")
@@ -52,6 +53,7 @@ def _refuse_existing(path: Path, force: bool) -> None:
 
 def _from_hf(source: str, out: Path, force: bool) -> int:
     from aiayn.convert import from_hf
+    from aiayn.data.text_tokenizer import TextTokenizer
     from aiayn.errors import UserError
     from aiayn.models import count_parameters
     from aiayn.models.families import family_of
@@ -61,13 +63,21 @@ def _from_hf(source: str, out: Path, force: bool) -> int:
     converted = from_hf(source)
     if converted.tokenizer is None:
         raise UserError(
-            f"{converted.folder} has no tokenizer (tokenizer.json, or vocab.json + "
-            "merges.txt): an aiayn checkpoint needs one"
+            f"{converted.folder} has no tokenizer (tokenizer.json, vocab.json + merges.txt, "
+            "spiece.model, or source.spm + target.spm + vocab.json): an aiayn checkpoint "
+            "needs one"
         )
-    state = {"converted_from": str(source), "hf_config": converted.hf_config}
+    state = {
+        "converted_from": str(source),
+        "hf_config": converted.hf_config,
+        "generation": converted.generation,
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        converted.tokenizer.save(Path(tmp) / TOKENIZER_FILE)
-        save_checkpoint(out, converted.model, state, Path(tmp) / TOKENIZER_FILE)
+        if isinstance(converted.tokenizer, TextTokenizer):
+            converted.tokenizer.save(Path(tmp) / TOKENIZER_FILE)
+            save_checkpoint(out, converted.model, state, Path(tmp) / TOKENIZER_FILE)
+        else:
+            save_checkpoint(out, converted.model, state, converted.tokenizer)
     family = family_of(converted.model).name
     print(
         f"converted {source} -> {out}: {family}, {count_parameters(converted.model):,} "

@@ -2,9 +2,9 @@
 
 :func:`from_hf` reads a Hugging Face model folder (or Hub name), picks the family from
 ``config.json``'s ``model_type`` and converts the weights exactly (every tensor used, shapes
-checked); :func:`to_hf` writes an aiayn model back as a folder transformers loads. One module per
-family holds its name map (:mod:`aiayn.convert.gpt2`); :mod:`aiayn.convert.hf_folder` reads and
-writes the folders.
+checked); :func:`to_hf` writes an aiayn model back as a folder transformers loads (GPT-2). One
+module per family holds its name map (:mod:`aiayn.convert.gpt2`, :mod:`aiayn.convert.t5`,
+:mod:`aiayn.convert.marian`); :mod:`aiayn.convert.hf_folder` reads and writes the folders.
 """
 
 from __future__ import annotations
@@ -28,10 +28,13 @@ from aiayn.convert.gpt2 import (
 )
 from aiayn.convert.hf_folder import (
     read_hf_config,
+    read_hf_generation,
     read_hf_tokenizer,
     read_hf_weights,
     resolve_hf_source,
 )
+from aiayn.convert.t5 import t5_from_hf_tensors
+from aiayn.data.pretrained_tokenizer import PretrainedTokenizer, pretrained_tokenizer_from_hf
 from aiayn.data.text_tokenizer import TextTokenizer
 from aiayn.errors import UserError
 from aiayn.models.families import family_of
@@ -39,7 +42,7 @@ from aiayn.models.gpt2 import GPT2
 
 FromHF = Callable[[Mapping[str, Any], Mapping[str, Tensor]], tuple[nn.Module, int]]
 
-FROM_HF: dict[str, FromHF] = {"gpt2": gpt2_from_hf_tensors}
+FROM_HF: dict[str, FromHF] = {"gpt2": gpt2_from_hf_tensors, "t5": t5_from_hf_tensors}
 """Hugging Face ``model_type`` -> the converter of its config and tensors."""
 
 
@@ -51,13 +54,16 @@ class HFConversion:
         model: the aiayn model, in eval mode.
         tokenizer: the folder's vocabulary, or None when it has none.
         hf_config: the folder's ``config.json``.
+        generation: the folder's decoding defaults (``generation_config.json``'s keys that
+            aiayn reads, :data:`~aiayn.convert.hf_folder.GENERATION_KEYS`).
         folder: where the folder was read (a Hub name resolves to its local snapshot).
         tensors_mapped: how many checkpoint tensors went into the model.
     """
 
     model: nn.Module
-    tokenizer: TextTokenizer | None
+    tokenizer: TextTokenizer | PretrainedTokenizer | None
     hf_config: dict[str, Any]
+    generation: dict[str, Any]
     folder: Path
     tensors_mapped: int
 
@@ -76,7 +82,18 @@ def from_hf(source: str | Path) -> HFConversion:
             f"model_type {model_type!r} is not supported yet (supported: {', '.join(FROM_HF)})"
         )
     model, mapped = FROM_HF[model_type](hf_config, read_hf_weights(folder))
-    return HFConversion(model, read_hf_tokenizer(folder), hf_config, folder, mapped)
+    generation = read_hf_generation(folder, hf_config)
+    return HFConversion(
+        model, _tokenizer(folder, model_type), hf_config, generation, folder, mapped
+    )
+
+
+def _tokenizer(folder: Path, model_type: str) -> TextTokenizer | PretrainedTokenizer | None:
+    """The folder's vocabulary: SentencePiece-based for the encoder–decoders, else a
+    ``tokenizer.json`` / byte-level BPE pair."""
+    if model_type in ("t5", "marian"):
+        return pretrained_tokenizer_from_hf(folder, model_type)
+    return read_hf_tokenizer(folder)
 
 
 def to_hf(model: nn.Module, out_dir: str | Path, tokenizer: TextTokenizer | None = None) -> Path:

@@ -6,7 +6,10 @@ A folder written by ``save_pretrained`` (or downloaded from the Hub) holds::
     model.safetensors                   the weights, or sharded: model.safetensors.index.json
                                         + model-0000k-of-0000n.safetensors; older folders
                                         pytorch_model.bin (+ .index.json when sharded)
-    tokenizer.json | vocab.json + merges.txt   the vocabulary (optional)
+    tokenizer.json | vocab.json + merges.txt   the vocabulary (optional); T5: spiece.model;
+                                        Marian: source.spm, target.spm, vocab.json
+    generation_config.json              the decoding defaults (optional; older folders keep
+                                        them in config.json)
 
 Formats: Hugging Face, "Models" and "Sharded checkpoints" in the transformers documentation;
 safetensors, https://huggingface.co/docs/safetensors. ``.bin`` files are read with
@@ -36,8 +39,24 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
 TORCH_INDEX = "pytorch_model.bin.index.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+GENERATION_CONFIG = "generation_config.json"
+_SEQ2SEQ_TOKENIZERS = [
+    "spiece.model",
+    "source.spm",
+    "target.spm",
+    "target_vocab.json",
+    "special_tokens_map.json",
+]
 
-_HUB_COMMON = [CONFIG_FILE, TOKENIZER_JSON, GPT2_VOCAB, GPT2_MERGES, TOKENIZER_CONFIG]
+_HUB_COMMON = [
+    CONFIG_FILE,
+    GENERATION_CONFIG,
+    TOKENIZER_JSON,
+    GPT2_VOCAB,
+    GPT2_MERGES,
+    TOKENIZER_CONFIG,
+    *_SEQ2SEQ_TOKENIZERS,
+]
 _HUB_SAFETENSORS = [SAFETENSORS_FILE, SAFETENSORS_INDEX, "model-*-of-*.safetensors"]
 _HUB_TORCH = [TORCH_FILE, TORCH_INDEX, "pytorch_model-*-of-*.bin"]
 
@@ -84,6 +103,44 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise UserError(f"{file}: not a JSON object")
     return config
+
+
+GENERATION_KEYS = (
+    "num_beams",
+    "length_penalty",
+    "early_stopping",
+    "max_length",
+    "max_new_tokens",
+    "min_length",
+    "min_new_tokens",
+    "bad_words_ids",
+    "forced_eos_token_id",
+    "forced_bos_token_id",
+    "decoder_start_token_id",
+    "eos_token_id",
+    "do_sample",
+    "no_repeat_ngram_size",
+    "repetition_penalty",
+    "renormalize_logits",
+    "num_beam_groups",
+    "diversity_penalty",
+)
+"""The decoding settings of a Hugging Face folder that aiayn reads (or refuses)."""
+
+
+def read_hf_generation(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The folder's decoding defaults: ``generation_config.json`` where it exists, else the
+    same keys of ``config.json`` (where older folders keep them); only :data:`GENERATION_KEYS`."""
+    file = folder / GENERATION_CONFIG
+    source = config
+    if file.is_file():
+        try:
+            source = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{file}: cannot read the generation config ({exc})") from None
+        if not isinstance(source, dict):
+            raise UserError(f"{file}: not a JSON object")
+    return {k: source[k] for k in GENERATION_KEYS if source.get(k) is not None}
 
 
 def read_hf_weights(folder: Path) -> dict[str, Tensor]:

@@ -1,17 +1,32 @@
-"""Beam search with the GNMT length penalty (§6.1: beam 4, α = 0.6, max length = input + 50).
+"""Beam search in two named styles: GNMT's (the default, §6.1: beam 4, α = 0.6, max length =
+input + 50) and Hugging Face ``generate``'s, token for token.
 
-Length penalty (Wu et al. 2016, "GNMT"), the formula libraries disagree on, named here:
+The length penalty, the formula libraries disagree on, named here per style:
 
-    lp(Y) = ((5 + |Y|) / (5 + 1))^α,     score(Y) = log P(Y | X) / lp(Y)
+    "gnmt" (Wu et al. 2016, eq. 14):  lp(Y) = ((5 + |Y|) / (5 + 1))^α
+    "hf"   (HF ``generate``):         lp(Y) = |Y|^α            score(Y) = log P(Y | X) / lp(Y)
 
-where |Y| counts the output tokens *including* the final EOS (fairseq counts it too; Hugging
-Face divides by length^α instead). α = 0 is plain log-probability.
+where |Y| counts the generated tokens *including* the final EOS (fairseq counts it too; a "hf"
+hypothesis cut at the length limit counts its last token instead). α = 0 is plain log-probability.
 
 Batched over sentences × beams (rows ``b·K + k``); a sentence leaves the batch as soon as it is
-done, so the others run on a smaller batch. A sentence is done when it has K finished hypotheses
-(as in fairseq), or when no live beam can still beat its n-th best finished one: live beams only
-lose log-probability, so their best possible score is ``best live log-prob / lp(max length)``
-(an exact bound, since log-probabilities are ≤ 0 and lp grows with length).
+done, so the others run on a smaller batch. Each style fixes, in one class (:class:`_Gnmt`,
+:class:`_HuggingFace`), what happens at the length limit and when a sentence is done:
+
+* "gnmt": ``max_len`` counts output tokens without EOS; at the limit EOS is forced (keeping its
+  log-prob). A sentence is done when it has K finished hypotheses (as in fairseq), or when no live
+  beam can still beat its n-th best finished one: live beams only lose log-probability, so their
+  best possible score is ``best live log-prob / lp(max length)`` (an exact bound, since
+  log-probabilities are ≤ 0 and lp grows with length).
+* "hf": ``max_len`` is HF's ``max_new_tokens`` (generated tokens, EOS included); at the limit the
+  K best candidates all end as they are (no EOS appended). Only the K best finished hypotheses are
+  kept; ``early_stopping`` decides when a sentence with K of them is done (:class:`_HuggingFace`).
+
+HF ``generate(num_beams=K, max_new_tokens=M, min_new_tokens=m, length_penalty=α,
+early_stopping=e, num_return_sequences=n, forced_eos_token_id=eos_id or None, do_sample=False)``
+of an encoder–decoder is ``beam_search(length_penalty="hf", beam_size=K, max_len=M, min_len=m,
+alpha=α, early_stopping=e, n_best=n, forced_eos=True or False, bos_id=decoder_start_token_id)``
+over a step running that model; HF's ``min_length`` L counts the decoder start: min_len = L − 1.
 
 Shape legend:  B sentences   b sentences still searching   K beam size   V vocabulary   t step
                M candidates per sentence (K·V)   C chunks of L candidates   n candidates kept
@@ -20,6 +35,7 @@ Shape legend:  B sentences   b sentences still searching   K beam size   V vocab
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -34,14 +50,21 @@ def gnmt_length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def hf_length_penalty(length: int, alpha: float) -> float:
+    """lp(Y) = |Y|^α with |Y| the generated tokens including EOS (HF ``generate``, whose
+    ``length_penalty`` is α)."""
+    return float(length) ** alpha
+
+
 @dataclass(frozen=True)
 class Hypothesis:
     """A finished output sequence.
 
     Attributes:
-        tokens: output ids without BOS and EOS.
-        log_prob: log P(Y | X), EOS included.
-        score: ``log_prob / lp(len(tokens) + 1)``, what the beam ranks by.
+        tokens: output ids without BOS and EOS (a "hf" hypothesis ended at the length limit
+            without EOS keeps its last token).
+        log_prob: log P(Y | X), EOS included when there is one.
+        score: ``log_prob / lp(|Y|)`` in the style's length penalty: what the beam ranks by.
     """
 
     tokens: list[int]
@@ -62,27 +85,36 @@ def beam_search(
     min_len: int = 0,
     alpha: float = 0.6,
     n_best: int = 1,
+    length_penalty: str = "gnmt",
+    early_stopping: bool | str = True,
+    forced_eos: bool = False,
     device: torch.device | str = "cpu",
 ) -> list[list[Hypothesis]]:
     """Beam search over ``step``; returns, per sentence, its ``n_best`` hypotheses, best first.
 
     The device scores the candidates and keeps the 2K best per sentence; the host, from one copy
-    of those, ends hypotheses at EOS, picks the K survivors and keeps their token histories.
+    of those, ends hypotheses, picks the K survivors and keeps their token histories.
 
     Args:
         step, state: the step function and the initial state for ``batch_size`` sentences.
         beam_size: K (1 = greedy search).
-        max_len: per-sentence (B,) or global maximum of output tokens, EOS excluded.
-        min_len: EOS is not allowed before this many output tokens.
-        alpha: α of the length penalty (0.6 in §6.1).
-        n_best: how many hypotheses to return per sentence (≤ K).
+        max_len: per-sentence (B,) or global length limit. "gnmt": output tokens, EOS excluded
+            (EOS is forced after them); "hf": HF's ``max_new_tokens`` (≥ 1), EOS included.
+        min_len: EOS is not allowed before this many output tokens (HF's ``min_new_tokens``).
+        alpha: α of the length penalty (0.6 in §6.1; HF's float ``length_penalty``).
+        n_best: how many hypotheses to return per sentence (≤ K; HF's ``num_return_sequences``).
+        length_penalty: the style, "gnmt" (default) or "hf": its penalty, its length limit and
+            its stopping rule, as the module docstring says.
+        early_stopping: "hf" only: HF's ``early_stopping``, True, False or "never".
+        forced_eos: "hf" only: HF's ``forced_eos_token_id`` set to ``eos_id``: the token chosen
+            at the last allowed step is EOS, with log-prob 0.
     """
-    if beam_size < 1 or not 1 <= n_best <= beam_size:
-        raise ValueError(
-            f"need beam_size >= 1 and 1 <= n_best <= beam_size, got {beam_size}, {n_best}"
-        )
+    rules = _rules(
+        length_penalty, beam_size, n_best, alpha, eos_id, min_len, early_stopping, forced_eos
+    )
     k = beam_size
     limits = torch.as_tensor(max_len, device=device).expand(batch_size).tolist()
+    last = [rules.last_step(limit) for limit in limits]  # per sentence, its last step
     state = state.repeat_interleave(k)  # row b·K + k: beam k of sentence b
     scores = torch.full((batch_size, k), -math.inf, device=device)  # (B, K) log P of each beam
     scores[:, 0] = 0.0  # one live beam to start: the others would duplicate it
@@ -90,12 +122,12 @@ def beam_search(
     paths: list[tuple[int, ...]] = [()] * (batch_size * k)  # per row, its output tokens so far
     active = list(range(batch_size))  # sentence id of each row block
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
-    for t in range(int(max(limits)) + 1):
+    for t in range(max(last) + 1):
         log_probs, state = step(tokens, state)  # (b·K, V)
         vocab = log_probs.size(-1)
         log_probs = log_probs.view(len(active), k, vocab).float()  # (b, K, V)
-        at_limit = [t >= limits[s] for s in active]  # (b,) on the host
-        log_probs = _constrain(log_probs, eos_id, allow_eos=t >= min_len, at_limit=at_limit)
+        at_limit = [t >= last[s] for s in active]  # (b,) on the host
+        log_probs = rules.constrain(log_probs, t, at_limit)
         candidates = (scores[:, :, None] + log_probs).view(len(active), k * vocab)  # (b, K·V)
         top_scores, top_index = top_candidates(candidates, min(2 * k, k * vocab))  # (b, 2K)
         parents: list[int] = []  # rows of the surviving beams' parents, (b'·K,)
@@ -104,10 +136,10 @@ def beam_search(
         for r, (s, row_scores, row_index) in enumerate(
             zip(active, top_scores.tolist(), top_index.tolist(), strict=True)
         ):
-            outcome = _advance(row_scores, row_index, r * k, k, vocab, eos_id, paths, alpha)
-            finished[s].extend(outcome.finished)
+            outcome = _advance(row_scores, row_index, r * k, vocab, paths, rules, at_limit[r])
+            finished[s] = rules.keep(finished[s] + outcome.finished)
             live = [lp for lp, _ in outcome.survivors]
-            if not _done(finished[s], live, k, n_best, alpha, limits[s], at_limit[r]):
+            if not rules.done(finished[s], live, t, limits[s], at_limit[r]):
                 kept.append(s)
                 parents.extend(outcome.parents)
                 survivors.extend(outcome.survivors)
@@ -124,7 +156,7 @@ def beam_search(
 
 @dataclass
 class _Outcome:
-    """One sentence's outcome of a step: hypotheses ended at EOS, and the K beams living on
+    """One sentence's outcome of a step: hypotheses ended here, and the K beams living on
     (their parents' rows, log-probabilities and newest tokens), best first."""
 
     finished: list[Hypothesis]
@@ -136,26 +168,24 @@ def _advance(
     top_scores: list[float],
     top_index: list[int],
     first_row: int,
-    k: int,
     vocab: int,
-    eos_id: int,
     paths: list[tuple[int, ...]],
-    alpha: float,
+    rules: _Rules,
+    at_limit: bool,
 ) -> _Outcome:
     """One sentence's 2K best candidates (log-probs, indices into K·V, best first) -> its step.
 
-    EOS among the K best ends a hypothesis; the K best non-EOS candidates live on (there are K
-    of them: each beam has one EOS candidate).
+    Candidates that the style ends (EOS; "hf": any at the limit) become finished hypotheses when
+    among the K best; the K best others live on (there are K of them away from the limit: each
+    beam has one EOS candidate).
     """
     outcome = _Outcome([], [], [])
     for rank, (lp, index) in enumerate(zip(top_scores, top_index, strict=True)):
         beam, token = divmod(index, vocab)
-        if token == eos_id:
-            if rank < k and math.isfinite(lp):
-                tokens = list(paths[first_row + beam])
-                score = lp / gnmt_length_penalty(len(tokens) + 1, alpha)
-                outcome.finished.append(Hypothesis(tokens, lp, score))
-        elif len(outcome.survivors) < k:
+        if rules.ends(token, at_limit):
+            if rank < rules.k and math.isfinite(lp):
+                outcome.finished.append(rules.hypothesis(paths[first_row + beam], token, lp))
+        elif len(outcome.survivors) < rules.k:
             outcome.parents.append(first_row + beam)
             outcome.survivors.append((lp, token))
     return outcome
@@ -187,8 +217,174 @@ def top_candidates(candidates: Tensor, n: int, chunk: int = 128) -> tuple[Tensor
     return values, index
 
 
+def _rules(
+    style: str,
+    k: int,
+    n_best: int,
+    alpha: float,
+    eos_id: int,
+    min_len: int,
+    early_stopping: bool | str,
+    forced_eos: bool,
+) -> _Rules:
+    """The rules of ``style`` ("gnmt" or "hf"), after checking the arguments against it."""
+    if k < 1 or not 1 <= n_best <= k:
+        raise ValueError(f"need beam_size >= 1 and 1 <= n_best <= beam_size, got {k}, {n_best}")
+    if style == "gnmt":
+        if early_stopping is not True or forced_eos:
+            raise ValueError("early_stopping and forced_eos are options of length_penalty='hf'")
+        return _Gnmt(k, n_best, alpha, eos_id, min_len)
+    if style == "hf":
+        if not (early_stopping is True or early_stopping is False or early_stopping == "never"):
+            raise ValueError(f"early_stopping must be True, False or 'never': {early_stopping!r}")
+        return _HuggingFace(k, n_best, alpha, eos_id, min_len, early_stopping, forced_eos)
+    raise ValueError(f"unknown length_penalty {style!r}: 'gnmt' or 'hf'")
+
+
+@dataclass(frozen=True)
+class _Rules(ABC):
+    """What a style decides; the search loop asks these methods and never tests the style.
+
+    ``t`` is the step: t output tokens are decoded before it, and a hypothesis ended at it has
+    |Y| = t + 1 generated tokens (EOS, or at the "hf" limit the last token, included).
+    """
+
+    k: int
+    n_best: int
+    alpha: float
+    eos_id: int
+    min_len: int
+
+    @abstractmethod
+    def penalty(self, length: int) -> float:
+        """lp(|Y|), the divisor of log P(Y | X)."""
+
+    @abstractmethod
+    def last_step(self, limit: int) -> int:
+        """The step at which a sentence of length limit ``limit`` (its max_len) ends."""
+
+    @abstractmethod
+    def constrain(self, log_probs: Tensor, t: int, at_limit: list[bool]) -> Tensor:
+        """Edits (b, K, V) ``log_probs`` in place (the step's output belongs to the search):
+        min_len and the length limit; ``at_limit`` (b,) says which sentences take their last
+        step."""
+
+    @abstractmethod
+    def ends(self, token: int, at_limit: bool) -> bool:
+        """Whether a candidate ending in ``token`` is a finished hypothesis, not a live beam."""
+
+    @abstractmethod
+    def keep(self, hyps: list[Hypothesis]) -> list[Hypothesis]:
+        """The finished hypotheses a sentence keeps, of those it has."""
+
+    @abstractmethod
+    def done(
+        self, hyps: list[Hypothesis], live: list[float], t: int, limit: int, at_limit: bool
+    ) -> bool:
+        """Whether a sentence stops after step ``t``, given the kept ``hyps`` and the K live
+        beams' log-probabilities."""
+
+    def hypothesis(self, path: tuple[int, ...], token: int, log_prob: float) -> Hypothesis:
+        """``path`` (t tokens) ended by ``token``: EOS is dropped, any other token kept."""
+        tokens = list(path) if token == self.eos_id else [*path, token]
+        return Hypothesis(tokens, log_prob, log_prob / self.penalty(len(path) + 1))
+
+
+@dataclass(frozen=True)
+class _Gnmt(_Rules):
+    """GNMT's penalty (eq. 14); ``max_len`` output tokens, then EOS is forced; a sentence is
+    done with K finished hypotheses or when the exact bound says no live beam can beat its
+    n-th best (module docstring). Every finished hypothesis is kept."""
+
+    def penalty(self, length: int) -> float:
+        return gnmt_length_penalty(length, self.alpha)
+
+    def last_step(self, limit: int) -> int:
+        return limit
+
+    def constrain(self, log_probs: Tensor, t: int, at_limit: list[bool]) -> Tensor:
+        return _constrain(log_probs, self.eos_id, allow_eos=t >= self.min_len, at_limit=at_limit)
+
+    def ends(self, token: int, at_limit: bool) -> bool:
+        return token == self.eos_id
+
+    def keep(self, hyps: list[Hypothesis]) -> list[Hypothesis]:
+        return hyps
+
+    def done(
+        self, hyps: list[Hypothesis], live: list[float], t: int, limit: int, at_limit: bool
+    ) -> bool:
+        if at_limit or len(hyps) >= self.k or not any(math.isfinite(x) for x in live):
+            return True
+        if len(hyps) < self.n_best:
+            return False
+        nth_best = sorted((h.score for h in hyps), reverse=True)[self.n_best - 1]
+        return max(live) / self.penalty(limit + 1) <= nth_best
+
+
+@dataclass(frozen=True)
+class _HuggingFace(_Rules):
+    """HF ``generate``'s beam search (``_beam_search`` and its helpers).
+
+    Length limit: ``max_len`` is ``max_new_tokens``; the step choosing the last allowed token is
+    the last, and its K best candidates all end there (``MaxLengthCriteria``), EOS or not, scored
+    with |Y| = max_len. Only the K best finished hypotheses are kept (``_update_finished_beams``).
+    Done (``_check_early_stop_heuristic``, ``_beam_search_has_unfinished_sequences``): at the
+    limit, or once K are finished and, by ``early_stopping``,
+
+    * True: always;
+    * False: unless the best live log-prob / (t + 1)^α, at the live beams' current length,
+      beats the worst kept score (a heuristic: longer beams may still beat it when α > 0);
+    * "never": as False, but with the length limit for t + 1 when α > 0 (an exact bound).
+
+    Not reproduced: HF's empty beams hold log-prob −1e9, not −inf, so where a sentence has fewer
+    than K finite candidates at the limit (max_new_tokens = 1 with forced EOS) HF also returns
+    its placeholder sequences, scored about −1e9; here the sentence has fewer hypotheses.
+    """
+
+    early_stopping: bool | str
+    forced_eos: bool
+
+    def penalty(self, length: int) -> float:
+        return hf_length_penalty(length, self.alpha)
+
+    def last_step(self, limit: int) -> int:
+        if limit < 1:
+            raise ValueError(f"length_penalty='hf' needs max_len (max_new_tokens) >= 1: {limit}")
+        return limit - 1
+
+    def constrain(self, log_probs: Tensor, t: int, at_limit: list[bool]) -> Tensor:
+        """HF's processors in HF's order: ``MinNewTokensLengthLogitsProcessor`` (EOS −inf while
+        t < min_len), then ``ForcedEOSTokenLogitsProcessor`` at the limit (all −inf, EOS 0)."""
+        if t < self.min_len:
+            log_probs.select(2, self.eos_id).fill_(-math.inf)  # (b, K) column of EOS
+        if self.forced_eos and any(at_limit):
+            rows = torch.tensor(at_limit, device=log_probs.device)  # (b,)
+            log_probs[rows] = -math.inf
+            log_probs[rows, :, self.eos_id] = 0.0
+        return log_probs
+
+    def ends(self, token: int, at_limit: bool) -> bool:
+        return at_limit or token == self.eos_id
+
+    def keep(self, hyps: list[Hypothesis]) -> list[Hypothesis]:
+        return sorted(hyps, key=lambda h: -h.score)[: self.k]
+
+    def done(
+        self, hyps: list[Hypothesis], live: list[float], t: int, limit: int, at_limit: bool
+    ) -> bool:
+        if at_limit or not any(math.isfinite(x) for x in live):
+            return True
+        if len(hyps) < self.k:
+            return False
+        if self.early_stopping is True:
+            return True
+        exact = self.early_stopping == "never" and self.alpha > 0
+        return max(live) / self.penalty(limit if exact else t + 1) <= hyps[-1].score
+
+
 def _constrain(log_probs: Tensor, eos_id: int, *, allow_eos: bool, at_limit: list[bool]) -> Tensor:
-    """Forbid EOS before min_len; force EOS for sentences at their length limit.
+    """GNMT style: forbid EOS before min_len; force EOS for sentences at their length limit.
 
     Edits (b, K, V) ``log_probs`` in place: the step's output belongs to the search. A forced
     EOS keeps its log-probability, floored at the dtype's most negative finite value.
@@ -202,23 +398,3 @@ def _constrain(log_probs: Tensor, eos_id: int, *, allow_eos: bool, at_limit: lis
         log_probs[only_eos] = -math.inf
         log_probs[only_eos, :, eos_id] = eos_column
     return log_probs
-
-
-def _done(
-    hyps: list[Hypothesis],
-    live: list[float],
-    k: int,
-    n_best: int,
-    alpha: float,
-    limit: int,
-    at_limit: bool,
-) -> bool:
-    """Whether a sentence can stop, given its K live log-probabilities: see the module
-    docstring."""
-    if at_limit or len(hyps) >= k or not any(math.isfinite(x) for x in live):
-        return True
-    if len(hyps) < n_best:
-        return False
-    nth_best = sorted((h.score for h in hyps), reverse=True)[n_best - 1]
-    best_possible = max(live) / gnmt_length_penalty(limit + 1, alpha)
-    return best_possible <= nth_best

@@ -15,7 +15,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -190,7 +190,7 @@ def _generate_batch(
     c, b = model.config, len(prompts)
     device = model.embedder.embedding.weight.device
     step, state = decoder_only_step(model, prompts, max_new_tokens=o.max_new_tokens)
-    ends = {"bos_id": c.bos_id, "eos_id": c.eos_id, "max_len": o.max_new_tokens}
+    ends: dict[str, Any] = {"bos_id": c.bos_id, "eos_id": c.eos_id, "max_len": o.max_new_tokens}
     if o.method == "beam":
         return beam_search(
             step,

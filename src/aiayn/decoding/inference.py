@@ -1,4 +1,6 @@
-"""The encoder–decoder's decoding step, flattened for inference.
+"""The encoder–decoder's decoding step, flattened for inference: the paper's model, Marian
+(sinusoidal halves, SiLU, a logits bias) and T5 (RMSNorm, unscaled attention with the decoder's
+relative position bias, gated feed-forward, scaled output) alike.
 
 :func:`inference_step` is :func:`~aiayn.decoding.step.encoder_decoder_step` with the same
 decoder and the same arithmetic (up to summation order), written for speed at small batches,
@@ -11,6 +13,8 @@ docs/benchmarks.md). It runs on any device; the packed kernels are CPU-only.
   over them: no module calls and no per-layer objects per step;
 - the ReLU of the feed-forward network and every residual addition are fused into the matmul
   before them (oneDNN post-ops);
+- T5's relative position bias is one (H, P) table over relative positions, computed once: the
+  bias of a step's query is a slice of it;
 - the self-attention keys/values of every layer live in one preallocated buffer, written in
   place one position per step (its capacity doubles when full), reordered for beam search in
   one copy; the cross-attention keys/values are computed once per source.
@@ -20,34 +24,39 @@ log-probabilities at every position, with and without padding and beams.
 
 Shape legend:
     B decoder rows (sentences × beams)   G rows per source row   b source rows (B = b·G)
-    S source length   D d_model   H heads   d_k = D / H   N layers   C cache capacity
+    S source length   D d_model   H heads   d_k size per head   N layers   C cache capacity
+    P positions of the precomputed tables
     L positions decoded so far   V vocabulary
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import CrossAttention, KVCache, SelfAttention, scaled_dot_product_attention
-from aiayn.config import TransformerConfig
 from aiayn.decoding.packed import LinearKernel, linear_kernel
 from aiayn.decoding.step import DecoderState, banned_ids, encode_source, select_source_rows
-from aiayn.layers import CrossAttentionBlock, FeedForward
-from aiayn.models.transformer import Transformer
+from aiayn.layers import CrossAttentionBlock, FeedForward, GatedFeedForward, RMSNorm
+from aiayn.layers.relative_position import RelativePositionBias
+from aiayn.models.transformer import EncoderDecoder
 
 
-def _decoder_layers(model: Transformer) -> list[CrossAttentionBlock]:
-    """The decoder's layers, checked to be built of the parts this step knows how to run: the
-    paper's attention (1/√d_k, no score bias, the config's heads and head size), a FeedForward
-    with ReLU or exact GELU, LayerNorms placed as the config says, and an embedder without token
-    types or norm. Anything else is refused, never run differently."""
+def _decoder_layers(model: EncoderDecoder) -> list[CrossAttentionBlock]:
+    """The decoder's layers, checked to be built of the parts this step knows how to run (see
+    :class:`_Parts`); anything else is refused with a TypeError naming it, never run
+    differently."""
     embedder = model.decoder.embedder
     if embedder.token_types is not None or embedder.norm is not None:
-        raise TypeError("inference_step runs the paper's embedder (no token types, no norm)")
+        raise TypeError("inference_step runs an embedder without token types or norm")
+    bias = model.decoder.position_bias
+    if bias is not None and type(bias) is not RelativePositionBias:
+        raise TypeError(f"inference_step runs T5's position bias, got {type(bias).__name__}")
     layers = []
     for layer in model.decoder.layers:
         if type(layer) is not CrossAttentionBlock:  # a subclass may compute something else
@@ -55,49 +64,98 @@ def _decoder_layers(model: Transformer) -> list[CrossAttentionBlock]:
                 f"inference_step runs aiayn's CrossAttentionBlock, got {type(layer).__name__}"
             )
         assert isinstance(layer, CrossAttentionBlock)
-        _check_parts(layer, model.config)
         layers.append(layer)
     return layers
 
 
-def _check_parts(layer: CrossAttentionBlock, config: TransformerConfig) -> None:
-    for attn in (layer.self_attn, layer.cross_attn):
-        if type(attn) not in (SelfAttention, CrossAttention) or attn.scale is not None:
-            raise TypeError("inference_step runs the paper's attention (scale 1/√d_k)")
-        if (attn.num_heads, attn.d_k) != (config.num_heads, config.d_k):
-            raise TypeError(
-                f"inference_step runs {config.num_heads} heads of size {config.d_k} (the "
-                f"config's), got {attn.num_heads} of size {attn.d_k}"
-            )
-    ff = layer.feed_forward
-    if type(ff) is not FeedForward or ff.activation_name not in _ACTIVATIONS:
-        raise TypeError(
-            f"inference_step runs a FeedForward with activation {' or '.join(_ACTIVATIONS)}, "
-            f"got {type(ff).__name__}({getattr(ff, 'activation_name', '?')})"
+@dataclass(frozen=True)
+class _Parts:
+    """What every decoder layer must share for the step to run it: attention of H heads of size
+    d_k with one score scale (None = 1/√d_k, the paper; 1 for T5), the norm placement, and parts
+    of the known kinds — SelfAttention/CrossAttention, FeedForward or GatedFeedForward with an
+    activation of :data:`_ACTIVATIONS`, LayerNorm or RMSNorm."""
+
+    heads: int
+    d_k: int
+    scale: float | None
+    norm_first: bool
+
+    @staticmethod
+    def of(layers: list[CrossAttentionBlock]) -> _Parts:
+        """The first layer's parts, every layer checked against them."""
+        if not layers:
+            return _Parts(1, 1, None, False)  # nothing to run
+        first = layers[0]
+        parts = _Parts(
+            first.self_attn.num_heads,
+            first.self_attn.d_k,
+            first.self_attn.scale,
+            first.self_sublayer.norm_first,
         )
-    for sub in (layer.self_sublayer, layer.cross_sublayer, layer.ff_sublayer):
-        if type(sub.norm) is not nn.LayerNorm:
-            raise TypeError(f"inference_step runs LayerNorm, got {type(sub.norm).__name__}")
-        if sub.norm_first != config.norm_first:
-            raise TypeError(f"inference_step runs norm_first={config.norm_first} (the config's)")
+        for layer in layers:
+            parts.check(layer)
+        return parts
+
+    def check(self, layer: CrossAttentionBlock) -> None:
+        for attn in (layer.self_attn, layer.cross_attn):
+            if type(attn) not in (SelfAttention, CrossAttention):
+                raise TypeError(f"inference_step runs aiayn's attention, got {type(attn).__name__}")
+            if (attn.num_heads, attn.d_k, attn.scale) != (self.heads, self.d_k, self.scale):
+                raise TypeError(
+                    f"inference_step runs one attention shape: {self.heads} heads of size "
+                    f"{self.d_k}, scale {self.scale}; got {attn.num_heads} of size {attn.d_k}, "
+                    f"scale {attn.scale}"
+                )
+        ff = layer.feed_forward
+        if (
+            type(ff) not in (FeedForward, GatedFeedForward)
+            or ff.activation_name not in _ACTIVATIONS
+        ):
+            raise TypeError(
+                f"inference_step runs a FeedForward or GatedFeedForward with activation "
+                f"{' or '.join(_ACTIVATIONS)}, got {type(ff).__name__}"
+                f"({getattr(ff, 'activation_name', '?')})"
+            )
+        for sub in (layer.self_sublayer, layer.cross_sublayer, layer.ff_sublayer):
+            if type(sub.norm) not in (nn.LayerNorm, RMSNorm):
+                raise TypeError(
+                    f"inference_step runs LayerNorm or RMSNorm, got {type(sub.norm).__name__}"
+                )
+            if sub.norm_first != self.norm_first:
+                raise TypeError(
+                    f"inference_step runs one norm placement (norm_first={self.norm_first})"
+                )
 
 
-_ACTIVATIONS = ("relu", "gelu")  # what _feed_forward computes
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor] | None] = {
+    "relu": None,  # fused into W_1's product
+    "gelu": F.gelu,  # exact (erf) GELU, as FeedForward's
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "silu": F.silu,
+}
+"""What _feed_forward computes: the feed-forward's activation names -> the function applied
+after W_1's product (None: the ReLU fused into it; a gated network applies it to the gate)."""
 
 
 class _Norm:
-    """LayerNorm(x) with a module's weight, bias and eps, applied without a module call."""
+    """LayerNorm(x) or RMSNorm(x) with a module's weight, bias and eps, applied without a module
+    call (RMSNorm's statistics in fp32, as :class:`~aiayn.layers.norm.RMSNorm`)."""
 
-    __slots__ = ("bias", "eps", "shape", "weight")
+    __slots__ = ("bias", "eps", "rms", "shape", "weight")
 
     def __init__(self, norm: nn.Module):
-        assert isinstance(norm, nn.LayerNorm)  # checked by _decoder_layers
-        self.shape = norm.normalized_shape
-        self.weight = None if norm.weight is None else norm.weight.detach()
-        self.bias = None if norm.bias is None else norm.bias.detach()
+        assert isinstance(norm, (nn.LayerNorm, RMSNorm))  # checked by _Parts
+        self.rms = isinstance(norm, RMSNorm)
+        self.shape = tuple(norm.weight.shape)
+        self.weight = norm.weight.detach()
+        bias = getattr(norm, "bias", None)
+        self.bias = None if bias is None else bias.detach()
         self.eps = norm.eps
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self.rms:
+            normed = F.rms_norm(x.float(), self.shape, None, self.eps)  # (B, D), fp32 statistics
+            return self.weight * normed.to(self.weight.dtype)
         return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
 
 
@@ -110,28 +168,31 @@ class _Layer:
     cross_query: LinearKernel  # encoder–decoder attention W^Q
     cross_out: LinearKernel  # encoder–decoder attention W^O
     ff_in: LinearKernel  # W_1, b_1
+    ff_gate: LinearKernel | None  # W_0 of a gated network (T5 v1.1), else None
     ff_out: LinearKernel  # W_2, b_2
     self_norm: _Norm
     cross_norm: _Norm
     ff_norm: _Norm
-    relu: bool  # the feed-forward's activation: ReLU (fused into W_1's product) or exact GELU
+    activation: Callable[[Tensor], Tensor] | None  # after W_1; None: ReLU fused into W_1
 
     @staticmethod
     def of(layer: CrossAttentionBlock) -> _Layer:
         d = layer.cross_attn.inner_dim  # the query rows of [W^Q; W^K; W^V]
         ff = layer.feed_forward
-        assert isinstance(ff, FeedForward)  # checked by _decoder_layers
+        assert isinstance(ff, (FeedForward, GatedFeedForward))  # checked by _Parts
+        gate = linear_kernel(ff.gate) if isinstance(ff, GatedFeedForward) else None
         return _Layer(
             linear_kernel(layer.self_attn.in_proj),
             linear_kernel(layer.self_attn.out_proj),
             linear_kernel(layer.cross_attn.in_proj, slice(0, d)),
             linear_kernel(layer.cross_attn.out_proj),
             linear_kernel(ff.linear1),
+            gate,
             linear_kernel(ff.linear2),
             _Norm(layer.self_sublayer.norm),
             _Norm(layer.cross_sublayer.norm),
             _Norm(layer.ff_sublayer.norm),
-            ff.activation_name == "relu",
+            _ACTIVATIONS[ff.activation_name],
         )
 
 
@@ -201,7 +262,7 @@ class InferenceState:
 
 
 def inference_step(
-    model: Transformer,
+    model: EncoderDecoder,
     src: Tensor,
     *,
     banned: tuple[int, ...] | None = None,
@@ -226,32 +287,45 @@ def inference_step(
 
 
 class InferenceStep:
-    """The decoding step of a Transformer, flattened: (B, 1) tokens, state -> (B, V) log-probs,
-    state. Built once per model; inference only (eval mode, no gradient flows through it).
+    """The decoding step of an encoder–decoder (the paper's, Marian, T5), flattened: (B, 1)
+    tokens, state -> (B, V) log-probs, state. Built once per model; inference only (eval mode,
+    no gradient flows through it).
 
     Args:
         model: the model in eval mode (its current weights are used, not copied).
         banned: tokens never produced (default PAD and BOS).
     """
 
-    def __init__(self, model: Transformer, *, banned: tuple[int, ...] | None = None):
+    def __init__(self, model: EncoderDecoder, *, banned: tuple[int, ...] | None = None):
         if model.training:
             raise ValueError("inference_step decodes without dropout: call model.eval() first")
         config, decoder = model.config, model.decoder
         self.model = model
         self.decoder_layers = _decoder_layers(model)  # checked once: cross K/V come from them
+        parts = _Parts.of(self.decoder_layers)
         self.layers = tuple(_Layer.of(layer) for layer in self.decoder_layers)
         self.positional = decoder.embedder.positional
         self.embedding = decoder.embedder.embedding.weight.detach()  # (V, D)
-        self.scale = decoder.embedder.embedding.scale  # √d_model
+        self.scale = decoder.embedder.embedding.scale  # √d_model (the paper), or 1
         with torch.no_grad():  # what the positional encoding adds at positions 0 .. max_len - 1
-            zeros = self.embedding.new_zeros(1, config.max_len, config.d_model)  # (1, P, D)
+            zeros = self.embedding.new_zeros(1, config.max_len, self.embedding.size(1))  # (1, P, D)
             self.positions = self.positional(zeros)[0].detach()  # (P, D)
+        self.position_bias = decoder.position_bias  # T5's, or None
+        self.bias_table = self._bias_table(config.max_len)  # (H, P), or None
         self.final_norm = None if decoder.final_norm is None else _Norm(decoder.final_norm)
         self.output = linear_kernel(model.output_proj)
-        self.norm_first = config.norm_first
-        self.heads, self.d_k = config.num_heads, config.d_k
+        self.output_scale = model.output_scale
+        self.norm_first = parts.norm_first
+        self.heads, self.d_k, self.attention_scale = parts.heads, parts.d_k, parts.scale
         self.banned = banned_ids(model, banned, self.embedding.device)  # (n,) ids, or None
+
+    def _bias_table(self, length: int) -> Tensor | None:
+        """T5's decoder bias for query positions < ``length`` (see
+        :meth:`~aiayn.layers.relative_position.RelativePositionBias.causal_table`)."""
+        if self.position_bias is None:
+            return None
+        with torch.no_grad():
+            return self.position_bias.causal_table(length).detach()  # (H, length)
 
     @torch.inference_mode()
     def initial_state(self, src: Tensor, *, capacity: int = 64) -> InferenceState:
@@ -282,6 +356,8 @@ class InferenceStep:
             x = self._feed_forward(layer, x)
         if self.final_norm is not None:
             x = self.final_norm(x)
+        if self.output_scale != 1.0:
+            x = x * self.output_scale  # T5 v1.0
         log_probs = torch.log_softmax(self.output(x).float(), dim=-1)  # (B, D) @ (D, V)
         if self.banned is not None:
             log_probs.index_fill_(1, self.banned, -torch.inf)
@@ -316,7 +392,10 @@ class InferenceStep:
         kv.select(3, pos).copy_(new_kv)  # into position L of (2, B, H, C, d_k)
         keys, values = kv.narrow(3, 0, pos + 1).unbind(0)  # 2 × (B, H, L + 1, d_k)
         query = qkv[:, : h * d_k].view(b, h, 1, d_k)  # (B, D) -> (B, H, 1, d_k)
-        heads, _ = scaled_dot_product_attention(query, keys, values)  # (B, H, 1, d_k)
+        bias = self._self_bias(pos)  # (1, H, 1, L + 1) or None
+        heads, _ = scaled_dot_product_attention(
+            query, keys, values, bias=bias, scale=self.attention_scale
+        )  # (B, H, 1, d_k)
         return self._residual(w.self_out, w.self_norm, heads.view(b, h * d_k), x)  # (B, D)
 
     def _cross_attention(
@@ -327,16 +406,34 @@ class InferenceStep:
         b_rows, h, d_k = x.size(0), self.heads, self.d_k
         query = w.cross_query(w.cross_norm(x) if self.norm_first else x)  # (B, D)
         query = query.view(b_rows // group, group, h, d_k).transpose(1, 2)  # (b, H, G, d_k)
-        heads, _ = scaled_dot_product_attention(query, kv.key, kv.value, mask)  # (b, H, G, d_k)
+        heads, _ = scaled_dot_product_attention(
+            query, kv.key, kv.value, mask, scale=self.attention_scale
+        )  # (b, H, G, d_k)
         concat = heads.transpose(1, 2).reshape(b_rows, h * d_k)  # (b, G, H, d_k) -> (B, D)
         return self._residual(w.cross_out, w.cross_norm, concat, x)
 
     def _feed_forward(self, w: _Layer, x: Tensor) -> Tensor:
-        """Position-wise feed-forward sub-layer (§3.3): (B, D) -> (B, D)."""
+        """Position-wise feed-forward sub-layer (§3.3), or its gated variant: (B, D) -> (B, D)."""
         inner = w.ff_norm(x) if self.norm_first else x
-        # (B, D) @ (D, F), then the activation (a ReLU fused into the product)
-        hidden = w.ff_in.relu(inner) if w.relu else F.gelu(w.ff_in(inner))
+        if w.ff_gate is not None:  # (act(x W_0) ⊙ x W_1) W_2, both (B, D) @ (D, F)
+            act = w.activation or F.relu
+            hidden = act(w.ff_gate(inner)).mul_(w.ff_in(inner))
+        elif w.activation is None:  # (B, D) @ (D, F), the ReLU fused into the product
+            hidden = w.ff_in.relu(inner)
+        else:
+            hidden = w.activation(w.ff_in(inner))  # (B, D) @ (D, F), then the activation
         return self._residual(w.ff_out, w.ff_norm, hidden, x)
+
+    def _self_bias(self, pos: int) -> Tensor | None:
+        """T5's bias of the query at ``pos`` over keys 0 .. pos: (1, H, 1, pos + 1), or None."""
+        if self.bias_table is None:
+            return None
+        length = self.bias_table.size(1)
+        if pos >= length:  # past the table: a longer one, kept
+            self.bias_table = self._bias_table(max(2 * length, pos + 1))
+            assert self.bias_table is not None
+            length = self.bias_table.size(1)
+        return self.bias_table[None, :, None, length - 1 - pos :]  # (H, L+1) -> (1, H, 1, L + 1)
 
     def _residual(self, out: LinearKernel, norm: _Norm, y: Tensor, x: Tensor) -> Tensor:
         """The sub-layer's output projection and its residual connection (§3.1): post-norm

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from aiayn.data.tokenizer import BOS_ID
 from aiayn.layers import DecoderLayerCache
-from aiayn.models.transformer import Transformer
+from aiayn.models.transformer import EncoderDecoder
 
 
 class DecoderState(Protocol):
@@ -124,7 +124,7 @@ def select_source_rows(index: Tensor, sources: int, group: int) -> tuple[Tensor 
     return source, 1
 
 
-def encode_source(model: Transformer, src: Tensor) -> tuple[Tensor, Tensor, bool]:
+def encode_source(model: EncoderDecoder, src: Tensor) -> tuple[Tensor, Tensor, bool]:
     """Encode (B, S) source ids once for decoding: the encoder output (B, S, D), the (B, 1, 1, S)
     padding mask, and whether any source is padded.
 
@@ -139,7 +139,7 @@ def encode_source(model: Transformer, src: Tensor) -> tuple[Tensor, Tensor, bool
 
 
 def banned_ids(
-    model: Transformer, banned: tuple[int, ...] | None, device: torch.device
+    model: EncoderDecoder, banned: tuple[int, ...] | None, device: torch.device
 ) -> Tensor | None:
     """The tokens a step never produces, as (n,) ids: ``banned``, by default PAD and BOS; None
     when there are none (the step then skips the fill)."""
@@ -148,7 +148,7 @@ def banned_ids(
 
 
 def encoder_decoder_step(
-    model: Transformer, src: Tensor, *, banned: tuple[int, ...] | None = None
+    model: EncoderDecoder, src: Tensor, *, banned: tuple[int, ...] | None = None
 ) -> tuple[StepFunction, Seq2SeqState]:
     """Encode ``src`` (B, S) once (:func:`encode_source`) and return the step function and its
     initial state.

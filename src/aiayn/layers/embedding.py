@@ -11,6 +11,8 @@ Shape legend:
 from __future__ import annotations
 
 import math
+import typing
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -54,39 +56,69 @@ class TokenEmbedding(nn.Module):
         return x if self.scale == 1.0 else x * self.scale
 
 
-def sinusoidal_encoding(length: int, d_model: int, *, offset: int = 0) -> Tensor:
+SinusoidLayout = Literal["interleaved", "halves"]
+"""How the sines and cosines of :func:`sinusoidal_encoding` are arranged along d_model."""
+
+
+def sinusoidal_encoding(
+    length: int, d_model: int, *, offset: int = 0, layout: SinusoidLayout = "interleaved"
+) -> Tensor:
     """The table of §3.5 for positions ``offset .. offset + length - 1``.
+
+    ``layout="interleaved"`` is the paper's: sines at even dimensions, cosines at odd ones,
 
         PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
         PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
 
+    ``layout="halves"`` holds the same values, sines first (Marian, the OPUS-MT models, and
+    Hugging Face's ``MarianSinusoidalPositionalEmbedding``): with h = ⌈d_model / 2⌉,
+
+        PE(pos, i)     = sin(pos / 10000^(2i / d_model))    for 0 ≤ i < h
+        PE(pos, h + i) = cos(pos / 10000^(2i / d_model))    for 0 ≤ i < ⌊d_model / 2⌋
+
     Returns:
         (length, d_model) float32 tensor.
     """
+    if layout not in typing.get_args(SinusoidLayout):
+        raise ValueError(f"layout must be one of {typing.get_args(SinusoidLayout)}, got {layout!r}")
     position = torch.arange(offset, offset + length, dtype=torch.float64)[:, None]  # (T, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (⌈D/2⌉,)
     angle = position / (10000.0 ** (two_i / d_model))  # (T, ⌈D/2⌉)
+    sines, cosines = torch.sin(angle), torch.cos(angle[:, : d_model // 2])  # (T, ⌈D/2⌉), (T, ⌊D/2⌋)
+    if layout == "halves":
+        return torch.cat([sines, cosines], dim=1).float()  # (T, D)
     table = torch.zeros(length, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(angle)
-    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    table[:, 0::2] = sines
+    table[:, 1::2] = cosines
     return table.float()
 
 
 class SinusoidalPositionalEncoding(nn.Module):
-    """Adds the fixed sinusoids of §3.5; positions past ``max_len`` are computed on demand."""
+    """Adds the fixed sinusoids of §3.5; positions past ``max_len`` are computed on demand.
+
+    Args:
+        d_model: D.
+        max_len: positions tabulated up front.
+        layout: "interleaved" (the paper) or "halves" (Marian): see :func:`sinusoidal_encoding`.
+    """
 
     table: Tensor
 
-    def __init__(self, d_model: int, max_len: int = 1024):
+    def __init__(
+        self, d_model: int, max_len: int = 1024, *, layout: SinusoidLayout = "interleaved"
+    ):
         super().__init__()
         self.d_model = d_model
-        self.register_buffer("table", sinusoidal_encoding(max_len, d_model), persistent=False)
+        self.layout = layout
+        table = sinusoidal_encoding(max_len, d_model, layout=layout)
+        self.register_buffer("table", table, persistent=False)
 
     def encoding(self, length: int, offset: int = 0) -> Tensor:
         """(length, D) encodings of positions ``offset ..``."""
         if offset + length <= self.table.size(0):
             return self.table[offset : offset + length]
-        return sinusoidal_encoding(length, self.d_model, offset=offset).to(self.table.device)
+        table = sinusoidal_encoding(length, self.d_model, offset=offset, layout=self.layout)
+        return table.to(self.table.device)
 
     def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """(B, T, D) -> (B, T, D) with PE of positions ``offset .. offset + T - 1`` added, or of

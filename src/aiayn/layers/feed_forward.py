@@ -4,7 +4,8 @@ and the gated variant of T5 v1.1 (Shazeer 2020, "GLU Variants Improve Transforme
     FFN_gated(x) = (act(x W_0) ⊙ x W_1) W_2
 
 Activations by name: ``relu`` (eq. 2), ``gelu`` (exact erf form, BERT/ViT), ``gelu_tanh`` (the
-tanh approximation of GPT-2 and T5 v1.1's "gelu_new").
+tanh approximation of GPT-2 and T5 v1.1's "gelu_new"), ``silu`` (x·σ(x), "swish": Marian's
+OPUS-MT models).
 
 Shape legend:  B batch   T length   D d_model   F d_ff
 """
@@ -21,6 +22,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "silu": F.silu,
 }
 
 

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig, TransformerConfig
 from aiayn.errors import UserError
 from aiayn.models.gpt2 import GPT2, GPT2Config
+from aiayn.models.t5 import T5, T5Config
 from aiayn.models.transformer import Transformer
 
 FORMAT_VERSION = 2
@@ -34,6 +35,7 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "transformer": Family("transformer", TransformerConfig, Transformer),
     "gpt2": Family("gpt2", GPT2Config, GPT2),
+    "t5": Family("t5", T5Config, T5),
 }
 
 

@@ -7,6 +7,7 @@ Closed form for the encoder–decoder Transformer (D = d_model, F = d_ff, V = vo
     encoder layer     attention + feed-forward + 2 LayerNorms
     decoder layer     2 attentions + feed-forward + 3 LayerNorms
     embeddings        V·D each, counted once when shared/tied (§3.4)
+    output bias       V (Marian's final_logits_bias; the paper has none)
 """
 
 from __future__ import annotations
@@ -69,5 +70,6 @@ def expected_parameter_count(config: TransformerConfig) -> int:
     src_emb = config.vocab_size * d
     tgt_emb = 0 if config.share_embeddings else config.target_vocab_size * d
     out_proj = 0 if config.tie_output else config.target_vocab_size * d
+    out_bias = config.target_vocab_size if config.output_bias else 0
     positional = 2 * config.max_len * d if config.positional == "learned" else 0
-    return encoder + decoder + src_emb + tgt_emb + out_proj + positional
+    return encoder + decoder + src_emb + tgt_emb + out_proj + out_bias + positional

@@ -14,7 +14,7 @@ Shape legend:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -24,13 +24,15 @@ from aiayn.attention import (
     CrossAttention,
     Mask,
     SelfAttention,
-    decoder_self_attention_mask,
+    causal_mask,
+    combine_masks,
     padding_mask,
 )
 from aiayn.config import TransformerConfig
 from aiayn.layers import (
     CrossAttentionBlock,
     DecoderLayerCache,
+    Dropout,
     Embedder,
     FeedForward,
     LearnedPositionalEmbedding,
@@ -41,14 +43,18 @@ from aiayn.layers import (
     TokenEmbedding,
     layer_norm,
 )
+from aiayn.layers.relative_position import RelativePositionBias
 
 # -- the family's builder: the paper's parts, from its config -------------------------------------
 
 
 def build_positional(config: TransformerConfig) -> nn.Module:
-    """The positional encoding the config names: sinusoidal (§3.5), learned, or none."""
+    """The positional encoding the config names: sinusoidal (§3.5; interleaved as in the paper,
+    or in Marian's halves), learned, or none."""
     if config.positional == "sinusoidal":
         return SinusoidalPositionalEncoding(config.d_model, config.max_len)
+    if config.positional == "sinusoidal-halves":
+        return SinusoidalPositionalEncoding(config.d_model, config.max_len, layout="halves")
     if config.positional == "learned":
         return LearnedPositionalEmbedding(config.d_model, config.max_len)
     return NoPositionalEncoding()
@@ -120,15 +126,26 @@ class Encoder(nn.Module):
         embedder: tokens (+ positions) -> (B, S, D).
         layers: the N blocks.
         final_norm: the stack's last norm (pre-norm models), or None.
+        position_bias: a relative position bias (T5), computed once per pass and added to every
+            layer's attention scores, or None.
+        final_dropout: P_drop after the final norm (T5), 0 for none.
     """
 
     def __init__(
-        self, embedder: Embedder, layers: list[SelfAttentionBlock], final_norm: nn.Module | None
+        self,
+        embedder: Embedder,
+        layers: list[SelfAttentionBlock],
+        final_norm: nn.Module | None,
+        *,
+        position_bias: RelativePositionBias | None = None,
+        final_dropout: float = 0.0,
     ):
         super().__init__()
         self.embedder = embedder
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
+        self.position_bias = position_bias
+        self.final_dropout = Dropout(final_dropout)
 
     def forward(
         self, src: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False
@@ -138,15 +155,17 @@ class Encoder(nn.Module):
         src_mask: (B, 1, 1, S) source padding mask, True = real token.
         """
         x = self.embedder(src)  # (B, S, D)
+        s = src.size(1)
+        bias = None if self.position_bias is None else self.position_bias(s, s)  # (1, H, S, S)
         weights: list[Tensor] | None = [] if need_weights else None
         for layer in self.layers:
-            out = layer(x, src_mask, need_weights=need_weights)
+            out = layer(x, src_mask, bias=bias, need_weights=need_weights)
             x = out.output  # (B, S, D)
             if weights is not None and out.weights is not None:
                 weights.append(out.weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return EncoderOutput(x, weights)
+        return EncoderOutput(self.final_dropout(x), weights)
 
 
 class Decoder(nn.Module):
@@ -157,15 +176,26 @@ class Decoder(nn.Module):
         embedder: target tokens (+ positions) -> (B, T, D).
         layers: the N blocks.
         final_norm: the stack's last norm (pre-norm models), or None.
+        position_bias: a causal relative position bias (T5) for every layer's self-attention,
+            computed once per call for the new positions only, or None.
+        final_dropout: P_drop after the final norm (T5), 0 for none.
     """
 
     def __init__(
-        self, embedder: Embedder, layers: list[CrossAttentionBlock], final_norm: nn.Module | None
+        self,
+        embedder: Embedder,
+        layers: list[CrossAttentionBlock],
+        final_norm: nn.Module | None,
+        *,
+        position_bias: RelativePositionBias | None = None,
+        final_dropout: float = 0.0,
     ):
         super().__init__()
         self.embedder = embedder
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
+        self.position_bias = position_bias
+        self.final_dropout = Dropout(final_dropout)
 
     def forward(
         self,
@@ -188,6 +218,8 @@ class Decoder(nn.Module):
         offset: position of ``tgt[:, 0]``; equals the cached length L.
         """
         x = self.embedder(tgt, offset)  # (B, T, D)
+        t = tgt.size(1)
+        bias = None if self.position_bias is None else self.position_bias(t, offset + t, offset)
         new_cache: list[DecoderLayerCache] = []
         self_w: list[Tensor] | None = [] if need_weights else None
         cross_w: list[Tensor] | None = [] if need_weights else None
@@ -198,6 +230,7 @@ class Decoder(nn.Module):
                 self_mask,
                 memory_mask,
                 cache=None if cache is None else cache[i],
+                self_bias=bias,  # (1, H, T, L + T) or None
                 need_weights=need_weights,
             )
             x = out.output  # (B, T, D)
@@ -208,42 +241,30 @@ class Decoder(nn.Module):
                 cross_w.append(out.cross_weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return DecoderOutput(x, new_cache, self_w, cross_w)
+        return DecoderOutput(self.final_dropout(x), new_cache, self_w, cross_w)
 
 
-class Transformer(nn.Module):
-    """Encoder–decoder Transformer (§3) with shared/tied embeddings (§3.4).
+class EncoderDecoder(nn.Module):
+    """What every encoder–decoder family shares (§3, Figure 1): an :class:`Encoder`, a
+    :class:`Decoder` and an output layer, and the calls aiayn's searches, trainer and commands
+    make of them. A family's class builds the three parts from its config.
 
     ``forward(src, tgt_in)`` returns log-probabilities (B, T, V) of the next target token at
     every position; ``encode`` and ``decode`` expose the two halves for decoding.
+
+    Attributes:
+        config: the family's config (it has ``pad_id``).
+        encoder, decoder: the two stacks.
+        output_proj: the pre-softmax linear layer (D -> V), possibly tied to an embedding.
+        output_scale: multiplies the decoder states before ``output_proj`` (1, or T5 v1.0's
+            d_model^−½).
     """
 
-    def __init__(self, config: TransformerConfig):
-        super().__init__()
-        self.config = config
-        c = config
-        src_embedding = TokenEmbedding(c.vocab_size, c.d_model, c.pad_id)
-        tgt_embedding = (
-            src_embedding
-            if c.share_embeddings
-            else TokenEmbedding(c.target_vocab_size, c.d_model, c.pad_id)
-        )
-        final_norm = norm_factory(c) if c.norm_first else None
-        self.encoder = Encoder(
-            embedder(c, src_embedding),
-            [encoder_layer(c) for _ in range(c.num_encoder_layers)],
-            None if final_norm is None else final_norm(c.d_model),
-        )
-        self.decoder = Decoder(
-            embedder(c, tgt_embedding),
-            [decoder_layer(c) for _ in range(c.num_decoder_layers)],
-            None if final_norm is None else final_norm(c.d_model),
-        )
-        self.output_proj = nn.Linear(c.d_model, c.target_vocab_size, bias=False)  # (D, V)
-        if c.tie_output:
-            self.output_proj.weight = tgt_embedding.weight  # §3.4: pre-softmax = embedding matrix
-        else:
-            nn.init.normal_(self.output_proj.weight, mean=0.0, std=c.d_model**-0.5)
+    config: Any
+    encoder: Encoder
+    decoder: Decoder
+    output_proj: nn.Linear
+    output_scale: float = 1.0
 
     def source_mask(self, src: Tensor) -> Tensor:
         """(B, S) source ids -> (B, 1, 1, S) padding mask, True = real token."""
@@ -252,13 +273,22 @@ class Transformer(nn.Module):
     def target_mask(self, tgt: Tensor, offset: int = 0) -> Mask:
         """Mask of masked decoder self-attention for (B, T) target ids at ``offset``.
 
-        A whole prefix (offset 0): causal AND target padding, (B, 1, T, T). During incremental
-        decoding (offset > 0) only the causal part, left unbuilt (``CAUSAL``): the cached
-        positions are not known here, and decoders never feed padding as a prefix.
+        A whole prefix (offset 0): causal AND target padding, (B, 1, T, T). Position 0 holds the
+        decoder's start token, which is never padding even where it has the padding id (Marian's
+        ``decoder_start_token_id`` is its pad id). During incremental decoding (offset > 0) only
+        the causal part, left unbuilt (``CAUSAL``): the cached positions are not known here, and
+        decoders never feed padding as a prefix.
         """
         if offset > 0:
             return CAUSAL
-        return decoder_self_attention_mask(tgt, self.config.pad_id)  # (B, 1, T, T)
+        real = tgt != self.config.pad_id  # (B, T)
+        real[:, :1] = True  # the start token
+        mask = combine_masks(
+            real[:, None, None, :],  # (B, 1, 1, T)
+            causal_mask(tgt.size(1), device=tgt.device),  # (1, 1, T, T)
+        )
+        assert mask is not None
+        return mask  # (B, 1, T, T)
 
     def encode(self, src: Tensor, *, need_weights: bool = False) -> EncoderOutput:
         """(B, S) source ids -> memory (B, S, D)."""
@@ -294,9 +324,15 @@ class Transformer(nn.Module):
             need_weights=need_weights,
         )
 
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The final linear layer (§3.4), after ``output_scale``: (B, T, D) -> (B, T, V)."""
+        if self.output_scale != 1.0:
+            hidden = hidden * self.output_scale
+        return self.output_proj(hidden)  # (B, T, D) @ (D, V)
+
     def log_probs(self, hidden: Tensor) -> Tensor:
-        """The final linear layer and (log-)softmax (§3.4): (B, T, D) -> (B, T, V)."""
-        return torch.log_softmax(self.output_proj(hidden).float(), dim=-1)
+        """The final linear layer and (log-)softmax in fp32 (§3.4): (B, T, D) -> (B, T, V)."""
+        return torch.log_softmax(self.logits(hidden).float(), dim=-1)
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         """Teacher-forced pass.
@@ -312,3 +348,40 @@ class Transformer(nn.Module):
         memory = self.encoder(src, src_mask).memory  # (B, S, D)
         hidden = self.decode(tgt, memory, src_mask).hidden  # (B, T, D)
         return self.log_probs(hidden)
+
+
+class Transformer(EncoderDecoder):
+    """Encoder–decoder Transformer (§3) with shared/tied embeddings (§3.4); with the options of
+    :class:`~aiayn.config.TransformerConfig` also Marian (OPUS-MT) models.
+    """
+
+    config: TransformerConfig
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        src_embedding = TokenEmbedding(c.vocab_size, c.d_model, c.pad_id)
+        tgt_embedding = (
+            src_embedding
+            if c.share_embeddings
+            else TokenEmbedding(c.target_vocab_size, c.d_model, c.pad_id)
+        )
+        final_norm = norm_factory(c) if c.norm_first else None
+        self.encoder = Encoder(
+            embedder(c, src_embedding),
+            [encoder_layer(c) for _ in range(c.num_encoder_layers)],
+            None if final_norm is None else final_norm(c.d_model),
+        )
+        self.decoder = Decoder(
+            embedder(c, tgt_embedding),
+            [decoder_layer(c) for _ in range(c.num_decoder_layers)],
+            None if final_norm is None else final_norm(c.d_model),
+        )
+        self.output_proj = nn.Linear(c.d_model, c.target_vocab_size, bias=c.output_bias)  # (D, V)
+        if c.tie_output:
+            self.output_proj.weight = tgt_embedding.weight  # §3.4: pre-softmax = embedding matrix
+        else:
+            nn.init.normal_(self.output_proj.weight, mean=0.0, std=c.d_model**-0.5)
+        if self.output_proj.bias is not None:  # (V,), Marian's final_logits_bias
+            nn.init.zeros_(self.output_proj.bias)

@@ -8,7 +8,9 @@ A checkpoint is a self-contained folder (``aiayn translate --checkpoint DIR`` ne
         state.json              run config, model config, step, data position, optimizer
                                 hyper-parameters, RNG states (of every rank when several
                                 processes trained), world size, metrics
-        tokenizer.json          the joint BPE vocabulary
+        tokenizer.json          the joint BPE vocabulary (aiayn's own models); a converted
+                                pretrained model holds its own tokenizer files instead, listed
+                                in pretrained_tokenizer.json (aiayn.data.pretrained_tokenizer)
 
 It is written into ``NAME.tmp`` and renamed into place, so a crash never leaves half a checkpoint.
 Averaging (§6.1) takes the element-wise mean of the weights of several checkpoints.
@@ -31,6 +33,13 @@ from safetensors.torch import load_file, save_file, save_model
 from torch import nn
 
 from aiayn.config import ModelConfig
+from aiayn.data.pretrained_tokenizer import (
+    MANIFEST,
+    PretrainedTokenizer,
+    TranslationTokenizer,
+    load_pretrained_tokenizer,
+)
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import UserError
 from aiayn.models import Transformer
 from aiayn.models.families import (
@@ -97,11 +106,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
         )
 
 
+TokenizerSource = Path | PretrainedTokenizer
+"""A checkpoint's vocabulary: a tokenizer file (saved as ``tokenizer.json``), or a pretrained
+model's tokenizer, which saves its own files."""
+
+
 def save_checkpoint(
     path: Path,
     model: nn.Module,
     state: dict[str, Any],
-    tokenizer_file: Path,
+    tokenizer_file: TokenizerSource,
     optimizer: torch.optim.Optimizer | None = None,
     *,
     optimizer_state: dict[str, Any] | None = None,
@@ -130,7 +144,10 @@ def save_checkpoint(
         save_file(tensors, str(tmp / OPTIMIZER_FILE))
         full_state["optimizer"] = meta
     (tmp / STATE_FILE).write_text(json.dumps(full_state, indent=1), encoding="utf-8")
-    shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
+    if isinstance(tokenizer_file, Path):
+        shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
+    else:
+        tokenizer_file.save(tmp)
     if path.exists():
         old = path.with_name(path.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
@@ -281,7 +298,22 @@ def average_checkpoints(paths: list[Path], out: Path) -> Path:
     model.load_state_dict(averaged)
     state = {**newest.state, "averaged_from": [str(p) for p in paths]}
     state.pop("optimizer", None)
-    return save_checkpoint(out, model, state, newest.tokenizer_path)
+    return save_checkpoint(out, model, state, checkpoint_tokenizer(newest.path))
+
+
+def checkpoint_tokenizer(folder: Path) -> TokenizerSource:
+    """The vocabulary saved in a checkpoint folder: a pretrained tokenizer when the folder lists
+    one (a converted T5 or Marian model), else its ``tokenizer.json``."""
+    if (folder / MANIFEST).is_file():
+        return load_pretrained_tokenizer(folder)
+    return folder / TOKENIZER_FILE
+
+
+def load_translation_tokenizer(folder: Path) -> TranslationTokenizer:
+    """The tokenizer an encoder–decoder checkpoint translates with: the pretrained model's own,
+    or aiayn's joint BPE vocabulary (:class:`~aiayn.data.tokenizer.Tokenizer`)."""
+    source = checkpoint_tokenizer(folder)
+    return Tokenizer.load(source) if isinstance(source, Path) else source
 
 
 def _optimizer_to_flat(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], Any]:

@@ -1,0 +1,79 @@
+"""aiayn's T5: the published sizes' parameter counts (against Hugging Face's own models built from
+the same config), config validation, and the behaviour the decoding code relies on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import T5Config as HFT5Config
+from transformers import T5ForConditionalGeneration
+
+from aiayn.errors import ConfigError
+from aiayn.models import T5, count_parameters, expected_t5_parameters, t5_preset
+from aiayn.models.t5 import T5Config
+
+PUBLISHED = {"t5-small": 60_506_624, "flan-t5-small": 76_961_152}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_parameter_counts(name: str) -> None:
+    config = t5_preset(name)
+    assert expected_t5_parameters(config) == PUBLISHED[name]
+    with torch.device("meta"):
+        assert count_parameters(T5(config)) == PUBLISHED[name]
+
+
+def test_count_matches_hugging_face_for_odd_shapes() -> None:
+    """A model with H·d_kv ≠ D and N_enc ≠ N_dec, gated and untied, counted by transformers."""
+    config = t5_preset("t5-tiny", d_kv=10, num_decoder_layers=3, gated=True, tie_output=False)
+    hf_config = HFT5Config(
+        vocab_size=1000, d_model=64, d_kv=10, d_ff=128, num_heads=4, num_layers=2,
+        num_decoder_layers=3, feed_forward_proj="gated-gelu",
+    )  # fmt: skip
+    hf_config.tie_word_embeddings = False
+    hf = T5ForConditionalGeneration(hf_config)
+    hf.encoder.set_input_embeddings(hf.shared)  # untied head, shared inputs (as FLAN-T5)
+    hf.decoder.set_input_embeddings(hf.shared)
+    assert count_parameters(T5(config)) == expected_t5_parameters(config)
+    assert expected_t5_parameters(config) == sum(p.numel() for p in hf.parameters())
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"d_kv": 0}, "d_kv must be >= 1"),
+        ({"activation": "tanh"}, "activation must be one of"),
+        ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
+        ({"layer_norm_eps": float("nan")}, "layer_norm_eps must be positive"),
+        ({"pad_id": 1000}, "pad_id=1000 is outside"),
+        ({"num_buckets": 3}, "num_buckets must be >= 4"),
+        ({"num_buckets": 32, "max_distance": 16}, "max_distance must exceed num_buckets / 2"),
+        ({"gated": "yes"}, "gated has the wrong type"),
+        ({"colour": 1}, "unknown model config key"),
+    ],
+)
+def test_bad_values_refused_by_name(change: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        t5_preset("t5-tiny", **change)
+
+
+def test_causal_and_padding_invariance() -> None:
+    """A target position's log-probs do not depend on later target tokens, and a source's
+    padding does not change its translation's log-probs."""
+    torch.manual_seed(0)
+    model = T5(t5_preset("t5-tiny", dropout=0.0)).eval()
+    src = torch.randint(2, 1000, (1, 7))
+    tgt = torch.randint(2, 1000, (1, 6))
+    tgt[:, 0] = 0
+    changed = tgt.clone()
+    changed[:, 4:] = 5
+    with torch.no_grad():
+        a, b = model(src, tgt), model(src, changed)
+        assert torch.allclose(a[:, :4], b[:, :4], atol=1e-6)
+        padded = torch.cat([src, torch.zeros(1, 5, dtype=torch.long)], dim=1)
+        assert torch.allclose(model(padded, tgt), a, atol=1e-5)
+
+
+def test_config_round_trip() -> None:
+    config = t5_preset("flan-t5-small")
+    assert T5Config.from_dict(config.to_dict()) == config
