@@ -170,7 +170,7 @@ def test_a_translation_checkpoint_is_refused(
     )
     code, _, err = _main(capsys, "--checkpoint", str(folder), "hello")
     assert code == 2 and err.count("\n") == 1
-    assert "holds a transformer model; this needs a GPT2 checkpoint" in err
+    assert "holds a transformer model; this needs a checkpoint of gpt2" in err
 
 
 def test_a_bad_option_exits_2_without_traceback_in_a_subprocess(checkpoint: Path) -> None:

@@ -77,3 +77,13 @@ def test_causal_and_padding_invariance() -> None:
 def test_config_round_trip() -> None:
     config = t5_preset("flan-t5-small")
     assert T5Config.from_dict(config.to_dict()) == config
+
+
+def test_float16_refused_bfloat16_runs() -> None:
+    """T5 overflows float16: refused before any work; bfloat16 runs."""
+    model = T5(t5_preset("t5-tiny")).eval()
+    src = torch.randint(2, 1000, (1, 5))
+    tgt = torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="bfloat16"):
+        model.half()(src, tgt)
+    assert model.bfloat16()(src, tgt).isfinite().all()

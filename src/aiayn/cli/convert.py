@@ -9,6 +9,8 @@ An existing destination is refused unless ``--force`` (then it is replaced).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -67,11 +69,15 @@ def _from_hf(source: str, out: Path, force: bool) -> int:
             "spiece.model, or source.spm + target.spm + vocab.json): an aiayn checkpoint "
             "needs one"
         )
-    state = {
-        "converted_from": str(source),
-        "hf_config": converted.hf_config,
-        "generation": converted.generation,
-    }
+    state: dict[str, object] = {"converted_from": str(source), "hf_config": converted.hf_config}
+    if converted.generation is not None:
+        state["generation"] = dataclasses.asdict(converted.generation)
+    for setting in converted.unapplied:
+        print(
+            f"aiayn convert: warning: {setting} of the generation config is not applied by "
+            "aiayn's searches (outputs may differ from Hugging Face generate)",
+            file=sys.stderr,
+        )
     with tempfile.TemporaryDirectory() as tmp:
         if isinstance(converted.tokenizer, TextTokenizer):
             converted.tokenizer.save(Path(tmp) / TOKENIZER_FILE)

@@ -77,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
     elif args.checkpoint and args.src:
         model, tokenizer, options = load_for_decoding(args)
         sources = read_input(args.src)
-        hyps = translate_texts(model, tokenizer, sources, options, progress=sys.stderr.isatty())
+        hyps = translate_texts(
+            model, tokenizer, sources, options, prefix=args.prefix, progress=sys.stderr.isatty()
+        )
         out = Path(args.src).with_suffix(Path(args.src).suffix + ".hyp")
         print(f"translations: {out}", file=sys.stderr)
         out.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")

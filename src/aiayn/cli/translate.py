@@ -15,8 +15,11 @@ def register(subparsers: Any) -> None:
         "translate",
         help="translate sentences, one per line, with a trained checkpoint",
         description="Translate one sentence per line (file or stdin), writing one translation "
-        "per line in the input order. Beam search with the GNMT length penalty by default "
-        "(§6.1: beam 4, alpha 0.6, output length <= input length + 50).",
+        "per line in the input order. aiayn's own models: beam search with the GNMT length "
+        "penalty by default (§6.1: beam 4, alpha 0.6, output length <= input length + 50). "
+        "Converted T5 and Marian (OPUS-MT) models: the decoding settings of their Hugging Face "
+        "folder (beams, alpha, Hugging Face's length normalisation and stopping rule, banned "
+        "and forced tokens), as transformers' generate applies them.",
     )
     add_decoding_arguments(p)
     p.add_argument("--input", "-i", help="input file (default: standard input)")
@@ -32,8 +35,27 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = F
         required=not for_evaluate,
         help="checkpoint folder (or a run folder: its latest checkpoint)",
     )
-    p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy (default 4)")
-    p.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty alpha (0.6)")
+    p.add_argument(
+        "--beam",
+        type=int,
+        help="beam size; 1 = greedy (default: 4, or a converted model's num_beams)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        help="alpha of the length penalty (default: 0.6, or a converted model's length_penalty)",
+    )
+    p.add_argument(
+        "--length-penalty",
+        choices=("gnmt", "hf"),
+        help="the beam's rules: gnmt (the paper's, default for aiayn's models) or hf "
+        "(transformers' generate: log P / length^alpha; default for converted models)",
+    )
+    p.add_argument(
+        "--prefix",
+        default="",
+        help="text put before every input line, e.g. T5's 'translate English to German: '",
+    )
     p.add_argument(
         "--max-tokens",
         type=int,
@@ -44,7 +66,6 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = F
         p.add_argument(
             "--n-best",
             type=int,
-            default=1,
             help="write the n best hypotheses per line, tab-separated with scores",
         )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -57,25 +78,29 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = F
 
 
 def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    """(model, tokenizer, options) from the shared options."""
-    from aiayn.data import Tokenizer
-    from aiayn.decoding.translate import DecodeOptions
-    from aiayn.training.checkpoint import load_checkpoint
+    """(model, tokenizer, options) from the shared options: an encoder–decoder checkpoint (the
+    paper's model, or a converted T5 or Marian), its tokenizer, and the decoding options —
+    those given, else the checkpoint's recorded generation settings, else the paper's."""
+    from aiayn.decoding.translate import options_for_checkpoint
+    from aiayn.models.transformer import EncoderDecoder
+    from aiayn.training.checkpoint import load_checkpoint, load_translation_tokenizer
     from aiayn.training.performance import keep_freed_memory
     from aiayn.training.trainer import resolve_device
 
-    options = DecodeOptions(
-        beam_size=args.beam,
-        alpha=args.alpha,
-        max_tokens=args.max_tokens,
-        n_best=getattr(args, "n_best", 1),
-        pack=args.pack,
-    )
     device = resolve_device(args.device)
     if device.type == "cpu":
         keep_freed_memory()  # beam search reallocates its caches every step: keep them mapped
-    ckpt = load_checkpoint(args.checkpoint, map_location=device)
-    return ckpt.model, Tokenizer.load(ckpt.tokenizer_path), options
+    ckpt = load_checkpoint(args.checkpoint, map_location=device, expect=EncoderDecoder)
+    options = options_for_checkpoint(
+        ckpt.state.get("generation"),
+        beam_size=args.beam,
+        alpha=args.alpha,
+        length_penalty=args.length_penalty,
+        max_tokens=args.max_tokens,
+        n_best=getattr(args, "n_best", None),
+        pack=args.pack,
+    )
+    return ckpt.model, load_translation_tokenizer(ckpt.path), options
 
 
 def read_input(path: str | None) -> list[str]:
@@ -94,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
     model, tokenizer, options = load_for_decoding(args)
     lines = read_input(args.input)
-    ids = tokenizer.encode_batch([normalize(line) for line in lines])
+    ids = tokenizer.encode_batch([args.prefix + normalize(line) for line in lines])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         nbest = translate_ids(model, ids, tokenizer, options, progress=args.input is not None)

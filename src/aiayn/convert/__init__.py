@@ -16,6 +16,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from aiayn.convert import marian as _marian
+from aiayn.convert.generation import Seq2SeqSpecials, unapplied_settings
 from aiayn.convert.gpt2 import (
     HF_TO_AIAYN,
     gpt2_config_from_hf,
@@ -33,7 +35,7 @@ from aiayn.convert.hf_folder import (
     read_hf_weights,
     resolve_hf_source,
 )
-from aiayn.convert.t5 import t5_from_hf_tensors
+from aiayn.convert.t5 import t5_from_hf_tensors, t5_generation_defaults
 from aiayn.data.pretrained_tokenizer import PretrainedTokenizer, pretrained_tokenizer_from_hf
 from aiayn.data.text_tokenizer import TextTokenizer
 from aiayn.errors import UserError
@@ -42,8 +44,20 @@ from aiayn.models.gpt2 import GPT2
 
 FromHF = Callable[[Mapping[str, Any], Mapping[str, Tensor]], tuple[nn.Module, int]]
 
-FROM_HF: dict[str, FromHF] = {"gpt2": gpt2_from_hf_tensors, "t5": t5_from_hf_tensors}
+FROM_HF: dict[str, FromHF] = {
+    "gpt2": gpt2_from_hf_tensors,
+    "t5": t5_from_hf_tensors,
+    "marian": _marian.marian_from_hf_tensors,
+}
 """Hugging Face ``model_type`` -> the converter of its config and tensors."""
+
+Generation = Callable[[Mapping[str, Any], Mapping[str, Any] | None], Seq2SeqSpecials]
+
+GENERATION: dict[str, Generation] = {
+    "t5": t5_generation_defaults,
+    "marian": _marian.marian_generation_defaults,
+}
+"""Encoder–decoder ``model_type`` -> the reader of its special ids and generation settings."""
 
 
 @dataclass(frozen=True)
@@ -54,8 +68,8 @@ class HFConversion:
         model: the aiayn model, in eval mode.
         tokenizer: the folder's vocabulary, or None when it has none.
         hf_config: the folder's ``config.json``.
-        generation: the folder's decoding defaults (``generation_config.json``'s keys that
-            aiayn reads, :data:`~aiayn.convert.hf_folder.GENERATION_KEYS`).
+        generation: an encoder–decoder's special ids and decoding defaults, else None.
+        unapplied: generation settings of the folder that aiayn's searches do not apply.
         folder: where the folder was read (a Hub name resolves to its local snapshot).
         tensors_mapped: how many checkpoint tensors went into the model.
     """
@@ -63,7 +77,8 @@ class HFConversion:
     model: nn.Module
     tokenizer: TextTokenizer | PretrainedTokenizer | None
     hf_config: dict[str, Any]
-    generation: dict[str, Any]
+    generation: Seq2SeqSpecials | None
+    unapplied: list[str]
     folder: Path
     tensors_mapped: int
 
@@ -82,10 +97,13 @@ def from_hf(source: str | Path) -> HFConversion:
             f"model_type {model_type!r} is not supported yet (supported: {', '.join(FROM_HF)})"
         )
     model, mapped = FROM_HF[model_type](hf_config, read_hf_weights(folder))
-    generation = read_hf_generation(folder, hf_config)
-    return HFConversion(
-        model, _tokenizer(folder, model_type), hf_config, generation, folder, mapped
-    )
+    generation_config = read_hf_generation(folder)
+    specials, unapplied = None, []
+    if model_type in GENERATION:
+        specials = GENERATION[model_type](hf_config, generation_config)
+        unapplied = unapplied_settings(hf_config, generation_config)
+    tokenizer = _tokenizer(folder, model_type)
+    return HFConversion(model, tokenizer, hf_config, specials, unapplied, folder, mapped)
 
 
 def _tokenizer(folder: Path, model_type: str) -> TextTokenizer | PretrainedTokenizer | None:
@@ -106,8 +124,10 @@ def to_hf(model: nn.Module, out_dir: str | Path, tokenizer: TextTokenizer | None
 
 __all__ = [
     "FROM_HF",
+    "GENERATION",
     "HF_TO_AIAYN",
     "HFConversion",
+    "Seq2SeqSpecials",
     "from_hf",
     "gpt2_config_from_hf",
     "gpt2_config_to_hf",

@@ -105,42 +105,19 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     return config
 
 
-GENERATION_KEYS = (
-    "num_beams",
-    "length_penalty",
-    "early_stopping",
-    "max_length",
-    "max_new_tokens",
-    "min_length",
-    "min_new_tokens",
-    "bad_words_ids",
-    "forced_eos_token_id",
-    "forced_bos_token_id",
-    "decoder_start_token_id",
-    "eos_token_id",
-    "do_sample",
-    "no_repeat_ngram_size",
-    "repetition_penalty",
-    "renormalize_logits",
-    "num_beam_groups",
-    "diversity_penalty",
-)
-"""The decoding settings of a Hugging Face folder that aiayn reads (or refuses)."""
-
-
-def read_hf_generation(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """The folder's decoding defaults: ``generation_config.json`` where it exists, else the
-    same keys of ``config.json`` (where older folders keep them); only :data:`GENERATION_KEYS`."""
+def read_hf_generation(folder: Path) -> dict[str, Any]:
+    """The folder's ``generation_config.json`` as a dict ({} when it has none; older folders keep
+    the same keys in ``config.json``)."""
     file = folder / GENERATION_CONFIG
-    source = config
-    if file.is_file():
-        try:
-            source = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{file}: cannot read the generation config ({exc})") from None
-        if not isinstance(source, dict):
-            raise UserError(f"{file}: not a JSON object")
-    return {k: source[k] for k in GENERATION_KEYS if source.get(k) is not None}
+    if not file.is_file():
+        return {}
+    try:
+        source = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{file}: cannot read the generation config ({exc})") from None
+    if not isinstance(source, dict):
+        raise UserError(f"{file}: not a JSON object")
+    return source
 
 
 def read_hf_weights(folder: Path) -> dict[str, Tensor]:

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from aiayn.convert.generation import Seq2SeqSpecials, generation_defaults
 from aiayn.errors import UserError
 from aiayn.layers import ACTIVATIONS
 from aiayn.models.t5 import T5, T5Config
@@ -267,3 +268,16 @@ def t5_from_hf_tensors(
     state = {k: t.float().contiguous() for k, t in t5_state_dict_from_hf(hf_tensors).items()}
     load_t5_state(model, state)
     return model.eval(), len(state)
+
+
+T5_IDS: dict[str, int] = {"decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}
+"""T5's special ids where a folder does not give them: decoding starts from the pad token."""
+
+
+def t5_generation_defaults(
+    hf_config: Mapping[str, Any], generation_config: Mapping[str, Any] | None = None
+) -> Seq2SeqSpecials:
+    """The special ids and generation settings of a T5 checkpoint (see
+    :func:`~aiayn.convert.generation.generation_defaults`)."""
+    vocab = hf_config.get("vocab_size", HF_DEFAULTS["vocab_size"])
+    return generation_defaults(hf_config, generation_config, target_vocab=vocab, id_defaults=T5_IDS)

@@ -174,3 +174,15 @@ def encoder_decoder_step(
         )
 
     return step, Seq2SeqState(src_mask, memory, None, 0)
+
+
+def renormalized(step: StepFunction) -> StepFunction:
+    """``step`` with its log-probabilities normalised again (Hugging Face's
+    ``renormalize_logits``): after banned tokens are set to −inf, the others sum to less than 1.
+    """
+
+    def wrapped(tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
+        log_probs, state = step(tokens, state)  # (B, V)
+        return log_probs - torch.logsumexp(log_probs, dim=-1, keepdim=True), state
+
+    return wrapped

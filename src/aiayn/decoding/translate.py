@@ -8,19 +8,24 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from aiayn.data import TokenBatchSampler, Tokenizer, normalize
+from aiayn.config import TransformerConfig
+from aiayn.data import TokenBatchSampler, normalize
+from aiayn.data.pretrained_tokenizer import TranslationTokenizer
 from aiayn.decoding.beam import Hypothesis, beam_search
 from aiayn.decoding.greedy import greedy_search
 from aiayn.decoding.inference import InferenceStep
 from aiayn.decoding.packed import pack_for_inference
+from aiayn.decoding.step import DecoderState, StepFunction, renormalized
 from aiayn.errors import UserError
-from aiayn.models import Transformer
+from aiayn.models.transformer import EncoderDecoder
 
 
 @dataclass(frozen=True)
@@ -29,12 +34,24 @@ class DecodeOptions:
 
     Attributes:
         beam_size: K; 1 = greedy search.
-        alpha: α of the GNMT length penalty (see :mod:`aiayn.decoding.beam`).
-        extra_len: maximum output length = source length + ``extra_len``.
+        alpha: α of the length penalty (see :mod:`aiayn.decoding.beam`).
+        length_penalty: the beam search's rules: ``"gnmt"`` (the paper's: GNMT penalty, EOS
+            forced at the limit) or ``"hf"`` (Hugging Face ``generate``'s: log P / |Y|^α, the
+            limit counts EOS, its ``early_stopping``); converted models use ``"hf"``.
+        early_stopping: Hugging Face's stopping rule (``"hf"`` only): True, False or "never".
+        forced_eos: Hugging Face's ``forced_eos_token_id`` (``"hf"`` only): EOS forced at the
+            last position the limit allows.
+        extra_len: maximum output length = source length + ``extra_len`` (tokens, EOS excluded
+            for "gnmt", included for "hf").
+        max_new_tokens: a cap on that maximum whatever the source length (Hugging Face's
+            ``max_length`` − 1), or None.
         min_len: no EOS before this many output tokens.
         n_best: hypotheses returned per sentence (≤ beam_size).
         max_tokens: source-token budget of one batch.
         max_src_tokens: longer sources are truncated with a warning (None = the model's limit).
+        banned: tokens never produced; None = the tokenizer's PAD and BOS (aiayn's own
+            vocabularies; a converted model records its own, e.g. OPUS-MT bans its pad id).
+        renormalize: log-softmax again after banning (Hugging Face's ``renormalize_logits``).
         pack: on CPU, decode with a copy of the model whose linear layers are packed for
             oneDNN (:func:`~aiayn.decoding.packed.pack_for_inference`; same fp32 arithmetic up
             to summation order; its speed against PyTorch's linears is measured by
@@ -43,11 +60,17 @@ class DecodeOptions:
 
     beam_size: int = 4
     alpha: float = 0.6
+    length_penalty: str = "gnmt"
+    early_stopping: bool | str = True
+    forced_eos: bool = False
     extra_len: int = 50
+    max_new_tokens: int | None = None
     min_len: int = 0
     n_best: int = 1
     max_tokens: int = 4096
     max_src_tokens: int | None = None
+    banned: tuple[int, ...] | None = None
+    renormalize: bool = False
     pack: bool = True
 
     def __post_init__(self) -> None:
@@ -57,15 +80,54 @@ class DecodeOptions:
             raise UserError(f"n-best must be between 1 and the beam size, got {self.n_best}")
         if self.max_tokens < 1:
             raise UserError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.alpha < 0:
-            raise UserError(f"alpha must be >= 0, got {self.alpha}")
+        if not (math.isfinite(self.alpha) and self.alpha >= 0):
+            raise UserError(f"alpha must be a finite number >= 0, got {self.alpha}")
+        if self.length_penalty not in ("gnmt", "hf"):
+            raise UserError(f"length penalty must be 'gnmt' or 'hf', got {self.length_penalty!r}")
+        if self.early_stopping not in (True, False, "never"):
+            raise UserError(
+                f"early stopping must be true, false or 'never', got {self.early_stopping!r}"
+            )
+        if self.length_penalty == "gnmt" and (self.early_stopping is not True or self.forced_eos):
+            raise UserError("early stopping and forced EOS are rules of the 'hf' length penalty")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise UserError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
+        if self.extra_len < 0 or self.min_len < 0:
+            raise UserError(
+                f"extra_len and min_len must be >= 0, got {self.extra_len}, {self.min_len}"
+            )
+
+
+def options_for_checkpoint(generation: Mapping[str, Any] | None, **given: Any) -> DecodeOptions:
+    """Decoding options for a checkpoint: the values ``given`` (None = not given), else the
+    converted model's recorded generation settings (Hugging Face's rules: ``"hf"`` length
+    penalty, its beams, α, stopping rule, length cap, banned ids, forced EOS), else the paper's
+    defaults (§6.1)."""
+    chosen = {k: v for k, v in given.items() if v is not None}
+    if generation is None:
+        return DecodeOptions(**chosen)
+    g = generation
+    max_length, stopping = g.get("max_length"), g.get("early_stopping")
+    recorded: dict[str, Any] = {
+        "beam_size": g.get("num_beams") or 1,  # transformers' default: greedy
+        "alpha": 1.0 if g.get("length_penalty") is None else g["length_penalty"],
+        "length_penalty": "hf",
+        "early_stopping": "never" if stopping == "never" else bool(stopping),
+        "forced_eos": bool(g.get("forced_eos")),
+        "max_new_tokens": None if max_length is None else max(1, max_length - 1),
+        "banned": tuple(g.get("banned_ids") or ()),
+        "renormalize": bool(g.get("renormalize_logits")),
+    }
+    if chosen.get("length_penalty") == "gnmt":  # the paper's rules: drop Hugging Face's
+        recorded.update(early_stopping=True, forced_eos=False, alpha=0.6)
+    return DecodeOptions(**{**recorded, **chosen})
 
 
 @torch.no_grad()
 def translate_ids(
-    model: Transformer,
+    model: EncoderDecoder,
     sources: Sequence[Sequence[int] | np.ndarray],
-    tokenizer: Tokenizer,
+    tokenizer: TranslationTokenizer,
     options: DecodeOptions = DecodeOptions(),
     *,
     progress: bool = False,
@@ -73,69 +135,31 @@ def translate_ids(
     """Decode encoded sentences (ids without specials); n-best lists in input order.
 
     Decodes with :class:`~aiayn.decoding.inference.InferenceStep` (the model's decoder,
-    flattened for inference). Greedy hypotheses (beam 1) carry ``log_prob = score = nan``.
-    Empty sources give one empty hypothesis without running the model.
+    flattened for inference), from the tokenizer's ``bos_id`` (a converted model's decoder start
+    token) to its ``eos_id``; each source gets the tokenizer's EOS appended. Greedy hypotheses
+    (beam 1) carry ``log_prob = score = nan``. Empty sources give one empty hypothesis without
+    running the model.
     """
     model.eval()
     device = next(model.parameters()).device
     if options.pack:
         model = pack_for_inference(model)  # the same model where packing does not apply
-    step = InferenceStep(model)  # once: every batch decodes with it
-    limit = options.max_src_tokens or model.config.max_len - 1
-    rows: list[list[int]] = []
-    for i, source in enumerate(sources):
-        ids = [int(x) for x in source]
-        if len(ids) > limit:
-            warnings.warn(
-                f"sentence {i + 1} has {len(ids)} subword tokens; truncated to {limit}",
-                stacklevel=2,
-            )
-            ids = ids[:limit]
-        rows.append(ids)
+    banned = (tokenizer.pad_id, tokenizer.bos_id) if options.banned is None else options.banned
+    step = InferenceStep(model, banned=banned)  # once: every batch decodes with it
+    search_step: StepFunction = renormalized(step) if options.renormalize else step
+    rows = _truncated(sources, options.max_src_tokens or model.config.max_len - 1)
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in rows]
     todo = [i for i, r in enumerate(rows) if r]
     lengths = np.array([len(rows[i]) for i in todo], dtype=np.int64)  # the sampler adds EOS
     budget = max(1, options.max_tokens // options.beam_size)  # K rows per sentence
     sampler = TokenBatchSampler(lengths, lengths, budget, seed=0, shuffle=False)
-    batches = sampler.batches(0) if todo else []
     bar = _progress(len(todo), progress)
-    for batch in batches:
+    for batch in sampler.batches(0) if todo else []:
         ids = [todo[j] for j in batch]
-        width = max(len(rows[i]) for i in ids) + 1
-        src = torch.full((len(ids), width), tokenizer.pad_id, dtype=torch.long)  # (B, S)
-        for r, i in enumerate(ids):
-            src[r, : len(rows[i]) + 1] = torch.tensor([*rows[i], tokenizer.eos_id])
-        src = src.to(device)
-        max_len = [len(rows[i]) + options.extra_len for i in ids]
-        if model.config.positional == "learned":
-            max_len = [min(m, model.config.max_len - 1) for m in max_len]
-        state = step.initial_state(src, capacity=max(max_len) + 1)  # positions incl. EOS's
-        if options.beam_size == 1:
-            outs = greedy_search(
-                step,
-                state,
-                bos_id=tokenizer.bos_id,
-                eos_id=tokenizer.eos_id,
-                max_len=torch.tensor(max_len, device=device),
-                batch_size=len(ids),
-                min_len=options.min_len,
-                device=device,
-            )
-            hyps = [[Hypothesis(o, math.nan, math.nan)] for o in outs]
-        else:
-            hyps = beam_search(
-                step,
-                state,
-                batch_size=len(ids),
-                beam_size=options.beam_size,
-                bos_id=tokenizer.bos_id,
-                eos_id=tokenizer.eos_id,
-                max_len=torch.tensor(max_len, device=device),
-                min_len=options.min_len,
-                alpha=options.alpha,
-                n_best=options.n_best,
-                device=device,
-            )
+        src = _source_batch([rows[i] for i in ids], tokenizer).to(device)  # (B, S)
+        limits = _output_limits(model, options, [len(rows[i]) for i in ids])
+        state = step.initial_state(src, capacity=max(limits) + 1)  # positions incl. EOS's
+        hyps = _search(search_step, state, tokenizer, options, limits, device)
         for i, h in zip(ids, hyps, strict=True):
             results[i] = h
         bar.update(len(ids))
@@ -143,16 +167,87 @@ def translate_ids(
     return results
 
 
+def _truncated(sources: Sequence[Sequence[int] | np.ndarray], limit: int) -> list[list[int]]:
+    """The sources as lists, each cut to ``limit`` tokens with a warning naming it."""
+    rows: list[list[int]] = []
+    for i, source in enumerate(sources):
+        ids = [int(x) for x in source]
+        if len(ids) > limit:
+            warnings.warn(
+                f"sentence {i + 1} has {len(ids)} subword tokens; truncated to {limit}",
+                stacklevel=3,
+            )
+            ids = ids[:limit]
+        rows.append(ids)
+    return rows
+
+
+def _source_batch(rows: list[list[int]], tokenizer: TranslationTokenizer) -> Tensor:
+    """(B, S) source ids, each row followed by EOS and right-padded."""
+    src = torch.full((len(rows), max(map(len, rows)) + 1), tokenizer.pad_id, dtype=torch.long)
+    for r, ids in enumerate(rows):
+        src[r, : len(ids) + 1] = torch.tensor([*ids, tokenizer.eos_id])
+    return src
+
+
+def _output_limits(model: EncoderDecoder, options: DecodeOptions, lengths: list[int]) -> list[int]:
+    """Each sentence's most output tokens: source length + ``extra_len``, within the learned
+    positions and ``max_new_tokens``."""
+    limits = [n + options.extra_len for n in lengths]
+    config = model.config
+    if isinstance(config, TransformerConfig) and config.positional == "learned":
+        limits = [min(m, config.max_len - 1) for m in limits]
+    if options.max_new_tokens is not None:
+        limits = [min(m, options.max_new_tokens) for m in limits]
+    return limits
+
+
+def _search(
+    step: StepFunction,
+    state: DecoderState,
+    tokenizer: TranslationTokenizer,
+    options: DecodeOptions,
+    limits: list[int],
+    device: torch.device,
+) -> list[list[Hypothesis]]:
+    """Greedy (beam 1) or beam search of one batch."""
+    ends = {"bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id, "batch_size": len(limits)}
+    if options.beam_size == 1:
+        # Hugging Face's forced EOS takes the last position the limit allows
+        cut = 1 if options.forced_eos else 0
+        max_len = torch.tensor([max(0, m - cut) for m in limits], device=device)
+        outs = greedy_search(
+            step, state, **ends, max_len=max_len, min_len=options.min_len, device=device
+        )
+        return [[Hypothesis(o, math.nan, math.nan)] for o in outs]
+    return beam_search(
+        step,
+        state,
+        **ends,
+        beam_size=options.beam_size,
+        max_len=torch.tensor(limits, device=device),
+        min_len=options.min_len,
+        alpha=options.alpha,
+        n_best=options.n_best,
+        length_penalty=options.length_penalty,
+        early_stopping=options.early_stopping,
+        forced_eos=options.forced_eos,
+        device=device,
+    )
+
+
 def translate_texts(
-    model: Transformer,
-    tokenizer: Tokenizer,
+    model: EncoderDecoder,
+    tokenizer: TranslationTokenizer,
     texts: Sequence[str],
     options: DecodeOptions = DecodeOptions(beam_size=1),
     *,
+    prefix: str = "",
     progress: bool = False,
 ) -> list[str]:
-    """Translate raw sentences (whitespace-normalised); the best hypothesis of each, detokenized."""
-    ids = tokenizer.encode_batch([normalize(t) for t in texts])
+    """Translate raw sentences (whitespace-normalised, after ``prefix``: T5's task prefix such as
+    "translate English to German: "); the best hypothesis of each, detokenized."""
+    ids = tokenizer.encode_batch([prefix + normalize(t) for t in texts])
     best = [h[0].tokens for h in translate_ids(model, ids, tokenizer, options, progress=progress)]
     return tokenizer.decode_batch(best)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from aiayn.attention import CAUSAL, CrossAttention, Mask, SelfAttention
@@ -272,6 +273,16 @@ def t5_decoder(config: T5Config, embedding: TokenEmbedding) -> Decoder:
     )
 
 
+def _refuse_float16(encoder: Encoder, args: object) -> None:
+    """T5's activations overflow float16 (the released checkpoints were trained in bfloat16):
+    refuse it before any work, pointing at bfloat16."""
+    if encoder.embedder.embedding.weight.dtype == torch.float16:
+        raise ValueError(
+            "T5 overflows float16 (its activations exceed 65504 in the released checkpoints): "
+            "run it in bfloat16 or float32"
+        )
+
+
 class T5(EncoderDecoder):
     """A T5 encoder–decoder: an :class:`~aiayn.models.transformer.EncoderDecoder`, so that
     aiayn's searches, fast step and translation commands run it unchanged.
@@ -293,6 +304,7 @@ class T5(EncoderDecoder):
         if c.tie_output:
             self.output_proj.weight = shared.weight
         self.output_scale = c.d_model**-0.5 if c.scale_output else 1.0
+        self.encoder.register_forward_pre_hook(_refuse_float16)
 
     def target_mask(self, tgt: Tensor, offset: int = 0) -> Mask:
         """Causal only: the decoder's first input is the pad token (its start token), so target

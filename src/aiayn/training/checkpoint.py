@@ -43,6 +43,7 @@ from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import UserError
 from aiayn.models import Transformer
 from aiayn.models.families import (
+    FAMILIES,
     FORMAT_VERSION,
     Family,
     family_named,
@@ -186,8 +187,10 @@ def load_checkpoint(
     """
     folder, family, config, state = read_checkpoint_config(path)
     if not issubclass(family.model, expect):
+        wanted = [f.name for f in FAMILIES.values() if issubclass(f.model, expect)]
         raise UserError(
-            f"{folder} holds a {family.name} model; this needs a {expect.__name__} checkpoint"
+            f"{folder} holds a {family.name} model; this needs a checkpoint of "
+            f"{' or '.join(wanted) or expect.__name__}"
         )
     model = family.model(config)
     try:
