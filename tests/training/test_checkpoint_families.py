@@ -62,7 +62,7 @@ def test_a_gpt2_checkpoint_round_trips_and_records_its_family(tmp_path: Path) ->
     assert loaded.model.output_proj.weight is loaded.model.embedder.embedding.weight
     assert isinstance(load_checkpoint(tmp_path / "ck", expect=nn.Module).model, GPT2)
     with pytest.raises(
-        UserError, match="holds a gpt2 model; this needs a checkpoint of transformer$"
+        UserError, match=r"holds a gpt2 model; this needs a checkpoint of transformer$"
     ):
         load_checkpoint(tmp_path / "ck")  # the translation commands' default
 

@@ -3,11 +3,14 @@ forward + log-softmax + label-smoothed NLL, in value and in every parameter's gr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from aiayn.config import preset
-from aiayn.models import Transformer
+from aiayn.models import T5, Transformer, t5_preset
+from aiayn.models.transformer import EncoderDecoder
 from aiayn.training.loss import label_smoothed_nll
 from aiayn.training.objective import TranslationObjective
 
@@ -22,10 +25,22 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return src, tgt_in, tgt
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_objective_equals_explicit_loss_and_gradients(norm_first: bool) -> None:
-    config = preset("tiny", vocab_size=60, dropout=0.0, norm_first=norm_first)
-    model = Transformer(config)
+MODELS: dict[str, Callable[[], EncoderDecoder]] = {
+    "post-norm": lambda: Transformer(preset("tiny", vocab_size=60, dropout=0.0)),
+    "pre-norm": lambda: Transformer(preset("tiny", vocab_size=60, dropout=0.0, norm_first=True)),
+    "Marian's logits bias": lambda: Transformer(
+        preset("tiny", vocab_size=60, dropout=0.0, output_bias=True, activation="silu")
+    ),
+    "T5 v1.0 (scaled output)": lambda: T5(t5_preset("t5-tiny", vocab_size=60, dropout=0.0)),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_objective_equals_explicit_loss_and_gradients(name: str) -> None:
+    torch.manual_seed(0)
+    model = MODELS[name]()
+    if model.output_proj.bias is not None:
+        torch.nn.init.normal_(model.output_proj.bias)  # not its zero start
     src, tgt_in, tgt_out = _batch()
     n = int((tgt_out != 0).sum())
 

@@ -21,20 +21,20 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.attention import CAUSAL
-from aiayn.models import GPT2, Transformer
-from aiayn.training.loss import LossSums, linear_label_smoothed_cross_entropy
+from aiayn.models import GPT2
+from aiayn.models.transformer import EncoderDecoder
+from aiayn.training.loss import LossSums, label_smoothed_nll, linear_label_smoothed_cross_entropy
 
 
 class TranslationObjective(nn.Module):
     """Σ label-smoothed CE of a batch under teacher forcing.
 
     Args:
-        model: the encoder–decoder Transformer being trained (its parameters are this
-            module's).
+        model: the encoder–decoder being trained (its parameters are this module's).
         label_smoothing: ε_ls of the loss (0.1 in §5.4; a training setting, not the model's).
     """
 
-    def __init__(self, model: Transformer, label_smoothing: float = 0.1):
+    def __init__(self, model: EncoderDecoder, label_smoothing: float = 0.1):
         super().__init__()
         self.model = model
         self.label_smoothing = label_smoothing
@@ -59,10 +59,21 @@ class TranslationObjective(nn.Module):
         keep = torch.nonzero_static(real, size=num_tgt_tokens)[:, 0]  # (N,) flat positions
         hidden = hidden.reshape(-1, hidden.size(-1)).index_select(0, keep)  # (B·T, D) -> (N, D)
         gold = tgt_out.reshape(-1).index_select(0, keep)  # (N,)
-        # the output projection (N, D) @ (D, V) happens inside, a chunk of positions at a time
-        return linear_label_smoothed_cross_entropy(
-            hidden, m.output_proj.weight, gold, self.label_smoothing
-        )
+        return output_loss(m, hidden, gold, self.label_smoothing)
+
+
+def output_loss(model: EncoderDecoder, hidden: Tensor, gold: Tensor, epsilon: float) -> LossSums:
+    """The loss of (N, D) final decoder states against (N,) gold ids through the model's output
+    layer (§3.4). Without an output bias, fused with the log-softmax a chunk of positions at a
+    time (:func:`linear_label_smoothed_cross_entropy`); with one (Marian's logits bias), through
+    the model's own ``log_probs``."""
+    if model.output_proj.bias is not None:
+        log_probs = model.log_probs(hidden)  # (N, D) @ (D, V) + b -> (N, V)
+        return label_smoothed_nll(log_probs[None], gold[None], epsilon, pad_id=-1)  # no pad here
+    if model.output_scale != 1.0:
+        hidden = hidden * model.output_scale  # T5 v1.0's d_model^−½
+    # the output projection (N, D) @ (D, V) happens inside, a chunk of positions at a time
+    return linear_label_smoothed_cross_entropy(hidden, model.output_proj.weight, gold, epsilon)
 
 
 class LanguageModelObjective(nn.Module):
