@@ -1,7 +1,7 @@
 """T5 and Marian tokenizers against Hugging Face ``transformers``, offline: tiny SentencePiece
-models are trained here on the shipped demo corpus, Hugging Face's tokenizers are built from them
-and saved as Hugging Face folders, and aiayn's tokenizers, read from those folders, must give the
-same ids (Hugging Face's minus its final EOS) and the same
+models are trained on the shipped demo corpus (conftest.py), Hugging Face's tokenizers are built
+from them and saved as Hugging Face folders, and aiayn's tokenizers, read from those folders,
+must give the same ids (Hugging Face's minus its final EOS) and the same
 ``decode(ids, skip_special_tokens=True)``.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import sentencepiece as spm
 
 from aiayn.data import demo_corpus_path, read_parallel
 from aiayn.data.pretrained_tokenizer import (
@@ -31,6 +31,7 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
 EXTRA_IDS = 10
+MakeHFT5 = Callable[[Path, int], Any]  # the conftest's make_hf_t5_tokenizer
 LONG = " ".join(src for src, _ in read_parallel(demo_corpus_path())[:300])
 TRICKY = [
     "Hello world.",
@@ -72,124 +73,41 @@ MARIAN_TRICKY = [
 ]
 
 
-def _train(lines: list[str], prefix: Path, vocab_size: int, **ids: Any) -> Path:
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines),
-        model_prefix=str(prefix),
-        vocab_size=vocab_size,
-        model_type="unigram",
-        character_coverage=1.0,
-        num_threads=1,
-        minloglevel=2,
-        **ids,
-    )
-    return prefix.with_suffix(".model")
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Three SentencePiece models trained on 500 demo pairs: T5-style (joint, pad 0, eos 1, unk 2,
-    400 pieces) and Marian-style source (English) and target (German), 300 pieces each."""
-    root = tmp_path_factory.mktemp("spm")
-    pairs = read_parallel(demo_corpus_path())[::40]
-    return {
-        "t5": _train(
-            [s for p in pairs for s in p], root / "t5", 400, pad_id=0, eos_id=1, unk_id=2, bos_id=-1
-        ),
-        "source": _train([p[0] for p in pairs], root / "source", 300),
-        "target": _train([p[1] for p in pairs], root / "target", 300),
-    }
-
-
 # ----------------------------------------------------------------------------------- T5
-
-
-def _field(message: bytes, number: int) -> bytes:
-    """The first length-delimited field ``number`` of a serialised protobuf message."""
-    i = 0
-
-    def varint() -> int:
-        nonlocal i
-        value = shift = 0
-        while True:
-            byte = message[i]
-            i += 1
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                return value
-
-    while i < len(message):
-        key = varint()
-        wire = key & 7
-        if wire == 0:
-            varint()
-        elif wire in (1, 5):
-            i += 8 if wire == 1 else 4
-        else:
-            size = varint()
-            if key >> 3 == number:
-                return message[i : i + size]
-            i += size
-    return b""
-
-
-def _hf_t5(folder: Path) -> Any:
-    """``transformers.T5Tokenizer`` from a folder with ``spiece.model``: converted by transformers
-    itself where protobuf is installed, else built as that conversion builds it (the pieces and
-    scores, the sentinels, the model's precompiled normaliser: ModelProto field 3, field 2)."""
-    try:
-        import google.protobuf  # noqa: F401  (transformers reads spiece.model with it)
-    except ImportError:
-        pass
-    else:
-        return transformers.T5Tokenizer.from_pretrained(folder)
-    data = (folder / "spiece.model").read_bytes()
-    sp = spm.SentencePieceProcessor(model_proto=data)
-    n = sp.get_piece_size()
-    vocab = [(sp.id_to_piece(i), sp.get_score(i)) for i in range(n)]
-    vocab += [(f"<extra_id_{k}>", 0.0) for k in reversed(range(EXTRA_IDS))]
-    control = [
-        transformers.AddedToken(sp.id_to_piece(i), normalized=False, special=True)
-        for i in range(n)
-        if sp.is_control(i)
-    ]
-    return transformers.T5Tokenizer(
-        vocab=vocab,
-        _spm_precompiled_charsmap=_field(_field(data, 3), 2) or None,
-        extra_ids=EXTRA_IDS,
-        additional_special_tokens=control,
-    )
 
 
 @pytest.fixture(scope="module")
 def t5_folders(
-    models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+    sentencepiece_models: dict[str, Path],
+    make_hf_t5_tokenizer: MakeHFT5,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, Path]:
     """Hugging Face T5 folders: "spm" as on the Hub (spiece.model, tokenizer_config.json,
     config.json), "json" as transformers 5 saves one (tokenizer.json only)."""
     root = tmp_path_factory.mktemp("t5")
     hub = root / "hub"
     hub.mkdir()
-    shutil.copy(models["t5"], hub / "spiece.model")
+    shutil.copy(sentencepiece_models["t5"], hub / "spiece.model")
     config = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
     (hub / "tokenizer_config.json").write_text(json.dumps(config | {"extra_ids": EXTRA_IDS}))
     (hub / "config.json").write_text(json.dumps({"model_type": "t5", "decoder_start_token_id": 0}))
     saved = root / "saved"
-    _hf_t5(hub).save_pretrained(saved)
+    make_hf_t5_tokenizer(hub, EXTRA_IDS).save_pretrained(saved)
     assert not (saved / "spiece.model").exists()
     return {"spm": hub, "json": saved}
 
 
 @pytest.fixture(scope="module", params=["spm", "json"])
-def t5_pair(request: pytest.FixtureRequest, t5_folders: dict[str, Path]) -> tuple[T5Tokenizer, Any]:
+def t5_pair(
+    request: pytest.FixtureRequest, t5_folders: dict[str, Path], make_hf_t5_tokenizer: MakeHFT5
+) -> tuple[T5Tokenizer, Any]:
     """(aiayn's, Hugging Face's) tokenizer, both read from one folder."""
     folder = t5_folders[request.param]
     ours = pretrained_tokenizer_from_hf(folder, "t5")
     assert isinstance(ours, T5Tokenizer)
     assert ("sentencepiece" if request.param == "spm" else "tokenizers") in repr(ours)
     hf = (
-        _hf_t5(folder)
+        make_hf_t5_tokenizer(folder, EXTRA_IDS)
         if request.param == "spm"
         else transformers.AutoTokenizer.from_pretrained(folder)
     )
@@ -272,33 +190,21 @@ def test_t5_clean_up_tokenization_spaces_as_configured(
 # ----------------------------------------------------------------------------------- Marian
 
 
-def _marian_vocab(*models: Path, codes: tuple[str, ...] = ()) -> dict[str, int]:
-    """A Marian vocabulary: ``</s>`` 0, ``<unk>`` 1, language codes, the models' pieces,
-    ``<pad>`` last."""
-    vocab = {"</s>": 0, "<unk>": 1}
-    for code in codes:
-        vocab[code] = len(vocab)
-    for model in models:
-        sp = spm.SentencePieceProcessor(model_file=str(model))
-        for i in range(sp.get_piece_size()):
-            if not (sp.is_control(i) or sp.is_unknown(i)):
-                vocab.setdefault(sp.id_to_piece(i), len(vocab))
-    vocab["<pad>"] = len(vocab)
-    return vocab
-
-
 @pytest.fixture(scope="module")
 def marian_folders(
-    models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+    sentencepiece_models: dict[str, Path],
+    make_marian_vocab: Callable[..., dict[str, int]],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, Path]:
     """Hugging Face Marian folders saved by ``MarianTokenizer.save_pretrained``: "joint" (one
     vocab.json, with >>de<< and >>fr<<) and "separate" (vocab.json + target_vocab.json)."""
     root = tmp_path_factory.mktemp("marian")
+    models = sentencepiece_models
     src, tgt = str(models["source"]), str(models["target"])
-    joint = _marian_vocab(models["source"], models["target"], codes=(">>de<<", ">>fr<<"))
+    joint = make_marian_vocab(models["source"], models["target"], codes=(">>de<<", ">>fr<<"))
     (root / "joint.json").write_text(json.dumps(joint, ensure_ascii=False))
-    (root / "src.json").write_text(json.dumps(_marian_vocab(models["source"])))
-    (root / "tgt.json").write_text(json.dumps(_marian_vocab(models["target"])))
+    (root / "src.json").write_text(json.dumps(make_marian_vocab(models["source"])))
+    (root / "tgt.json").write_text(json.dumps(make_marian_vocab(models["target"])))
     tokenizers = {
         "joint": transformers.MarianTokenizer(src, tgt, str(root / "joint.json")),
         "separate": transformers.MarianTokenizer(

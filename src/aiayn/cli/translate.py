@@ -115,11 +115,11 @@ def read_input(path: str | None) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Translate and write the results in input order."""
     from aiayn.data import normalize
-    from aiayn.decoding.translate import translate_ids
+    from aiayn.decoding.translate import translate_ids, with_prefix
 
     model, tokenizer, options = load_for_decoding(args)
     lines = read_input(args.input)
-    ids = tokenizer.encode_batch([args.prefix + normalize(line) for line in lines])
+    ids = tokenizer.encode_batch([with_prefix(args.prefix, normalize(line)) for line in lines])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         nbest = translate_ids(model, ids, tokenizer, options, progress=args.input is not None)

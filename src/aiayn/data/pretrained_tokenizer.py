@@ -771,10 +771,15 @@ def _load_spm(path: Path) -> spm.SentencePieceProcessor:
 
 
 def _load_tokenizer_json(path: Path) -> _HFTokenizer:
+    """The ``tokenizers`` pipeline of a tokenizer.json, without the padding and truncation a
+    folder may have saved with it (transformers applies them only when a call asks)."""
     try:
-        return _HFTokenizer.from_str(path.read_text(encoding="utf-8"))
+        tokenizer = _HFTokenizer.from_str(path.read_text(encoding="utf-8"))
     except Exception as exc:  # OSError, bad UTF-8/JSON, or tokenizers' bare Exception
         raise UserError(f"{path}: not a valid tokenizer JSON file ({exc})") from None
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
 
 
 def _build(path: Path, make: Callable[[], _T]) -> _T:

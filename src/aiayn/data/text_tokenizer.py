@@ -49,9 +49,12 @@ class TextTokenizer:
         file = path / TOKENIZER_JSON if path.is_dir() else path
         if file.is_file():
             try:
-                return cls(_HFTokenizer.from_str(file.read_text(encoding="utf-8")))
+                hf = _HFTokenizer.from_str(file.read_text(encoding="utf-8"))
             except Exception as exc:  # OSError, bad UTF-8/JSON, or tokenizers' bare Exception
                 raise UserError(f"{file}: not a valid tokenizer JSON file ({exc})") from None
+            hf.no_padding()  # saved settings transformers applies only when a call asks
+            hf.no_truncation()
+            return cls(hf)
         vocab, merges = path / GPT2_VOCAB, path / GPT2_MERGES
         if path.is_dir() and vocab.is_file() and merges.is_file():
             return cls(_byte_level_bpe(vocab, merges))

@@ -247,9 +247,14 @@ def translate_texts(
 ) -> list[str]:
     """Translate raw sentences (whitespace-normalised, after ``prefix``: T5's task prefix such as
     "translate English to German: "); the best hypothesis of each, detokenized."""
-    ids = tokenizer.encode_batch([prefix + normalize(t) for t in texts])
+    ids = tokenizer.encode_batch([with_prefix(prefix, normalize(t)) for t in texts])
     best = [h[0].tokens for h in translate_ids(model, ids, tokenizer, options, progress=progress)]
     return tokenizer.decode_batch(best)
+
+
+def with_prefix(prefix: str, text: str) -> str:
+    """``prefix + text``, except that an empty line stays empty (it translates to nothing)."""
+    return prefix + text if text else text
 
 
 def _progress(total: int, enabled: bool):  # type: ignore[no-untyped-def]
