@@ -12,7 +12,9 @@ Runs, each as its own process (so they never share the cores):
   4. cpu_kernels.py — the linear and attention kernels behind decoding (CPU only);
   5. generate_vs_hf.py — GPT-2 (124M-shaped) generation against Hugging Face generate, and
      train_lm_vs_hf.py — GPT-2 training steps against a plain GPT2LMHeadModel loop, at 124M and
-     at the LM demo's size (CPU only).
+     at the LM demo's size (CPU only);
+  6. translate_vs_hf.py — translation of converted t5-small- and opus-mt-en-de-shaped models
+     against Hugging Face generate, outputs checked identical (CPU only).
 Then prints one table and writes docs/results/summary.{json,md} with the machine, the torch
 version and this command; each benchmark also leaves its own detailed files there. With
 ``--from-results`` nothing runs: the summary is assembled from those files, and names the
@@ -59,7 +61,12 @@ def main() -> None:
         run_all(args, device)
     training, decoding = load_results(device)
     write_summary(
-        args.threads, training, decoding, gpt2_results(device), from_results=args.from_results
+        args.threads,
+        training,
+        decoding,
+        gpt2_results(device),
+        translation_results(device),
+        from_results=args.from_results,
     )
 
 
@@ -73,6 +80,9 @@ def load_results(device: str) -> tuple[dict[str, Any], dict[str, Any]]:
             decoding[preset] = json.loads(path.read_text())
     return training, decoding
 
+
+TRANSLATION_MODELS = ("t5-small", "opus-mt-en-de")
+"""The checkpoint shapes of translate_vs_hf.py."""
 
 GPT2_TRAINING = {
     "gpt2": [],
@@ -91,6 +101,16 @@ def gpt2_results(device: str) -> dict[str, Any]:
     return found
 
 
+def translation_results(device: str) -> dict[str, Any]:
+    """The translation reports in docs/results, by checkpoint shape (CPU only)."""
+    found: dict[str, Any] = {}
+    for model in TRANSLATION_MODELS:
+        path = RESULTS / f"translate_vs_hf_{model}.json"
+        if device == "cpu" and path.exists():
+            found[model] = json.loads(path.read_text())
+    return found
+
+
 def run_all(args: argparse.Namespace, device: str) -> None:
     """Run every benchmark, each in its own process; each writes its report."""
     train_args = ["--threads", str(args.threads), "--rounds", str(args.rounds)]
@@ -104,6 +124,11 @@ def run_all(args: argparse.Namespace, device: str) -> None:
         run("generate_vs_hf.py", "--preset", "gpt2", "--threads", str(args.threads))
         for preset, extra in GPT2_TRAINING.items():
             run("train_lm_vs_hf.py", "--preset", preset, "--threads", str(args.threads), *extra)
+        for model in TRANSLATION_MODELS:
+            run(
+                "translate_vs_hf.py",
+                *("--model", model, "--threads", str(args.threads), "--rounds", str(args.rounds)),
+            )
 
 
 def write_summary(
@@ -111,6 +136,7 @@ def write_summary(
     training: dict[str, Any],
     decoding: dict[str, Any],
     gpt2: dict[str, Any],
+    translation: dict[str, Any],
     *,
     from_results: bool,
 ) -> None:
@@ -131,7 +157,12 @@ def write_summary(
                 "Assembled from the result files of: "
                 + "; ".join(
                     f"`{r['command']}`"
-                    for r in [training, *decoding.values(), *gpt2.values()]
+                    for r in [
+                        training,
+                        *decoding.values(),
+                        *gpt2.values(),
+                        *translation.values(),
+                    ]
                     if "command" in r
                 )
                 + ".",
@@ -162,12 +193,14 @@ def write_summary(
                 f"{r['aiayn_tok_s']:,.0f} | {r['hf_tok_s']:,.0f} | {r['ratio']:.2f}× | |"
             )
     lines += gpt2_rows(gpt2)
+    lines += translation_rows(translation)
     summary = {
         "command": command_line(),
         "machine": machine(),
         "training": training,
         "decoding": decoding,
         "gpt2": gpt2,
+        "translation": translation,
     }
     path = write_report("summary", summary, lines)
     print("\n".join(lines))
@@ -190,6 +223,20 @@ def gpt2_rows(gpt2: dict[str, Any]) -> list[str]:
                 f"| GPT-2 training tok/s vs GPT2LMHeadModel loop | {report['preset']} | "
                 f"{r['aiayn']['tok_s']:,.0f} | {r['hf']['tok_s']:,.0f} | {r['ratio']:.2f}× | "
                 f"{100 * r['aiayn']['peak_fraction']:.1f}% |"
+            )
+    return lines
+
+
+def translation_rows(translation: dict[str, Any]) -> list[str]:
+    """Summary rows of the translation reports (with how many outputs were identical)."""
+    lines = []
+    for model, report in translation.items():
+        for r in report["rows"]:
+            search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+            lines.append(
+                f"| translation tok/s, batch {r['batch']}, {search} vs HF generate "
+                f"({r['identical']}/{r['sentences']} outputs identical) | {model} | "
+                f"{r['aiayn_tok_s']:,.0f} | {r['hf_tok_s']:,.0f} | {r['ratio']:.2f}× | |"
             )
     return lines
 
