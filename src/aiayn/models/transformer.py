@@ -123,7 +123,7 @@ class Encoder(nn.Module):
     a final norm.
 
     Args:
-        embedder: tokens (+ positions) -> (B, S, D).
+        embedder: token ids (+ token types, + positions) -> (B, S, D).
         layers: the N blocks.
         final_norm: the stack's last norm (pre-norm models), or None.
         position_bias: a relative position bias (T5), computed once per pass and added to every
@@ -148,14 +148,23 @@ class Encoder(nn.Module):
         self.final_dropout = Dropout(final_dropout)
 
     def forward(
-        self, src: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False
+        self,
+        src: Tensor,
+        src_mask: Tensor | None = None,
+        *,
+        token_types: Tensor | None = None,
+        need_weights: bool = False,
     ) -> EncoderOutput:
         """Args:
         src: (B, S) source token ids.
-        src_mask: (B, 1, 1, S) source padding mask, True = real token.
+        src_mask: (B, 1, 1, S) source padding mask, True = real token; None = no padding.
+        token_types: (B, S) segment ids for an embedder with token types (BERT), or None.
         """
-        x = self.embedder(src)  # (B, S, D)
-        s = src.size(1)
+        if token_types is None:
+            x = self.embedder(src)  # (B, S, D)
+        else:
+            x = self.embedder(src, token_types=token_types)  # (B, S, D)
+        s = x.size(1)
         bias = None if self.position_bias is None else self.position_bias(s, s)  # (1, H, S, S)
         weights: list[Tensor] | None = [] if need_weights else None
         for layer in self.layers:
