@@ -4,7 +4,8 @@
 ``config.json``'s ``model_type`` and converts the weights exactly (every tensor used, shapes
 checked); :func:`to_hf` writes an aiayn model back as a folder transformers loads (GPT-2). One
 module per family holds its name map (:mod:`aiayn.convert.gpt2`, :mod:`aiayn.convert.t5`,
-:mod:`aiayn.convert.marian`); :mod:`aiayn.convert.hf_folder` reads and writes the folders.
+:mod:`aiayn.convert.marian`, :mod:`aiayn.convert.bert`); :mod:`aiayn.convert.hf_folder` reads
+and writes the folders.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from aiayn.convert import marian as _marian
+from aiayn.convert.bert import bert_from_hf_tensors
 from aiayn.convert.generation import Seq2SeqSpecials, unapplied_settings
 from aiayn.convert.gpt2 import (
     HF_TO_AIAYN,
@@ -48,6 +50,7 @@ FROM_HF: dict[str, FromHF] = {
     "gpt2": gpt2_from_hf_tensors,
     "t5": t5_from_hf_tensors,
     "marian": _marian.marian_from_hf_tensors,
+    "bert": bert_from_hf_tensors,
 }
 """Hugging Face ``model_type`` -> the converter of its config and tensors."""
 
@@ -108,7 +111,9 @@ def from_hf(source: str | Path) -> HFConversion:
 
 def _tokenizer(folder: Path, model_type: str) -> TextTokenizer | PretrainedTokenizer | None:
     """The folder's vocabulary: SentencePiece-based for the encoder–decoders, else a
-    ``tokenizer.json`` / byte-level BPE pair."""
+    ``tokenizer.json`` / byte-level BPE pair. BERT's WordPiece vocabulary is not read yet: None."""
+    if model_type == "bert":
+        return None
     if model_type in ("t5", "marian"):
         return pretrained_tokenizer_from_hf(folder, model_type)
     return read_hf_tokenizer(folder)

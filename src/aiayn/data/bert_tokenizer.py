@@ -104,7 +104,7 @@ class Encoded(NamedTuple):
 class BertBatch(NamedTuple):
     """Encoded texts padded on the right to one length ``S`` (the longest row): ``ids`` (B, S)
     long, padded with the pad id; ``token_types`` (B, S) long, padded with 0;
-    ``attention_mask`` (B, S) bool, True at real tokens. (Not :class:`aiayn.data.BertBatch`, the
+    ``attention_mask`` (B, S) bool, True at real tokens. (Not :class:`aiayn.data.Batch`, the
     translation batch.)"""
 
     ids: torch.Tensor

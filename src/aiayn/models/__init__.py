@@ -1,7 +1,15 @@
 """Models built from the layers, one file per family: the paper's encoder–decoder Transformer
 (:mod:`~aiayn.models.transformer`, which also runs Marian/OPUS-MT models), GPT-2
-(:mod:`~aiayn.models.gpt2`) and T5 (:mod:`~aiayn.models.t5`)."""
+(:mod:`~aiayn.models.gpt2`), T5 (:mod:`~aiayn.models.t5`) and BERT (:mod:`~aiayn.models.bert`)."""
 
+from aiayn.models.bert import (
+    BERT,
+    BERT_PRESETS,
+    BertConfig,
+    BertOutput,
+    bert_preset,
+    expected_bert_parameters,
+)
 from aiayn.models.gpt2 import (
     GPT2,
     GPT2_PRESETS,
@@ -23,10 +31,14 @@ from aiayn.models.transformer import (
 )
 
 __all__ = [
+    "BERT",
+    "BERT_PRESETS",
     "GPT2",
     "GPT2_PRESETS",
     "T5",
     "T5_PRESETS",
+    "BertConfig",
+    "BertOutput",
     "Decoder",
     "DecoderOutput",
     "Encoder",
@@ -35,8 +47,10 @@ __all__ = [
     "LMOutput",
     "T5Config",
     "Transformer",
+    "bert_preset",
     "build_positional",
     "count_parameters",
+    "expected_bert_parameters",
     "expected_gpt2_parameters",
     "expected_parameter_count",
     "expected_t5_parameters",

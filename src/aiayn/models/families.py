@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig, TransformerConfig
 from aiayn.errors import UserError
+from aiayn.models.bert import BERT, BertConfig
 from aiayn.models.gpt2 import GPT2, GPT2Config
 from aiayn.models.t5 import T5, T5Config
 from aiayn.models.transformer import Transformer
@@ -36,6 +37,7 @@ FAMILIES: dict[str, Family] = {
     "transformer": Family("transformer", TransformerConfig, Transformer),
     "gpt2": Family("gpt2", GPT2Config, GPT2),
     "t5": Family("t5", T5Config, T5),
+    "bert": Family("bert", BertConfig, BERT),
 }
 
 
