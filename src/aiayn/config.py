@@ -177,8 +177,11 @@ def _is_instance(value: Any, hint: Any) -> bool:
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if origin is tuple:
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length of X
+            return isinstance(value, tuple) and all(_is_instance(v, args[0]) for v in value)
         return isinstance(value, tuple) and all(
-            _is_instance(v, a) for v, a in zip(value, typing.get_args(hint), strict=False)
+            _is_instance(v, a) for v, a in zip(value, args, strict=False)
         )
     return isinstance(value, hint)
 

@@ -87,9 +87,9 @@ def test_generic_from_hf_dispatches_on_model_type(make_hf: MakeHF, logit_gap: Ga
     assert converted.tensors_mapped == len(load_file(hf.path / "model.safetensors"))
     assert converted.hf_config["model_type"] == "gpt2"
     assert logit_gap(hf.model, converted.model) < TOLERANCE
-    config = (hf.path / "config.json").read_text().replace('"gpt2"', '"bert"')
+    config = (hf.path / "config.json").read_text().replace('"gpt2"', '"bart"')
     (hf.path / "config.json").write_text(config)
-    with pytest.raises(UserError, match="model_type 'bert' is not supported yet"):
+    with pytest.raises(UserError, match="model_type 'bart' is not supported yet"):
         from_hf(hf.path)
 
 

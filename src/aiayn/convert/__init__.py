@@ -38,6 +38,8 @@ from aiayn.convert.hf_folder import (
     resolve_hf_source,
 )
 from aiayn.convert.t5 import t5_from_hf_tensors, t5_generation_defaults
+from aiayn.convert.vit import vit_from_hf_tensors
+from aiayn.data.bert_tokenizer import BertTokenizer, bert_tokenizer_from_hf
 from aiayn.data.pretrained_tokenizer import PretrainedTokenizer, pretrained_tokenizer_from_hf
 from aiayn.data.text_tokenizer import TextTokenizer
 from aiayn.errors import UserError
@@ -51,6 +53,7 @@ FROM_HF: dict[str, FromHF] = {
     "t5": t5_from_hf_tensors,
     "marian": _marian.marian_from_hf_tensors,
     "bert": bert_from_hf_tensors,
+    "vit": vit_from_hf_tensors,
 }
 """Hugging Face ``model_type`` -> the converter of its config and tensors."""
 
@@ -78,7 +81,7 @@ class HFConversion:
     """
 
     model: nn.Module
-    tokenizer: TextTokenizer | PretrainedTokenizer | None
+    tokenizer: TextTokenizer | PretrainedTokenizer | BertTokenizer | None
     hf_config: dict[str, Any]
     generation: Seq2SeqSpecials | None
     unapplied: list[str]
@@ -109,11 +112,13 @@ def from_hf(source: str | Path) -> HFConversion:
     return HFConversion(model, tokenizer, hf_config, specials, unapplied, folder, mapped)
 
 
-def _tokenizer(folder: Path, model_type: str) -> TextTokenizer | PretrainedTokenizer | None:
-    """The folder's vocabulary: SentencePiece-based for the encoder–decoders, else a
-    ``tokenizer.json`` / byte-level BPE pair. BERT's WordPiece vocabulary is not read yet: None."""
+def _tokenizer(
+    folder: Path, model_type: str
+) -> TextTokenizer | PretrainedTokenizer | BertTokenizer | None:
+    """The folder's vocabulary: WordPiece for BERT, SentencePiece-based for the encoder–decoders,
+    else a ``tokenizer.json`` / byte-level BPE pair."""
     if model_type == "bert":
-        return None
+        return bert_tokenizer_from_hf(folder)
     if model_type in ("t5", "marian"):
         return pretrained_tokenizer_from_hf(folder, model_type)
     return read_hf_tokenizer(folder)

@@ -17,24 +17,17 @@ Shape legend:  V vocabulary   D d_model   I = H·d_kv   F d_ff   H heads
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from aiayn.convert.checks import HF_ACTIVATIONS, Rule, load_exactly, rename
 from aiayn.convert.generation import Seq2SeqSpecials, generation_defaults
 from aiayn.errors import UserError
 from aiayn.layers import ACTIVATIONS
 from aiayn.models.t5 import T5, T5Config
-
-
-class Rule(NamedTuple):
-    """Where a Hugging Face tensor goes: an aiayn name and, for q/k/v, its block of rows."""
-
-    name: str
-    part: int | None = None  # 0, 1, 2: the W^Q, W^K, W^V rows of a fused in_proj
 
 
 def _attention(hf: str, ours: str) -> dict[str, Rule]:
@@ -108,16 +101,6 @@ HF_DEFAULTS: dict[str, Any] = {
 }
 """transformers' ``T5Config`` defaults: what a config.json leaving a key out means."""
 
-HF_ACTIVATIONS: dict[str, str] = {
-    "relu": "relu",
-    "gelu": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "silu": "silu",
-    "swish": "silu",
-}
-"""The activation part of ``feed_forward_proj`` -> aiayn's activation (the same function)."""
-
 
 def t5_config_from_hf(hf_config: Mapping[str, Any]) -> T5Config:
     """aiayn's config of a Hugging Face T5 ``config.json`` (a dict); options aiayn does not
@@ -167,13 +150,7 @@ def _feed_forward_proj(value: str) -> tuple[bool, str]:
 
 def _rename(name: str) -> Rule | None:
     """``name``'s rule in :data:`HF_TO_AIAYN` with its layer index filled in, or None."""
-    if name in HF_TO_AIAYN:
-        return HF_TO_AIAYN[name]
-    match = re.search(r"\.(\d+)\.", name)
-    if match is None:
-        return None
-    rule = HF_TO_AIAYN.get(f"{name[: match.start()]}.{{}}.{name[match.end() :]}")
-    return None if rule is None else Rule(rule.name.format(match.group(1)), rule.part)
+    return rename(name, HF_TO_AIAYN)
 
 
 def t5_state_dict_from_hf(hf_tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -228,19 +205,7 @@ def load_t5_state(model: T5, state: dict[str, Tensor]) -> None:
             if head is not None and not torch.equal(head, state[shared]):
                 raise UserError("the config ties lm_head.weight to shared.weight, but they differ")
             state["output_proj.weight"] = state[shared]
-    expected = model.state_dict()
-    extra, missing = sorted(state.keys() - expected.keys()), sorted(expected.keys() - state.keys())
-    if extra:
-        raise UserError(f"unexpected tensor for {extra[0]!r}: the config has no place for it")
-    if missing:
-        raise UserError(f"missing tensor for {missing[0]!r} in the checkpoint")
-    for name, tensor in state.items():
-        if tensor.shape != expected[name].shape:
-            raise UserError(
-                f"tensor for {name!r} has shape {tuple(tensor.shape)}; the config says "
-                f"{tuple(expected[name].shape)}"
-            )
-    model.load_state_dict(state, strict=True, assign=True)
+    load_exactly(model, state, name=lambda key: f"for {key!r}")
     embedding = model.encoder.embedder.embedding
     model.decoder.embedder.embedding = embedding  # assigned one by one: re-tie
     if model.config.tie_output:

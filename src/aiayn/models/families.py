@@ -19,6 +19,7 @@ from aiayn.models.bert import BERT, BertConfig
 from aiayn.models.gpt2 import GPT2, GPT2Config
 from aiayn.models.t5 import T5, T5Config
 from aiayn.models.transformer import Transformer
+from aiayn.models.vit import ViT, ViTConfig
 
 FORMAT_VERSION = 2
 """The checkpoint format this version of aiayn writes (and the newest it reads)."""
@@ -37,6 +38,7 @@ FAMILIES: dict[str, Family] = {
     "transformer": Family("transformer", TransformerConfig, Transformer),
     "gpt2": Family("gpt2", GPT2Config, GPT2),
     "t5": Family("t5", T5Config, T5),
+    "vit": Family("vit", ViTConfig, ViT),
     "bert": Family("bert", BertConfig, BERT),
 }
 

@@ -33,6 +33,8 @@ from safetensors.torch import load_file, save_file, save_model
 from torch import nn
 
 from aiayn.config import ModelConfig
+from aiayn.data.bert_tokenizer import MANIFEST as BERT_MANIFEST
+from aiayn.data.bert_tokenizer import BertTokenizer, load_bert_tokenizer
 from aiayn.data.pretrained_tokenizer import (
     MANIFEST,
     PretrainedTokenizer,
@@ -107,9 +109,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         )
 
 
-TokenizerSource = Path | PretrainedTokenizer
+TokenizerSource = Path | PretrainedTokenizer | BertTokenizer
 """A checkpoint's vocabulary: a tokenizer file (saved as ``tokenizer.json``), or a pretrained
-model's tokenizer, which saves its own files."""
+model's tokenizer, which saves its own files with a manifest."""
 
 
 def save_checkpoint(
@@ -309,6 +311,8 @@ def checkpoint_tokenizer(folder: Path) -> TokenizerSource:
     one (a converted T5 or Marian model), else its ``tokenizer.json``."""
     if (folder / MANIFEST).is_file():
         return load_pretrained_tokenizer(folder)
+    if (folder / BERT_MANIFEST).is_file():
+        return load_bert_tokenizer(folder)
     return folder / TOKENIZER_FILE
 
 
@@ -316,6 +320,8 @@ def load_translation_tokenizer(folder: Path) -> TranslationTokenizer:
     """The tokenizer an encoder–decoder checkpoint translates with: the pretrained model's own,
     or aiayn's joint BPE vocabulary (:class:`~aiayn.data.tokenizer.Tokenizer`)."""
     source = checkpoint_tokenizer(folder)
+    if isinstance(source, BertTokenizer):
+        raise UserError(f"{folder} holds BERT's vocabulary: it does not translate")
     return Tokenizer.load(source) if isinstance(source, Path) else source
 
 

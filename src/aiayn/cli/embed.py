@@ -1,0 +1,64 @@
+"""``aiayn embed``: sentence embeddings with a BERT checkpoint (mean pooling over the real tokens,
+then L2 normalisation, as sentence-transformers models do), or the cosine similarity of two
+files' lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``embed`` sub-command."""
+    p = subparsers.add_parser(
+        "embed",
+        help="sentence embeddings (or cosine similarities) with a BERT checkpoint",
+        description="One line in, one vector out, in input order: a JSON list per line on "
+        "standard output, or an (N, D) float32 .npy file with --out. With --similarity A B: the "
+        "cosine similarity of line i of A and line i of B, one number per line.",
+    )
+    p.add_argument("--checkpoint", required=True, help="a BERT checkpoint")
+    p.add_argument("--input", "-i", help="texts file, one per line (default: standard input)")
+    p.add_argument("--out", "-o", help="write an .npy file instead of JSON lines")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
+    p.add_argument("--similarity", nargs=2, metavar=("A", "B"), help="two files of lines")
+    p.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep norms")
+    p.add_argument("--batch-size", type=int, default=32, help="texts per batch (32)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Embed the input lines, or compare two files line by line."""
+    from aiayn.cli.fill_mask import load_bert
+    from aiayn.cli.translate import read_input
+    from aiayn.decoding.encoder_tasks import cosine_similarities, sentence_embeddings
+    from aiayn.errors import UserError
+
+    if args.similarity and (args.input or args.out):
+        raise UserError("--similarity reads its two files: leave out --input and --out")
+    if args.out and Path(args.out).exists() and not args.force:
+        raise UserError(f"{args.out} exists: pass --force to replace it")
+    model, tokenizer = load_bert(args.checkpoint, args.device)
+
+    def embed(lines: list[str]) -> Any:
+        return sentence_embeddings(
+            model, tokenizer, lines, batch_size=args.batch_size, normalize=args.normalize
+        )
+
+    if args.similarity:
+        a, b = (embed(read_input(path)) for path in args.similarity)
+        sys.stdout.write("".join(f"{s:.6f}\n" for s in cosine_similarities(a, b).tolist()))
+        return 0
+    vectors = embed(read_input(args.input))
+    if args.out:
+        import numpy as np
+
+        np.save(args.out, vectors.numpy())
+        print(f"wrote {tuple(vectors.shape)} embeddings to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write("".join(json.dumps(v) + "\n" for v in vectors.tolist()))
+    return 0

@@ -1,0 +1,66 @@
+"""``aiayn fill-mask``: the most probable tokens at each [MASK] of a text, with a BERT checkpoint
+that has its masked-LM head (e.g. one converted from ``bert-base-uncased``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``fill-mask`` sub-command."""
+    p = subparsers.add_parser(
+        "fill-mask",
+        help="predict the tokens at [MASK] with a BERT checkpoint",
+        description="For each text (the arguments, else one per line from --input or stdin), "
+        "print the --top-k most probable tokens at each mask token, one line each: "
+        "probability, token and the text with it filled in; a blank line between texts.",
+    )
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts with [MASK] (default: read)")
+    p.add_argument("--checkpoint", required=True, help="a BERT checkpoint with its MLM head")
+    p.add_argument("--input", "-i", help="texts file, one per line (default: standard input)")
+    p.add_argument("--top-k", type=int, default=5, help="predictions per mask (5)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the predictions of every text."""
+    from aiayn.cli.translate import read_input
+    from aiayn.decoding.encoder_tasks import fill_mask
+
+    model, tokenizer = load_bert(args.checkpoint, args.device, head="mlm")
+    texts = args.texts or read_input(args.input)
+    blocks = []
+    for text in texts:
+        lines = []
+        for predictions in fill_mask(model, tokenizer, text, top_k=args.top_k):
+            for p in predictions:
+                lines.append(f"{p.probability:.4f}\t{p.token}\t{p.sequence}")
+        blocks.append("\n".join(lines))
+    sys.stdout.write("".join(block + "\n\n" for block in blocks).rstrip("\n") + "\n")
+    return 0
+
+
+def load_bert(checkpoint: str, device: str, *, head: str | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) of a BERT checkpoint; ``head`` ("mlm"), when given, must be its own.
+
+    Raises:
+        UserError: another family, another head, or a checkpoint without BERT's vocabulary.
+    """
+    from aiayn.data.bert_tokenizer import BertTokenizer
+    from aiayn.errors import UserError
+    from aiayn.models.bert import BERT
+    from aiayn.training.checkpoint import checkpoint_tokenizer, load_checkpoint
+    from aiayn.training.trainer import resolve_device
+
+    ckpt = load_checkpoint(checkpoint, map_location=resolve_device(device), expect=BERT)
+    if head is not None and ckpt.model.config.head != head:
+        raise UserError(
+            f"{ckpt.path} holds a BERT with head {ckpt.model.config.head!r}; this needs {head!r}"
+        )
+    tokenizer = checkpoint_tokenizer(ckpt.path)
+    if not isinstance(tokenizer, BertTokenizer):
+        raise UserError(f"{ckpt.path} has no BERT vocabulary (bert_tokenizer.json)")
+    return ckpt.model, tokenizer

@@ -1,0 +1,74 @@
+"""What every converter shares once its name table has renamed a checkpoint's tensors: the
+activation names Hugging Face configs use, and the exact load (every parameter given, nothing
+left over, every shape as the config says).
+
+Shape legend:  (any tensor shapes; the model's state dict is the reference)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+from torch import Tensor, nn
+
+from aiayn.errors import UserError
+
+HF_ACTIVATIONS: dict[str, str] = {
+    "gelu": "gelu",
+    "gelu_python": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+"""Hugging Face activation names (``hidden_act``, ``activation_function``, the last part of T5's
+``feed_forward_proj``) -> aiayn's activation computing the same function."""
+
+
+class Rule(NamedTuple):
+    """Where a Hugging Face tensor goes: an aiayn name (a layer index written ``{}``) and, for a
+    projection Hugging Face stores in three, its block of rows of aiayn's fused ``in_proj``."""
+
+    name: str
+    part: int | None = None  # 0, 1, 2: the W^Q, W^K, W^V rows of a fused in_proj
+
+
+def rename(name: str, table: Mapping[str, Rule]) -> Rule | None:
+    """``name``'s rule in a name ``table`` (keys and names with the layer index written
+    ``{}``), its index filled in; None when the table has no such name."""
+    if name in table:
+        return table[name]
+    match = re.search(r"\.(\d+)\.", name)
+    if match is None:
+        return None
+    rule = table.get(f"{name[: match.start()]}.{{}}.{name[match.end() :]}")
+    return None if rule is None else Rule(rule.name.format(match.group(1)), rule.part)
+
+
+def load_exactly(
+    model: nn.Module,
+    state: Mapping[str, Tensor],
+    *,
+    name: Callable[[str], str] = repr,
+    extra_hint: str = "the config has no place for it",
+) -> None:
+    """Load ``state`` into ``model`` in place (``assign``: the checkpoint's own tensors) after
+    checking it is exactly the model's parameters: a :class:`UserError` names the first
+    unexpected, missing or mis-shaped tensor (``name`` renders an aiayn name, e.g. back in
+    Hugging Face's terms). Tied parameters must be re-tied by the caller afterwards."""
+    expected = model.state_dict()
+    extra, missing = sorted(state.keys() - expected.keys()), sorted(expected.keys() - state.keys())
+    if extra:
+        raise UserError(f"unexpected tensor {name(extra[0])}: {extra_hint}")
+    if missing:
+        raise UserError(f"missing tensor {name(missing[0])} in the checkpoint")
+    for key, tensor in state.items():
+        if tensor.shape != expected[key].shape:
+            raise UserError(
+                f"tensor {name(key)} has shape {tuple(tensor.shape)}; the config says "
+                f"{tuple(expected[key].shape)}"
+            )
+    model.load_state_dict(dict(state), strict=True, assign=True)
