@@ -63,16 +63,11 @@ def _from_hf(source: str, out: Path, force: bool) -> int:
 
     _refuse_existing(out, force)
     converted = from_hf(source)
-    if family_of(converted.model).name == "vit":
-        raise UserError(
-            f"{source}: a ViT converts in Python (aiayn.convert.from_hf) but not yet into a "
-            "checkpoint folder: the image preprocessor is not saved with one yet"
-        )
     if converted.tokenizer is None:
         raise UserError(
             f"{converted.folder} has no tokenizer (tokenizer.json, vocab.json + merges.txt, "
-            "spiece.model, source.spm + target.spm + vocab.json, or vocab.txt): an aiayn "
-            "checkpoint needs one"
+            "spiece.model, source.spm + target.spm + vocab.json, vocab.txt, or an image "
+            "model's preprocessor_config.json): an aiayn checkpoint needs one"
         )
     state: dict[str, object] = {"converted_from": str(source), "hf_config": converted.hf_config}
     if converted.generation is not None:

@@ -15,6 +15,7 @@ from aiayn import __version__
 from aiayn.cli import (
     attention,
     average,
+    classify_image,
     convert,
     embed,
     evaluate,
@@ -34,6 +35,7 @@ COMMANDS = (
     generate,
     fill_mask,
     embed,
+    classify_image,
     evaluate,
     average,
     attention,

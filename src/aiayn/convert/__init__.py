@@ -40,6 +40,7 @@ from aiayn.convert.hf_folder import (
 from aiayn.convert.t5 import t5_from_hf_tensors, t5_generation_defaults
 from aiayn.convert.vit import vit_from_hf_tensors
 from aiayn.data.bert_tokenizer import BertTokenizer, bert_tokenizer_from_hf
+from aiayn.data.images import PREPROCESSOR_CONFIG, ImagePreprocessor
 from aiayn.data.pretrained_tokenizer import PretrainedTokenizer, pretrained_tokenizer_from_hf
 from aiayn.data.text_tokenizer import TextTokenizer
 from aiayn.errors import UserError
@@ -81,7 +82,7 @@ class HFConversion:
     """
 
     model: nn.Module
-    tokenizer: TextTokenizer | PretrainedTokenizer | BertTokenizer | None
+    tokenizer: TextTokenizer | PretrainedTokenizer | BertTokenizer | ImagePreprocessor | None
     hf_config: dict[str, Any]
     generation: Seq2SeqSpecials | None
     unapplied: list[str]
@@ -114,11 +115,15 @@ def from_hf(source: str | Path) -> HFConversion:
 
 def _tokenizer(
     folder: Path, model_type: str
-) -> TextTokenizer | PretrainedTokenizer | BertTokenizer | None:
-    """The folder's vocabulary: WordPiece for BERT, SentencePiece-based for the encoder–decoders,
-    else a ``tokenizer.json`` / byte-level BPE pair."""
+) -> TextTokenizer | PretrainedTokenizer | BertTokenizer | ImagePreprocessor | None:
+    """The folder's input processing: WordPiece for BERT, SentencePiece-based for the
+    encoder–decoders, the image preprocessing for ViT, else a ``tokenizer.json`` / byte-level
+    BPE pair."""
     if model_type == "bert":
         return bert_tokenizer_from_hf(folder)
+    if model_type == "vit":
+        has = (folder / PREPROCESSOR_CONFIG).is_file()
+        return ImagePreprocessor.from_folder(folder) if has else None
     if model_type in ("t5", "marian"):
         return pretrained_tokenizer_from_hf(folder, model_type)
     return read_hf_tokenizer(folder)

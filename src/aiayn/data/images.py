@@ -144,6 +144,29 @@ class ImagePreprocessor:
         except UserError as exc:
             raise type(exc)(f"{file}: {exc}") from None
 
+    def to_hf(self) -> dict[str, Any]:
+        """The ``preprocessor_config.json`` dict that :meth:`from_hf` reads back to ``self``."""
+        height, width = self.size
+        config: dict[str, Any] = {
+            "image_processor_type": "ViTImageProcessor",
+            "do_resize": self.do_resize,
+            "size": {"height": height, "width": width},
+            "resample": self.resample,
+            "do_rescale": self.do_rescale,
+            "rescale_factor": self.rescale_factor,
+            "do_normalize": self.do_normalize,
+            "image_mean": list(self.image_mean),
+            "image_std": list(self.image_std),
+        }
+        if self.do_convert_rgb is not None:
+            config["do_convert_rgb"] = self.do_convert_rgb
+        return config
+
+    def save(self, folder: str | Path) -> None:
+        """Write ``folder``/``preprocessor_config.json`` (transformers reads it too)."""
+        text = json.dumps(self.to_hf(), indent=2) + "\n"
+        (Path(folder) / PREPROCESSOR_CONFIG).write_text(text, encoding="utf-8")
+
     def convert(self, image: Image.Image) -> Image.Image:
         """The image in the mode the model reads (see ``do_convert_rgb``)."""
         if self.do_convert_rgb is False:

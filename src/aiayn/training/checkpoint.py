@@ -35,6 +35,7 @@ from torch import nn
 from aiayn.config import ModelConfig
 from aiayn.data.bert_tokenizer import MANIFEST as BERT_MANIFEST
 from aiayn.data.bert_tokenizer import BertTokenizer, load_bert_tokenizer
+from aiayn.data.images import PREPROCESSOR_CONFIG, ImagePreprocessor
 from aiayn.data.pretrained_tokenizer import (
     MANIFEST,
     PretrainedTokenizer,
@@ -109,9 +110,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
         )
 
 
-TokenizerSource = Path | PretrainedTokenizer | BertTokenizer
-"""A checkpoint's vocabulary: a tokenizer file (saved as ``tokenizer.json``), or a pretrained
-model's tokenizer, which saves its own files with a manifest."""
+TokenizerSource = Path | PretrainedTokenizer | BertTokenizer | ImagePreprocessor
+"""A checkpoint's input processing: a tokenizer file (saved as ``tokenizer.json``), a pretrained
+model's tokenizer, which saves its own files with a manifest, or a ViT's image preprocessing
+(``preprocessor_config.json``)."""
 
 
 def save_checkpoint(
@@ -313,6 +315,8 @@ def checkpoint_tokenizer(folder: Path) -> TokenizerSource:
         return load_pretrained_tokenizer(folder)
     if (folder / BERT_MANIFEST).is_file():
         return load_bert_tokenizer(folder)
+    if (folder / PREPROCESSOR_CONFIG).is_file():
+        return ImagePreprocessor.from_folder(folder)
     return folder / TOKENIZER_FILE
 
 
@@ -320,8 +324,8 @@ def load_translation_tokenizer(folder: Path) -> TranslationTokenizer:
     """The tokenizer an encoder–decoder checkpoint translates with: the pretrained model's own,
     or aiayn's joint BPE vocabulary (:class:`~aiayn.data.tokenizer.Tokenizer`)."""
     source = checkpoint_tokenizer(folder)
-    if isinstance(source, BertTokenizer):
-        raise UserError(f"{folder} holds BERT's vocabulary: it does not translate")
+    if isinstance(source, (BertTokenizer, ImagePreprocessor)):
+        raise UserError(f"{folder} holds an encoder-only model's inputs: it does not translate")
     return Tokenizer.load(source) if isinstance(source, Path) else source
 
 

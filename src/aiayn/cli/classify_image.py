@@ -1,0 +1,63 @@
+"""``aiayn classify-image``: the top-k labels of images with a ViT classification checkpoint
+(Dosovitskiy et al. 2021), preprocessed as its folder's ``preprocessor_config.json`` says."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``classify-image`` sub-command."""
+    p = subparsers.add_parser(
+        "classify-image",
+        help="the most probable labels of images with a ViT checkpoint",
+        description="For each image, print its path and then the --top-k labels, one line "
+        "each: probability and label (the config's id2label, else the class index).",
+    )
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
+    p.add_argument("--checkpoint", required=True, help="a ViT checkpoint with a classifier")
+    p.add_argument("--top-k", type=int, help="labels per image (5, or every label if fewer)")
+    p.add_argument("--batch-size", type=int, default=16, help="images per batch (16)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Classify every image and print the top labels."""
+    import torch
+
+    from aiayn.data.images import ImagePreprocessor
+    from aiayn.errors import UserError
+    from aiayn.models.vit import ViT
+    from aiayn.training.checkpoint import checkpoint_tokenizer, load_checkpoint
+    from aiayn.training.trainer import resolve_device
+
+    ckpt = load_checkpoint(args.checkpoint, map_location=resolve_device(args.device), expect=ViT)
+    model, config = ckpt.model, ckpt.model.config
+    if config.num_labels < 1:
+        raise UserError(f"{ckpt.path} holds a ViT without a classifier (num_labels = 0)")
+    top_k = min(5, config.num_labels) if args.top_k is None else args.top_k
+    if not 1 <= top_k <= config.num_labels:
+        raise UserError(f"--top-k must be in 1..{config.num_labels}, got {top_k}")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    preprocessor = checkpoint_tokenizer(ckpt.path)
+    if not isinstance(preprocessor, ImagePreprocessor):
+        raise UserError(f"{ckpt.path} has no image preprocessing (preprocessor_config.json)")
+    device = next(model.parameters()).device
+    lines = []
+    for start in range(0, len(args.images), args.batch_size):
+        paths = args.images[start : start + args.batch_size]
+        pixels = preprocessor.preprocess_batch(paths).to(device)  # (B, C, H, W)
+        with torch.no_grad():
+            probs = torch.softmax(model(pixels).logits.float(), dim=-1)  # (B, labels)
+        top = probs.topk(top_k, dim=-1)
+        for path, values, indices in zip(paths, top.values, top.indices, strict=True):
+            lines.append(str(path))
+            for p, i in zip(values.tolist(), indices.tolist(), strict=True):
+                label = config.id2label[i] if config.id2label else str(i)
+                lines.append(f"{p:.4f}\t{label}")
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    return 0
