@@ -1,0 +1,169 @@
+"""Benchmark: encoder-only inference of aiayn against Hugging Face with identical weights.
+
+    python benchmarks/encoders_vs_hf.py [--threads 2] [--rounds 3] [--batches 4]
+
+- BERT-base shape (12 layers, 768 wide, vocabulary 30,522): batches of 32 sentences of random
+  lengths 8–128 tokens, each batch padded to its longest sentence on both sides (the same
+  batches, the same padding: Hugging Face's `padding=True`); sentences/s of the final states.
+- ViT-B/16 shape (224×224 images, patch 16): batches of 8 images; images/s of the logits.
+
+Random weights drawn by transformers, saved with `save_pretrained` and converted by
+`aiayn.convert`, so both sides run identical weights; outputs checked equal (max |difference|
+reported) in the same run. aiayn runs as its commands do on CPU: the model with its linear layers
+packed for oneDNN (`aiayn.decoding.pack_for_inference`, once, not timed). fp32, medians of
+interleaved rounds (min–max). The fraction of the matmul peak counts the model's multiply–adds
+(2 FLOPs each: linear layers and attention products over the padded lengths) per second against
+`torch.mm`'s measured peak in the same run. Writes docs/results/encoders_vs_hf.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import command_line, machine, matmul_peak, spread, time_interleaved, write_report
+from aiayn.convert import from_hf
+from aiayn.decoding import pack_for_inference
+
+GOAL = 1.3
+
+
+def bert_pair(folder: Path) -> tuple[Any, Any]:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    hf = BertModel(BertConfig()).eval()  # bert-base-uncased's shape
+    hf.save_pretrained(folder)
+    return hf, from_hf(folder).model
+
+
+def vit_pair(folder: Path) -> tuple[Any, Any]:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    hf = ViTForImageClassification(ViTConfig(num_labels=1000)).eval()  # ViT-B/16 at 224
+    hf.save_pretrained(folder)
+    return hf, from_hf(folder).model
+
+
+def sentence_batches(n: int, batch: int = 32, vocab: int = 30522) -> list[tuple[Any, Any]]:
+    """``n`` batches of ``batch`` random sentences of 8–128 ids, padded to the longest."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(n):
+        lengths = torch.randint(8, 129, (batch,), generator=g)
+        ids = torch.randint(1000, vocab, (batch, int(lengths.max())), generator=g)
+        mask = torch.arange(ids.size(1))[None, :] < lengths[:, None]  # (B, S)
+        out.append((ids.masked_fill(~mask, 0), mask))
+    return out
+
+
+def bert_flops(batches: list[tuple[Any, Any]], d: int = 768, f: int = 3072, n: int = 12) -> float:
+    """Multiply–adds × 2 of the encoder over the padded batches: per token 4D² + 2DF per layer,
+    plus attention's 2·S·D per token per layer."""
+    total = 0
+    for ids, _ in batches:
+        b, s = ids.shape
+        total += n * b * s * (4 * d * d + 2 * d * f + 2 * s * d)
+    return 2.0 * total
+
+
+def vit_flops(images: int, d: int = 768, f: int = 3072, n: int = 12, s: int = 197) -> float:
+    patch = 196 * 3 * 16 * 16 * d  # the patch projection
+    return 2.0 * images * (patch + n * s * (4 * d * d + 2 * d * f + 2 * s * d))
+
+
+@torch.inference_mode()
+def run_bert(rounds: int, n_batches: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        hf, ours = bert_pair(Path(tmp))
+    packed = pack_for_inference(ours)
+    batches = sentence_batches(n_batches)
+    gap = max(
+        float((hf(input_ids=i, attention_mask=m.long()).last_hidden_state
+               - packed(i, attention_mask=m).hidden)[m].abs().max())
+        for i, m in batches
+    )  # fmt: skip
+    fns = {
+        "hf": lambda: [hf(input_ids=i, attention_mask=m.long()) for i, m in batches],
+        "aiayn": lambda: [packed(i, attention_mask=m) for i, m in batches],
+    }
+    times = time_interleaved(fns, rounds)
+    sentences = 32 * n_batches
+    return {"times": {k: spread(v) for k, v in times.items()}, "sentences": sentences,
+            "flops": bert_flops(batches), "max_abs_difference": gap}  # fmt: skip
+
+
+@torch.inference_mode()
+def run_vit(rounds: int, n_batches: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        hf, ours = vit_pair(Path(tmp))
+    packed = pack_for_inference(ours)
+    g = torch.Generator().manual_seed(2)
+    images = [torch.randn(8, 3, 224, 224, generator=g) for _ in range(n_batches)]
+    gap = max(float((hf(pixel_values=x).logits - packed(x).logits).abs().max()) for x in images)
+    fns = {
+        "hf": lambda: [hf(pixel_values=x) for x in images],
+        "aiayn": lambda: [packed(x) for x in images],
+    }
+    times = time_interleaved(fns, rounds)
+    return {"times": {k: spread(v) for k, v in times.items()}, "images": 8 * n_batches,
+            "flops": vit_flops(8 * n_batches), "max_abs_difference": gap}  # fmt: skip
+
+
+def row(name: str, unit: str, count: int, r: dict[str, Any], peak: float) -> tuple[str, float]:
+    hf, ours = r["times"]["hf"]["median"], r["times"]["aiayn"]["median"]
+    ratio = hf / ours
+    met = "met" if ratio >= GOAL else "**not met**"
+    line = (
+        f"| {name} | {count / ours:.1f} {unit}/s | {count / hf:.1f} {unit}/s | **{ratio:.2f}×** "
+        f"| {r['flops'] / ours / peak:.0%} | {r['flops'] / hf / peak:.0%} | "
+        f"{r['max_abs_difference']:.1e} | ≥ {GOAL}×: {met} |"
+    )
+    return line, ratio
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=2, help="batches per timed call")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0]
+    peak = matmul_peak()
+    bert = run_bert(args.rounds, args.batches)
+    vit = run_vit(args.rounds, args.batches)
+    bert_line, bert_ratio = row("BERT-base, 32 sentences of 8–128 tokens", "sentences",
+                                bert["sentences"], bert, peak)  # fmt: skip
+    vit_line, vit_ratio = row("ViT-B/16, 8 images of 224²", "images", vit["images"], vit, peak)
+    lines = [
+        "# Encoders: aiayn vs Hugging Face (identical weights)",
+        "",
+        f"`{command_line()}`; {args.threads} threads, fp32; torch.mm peak {peak / 1e9:.0f} "
+        f"GFLOP/s; load average (1 min) at start {load:.1f}, at end {os.getloadavg()[0]:.1f}. "
+        "Each batch padded to its longest sentence on both sides. Medians of "
+        f"{args.rounds} interleaved rounds of {args.batches} batches.",
+        "",
+        "| model, batch | aiayn | HF | **aiayn / HF** | aiayn, of matmul peak | HF, of peak "
+        "| max abs difference | goal |",
+        "|---|---|---|---|---|---|---|---|",
+        bert_line,
+        vit_line,
+    ]
+    data = {"machine": machine(), "command": command_line(), "threads": args.threads,
+            "matmul_peak_flops": peak, "bert": bert, "vit": vit,
+            "ratios": {"bert": bert_ratio, "vit": vit_ratio}}  # fmt: skip
+    print("\n".join(lines))
+    write_report("encoders_vs_hf", data, lines)
+
+
+if __name__ == "__main__":
+    main()
