@@ -1,10 +1,20 @@
-"""``aiayn attention``: attention maps of a trained model for one sentence pair.
+"""``aiayn attention``: attention maps of a trained model for one sentence pair, or of a Vision
+Transformer for one image.
 
     aiayn attention --checkpoint DIR --src "The cat sat on the mat." [--tgt "..."] --out DIR
+    aiayn attention --checkpoint VIT_DIR --image cat.png --out DIR
 
-Writes one PNG per (kind, layer, head), e.g. ``encoder_self_L1_H2.png``, an overview PNG per
-kind (``cross_all.png``) and ``attention.html``, a self-contained page to pick the kind, layer
-and head. See :mod:`aiayn.visualization.attention_maps` and :mod:`aiayn.visualization.html_report`.
+For a translation checkpoint: one PNG per (kind, layer, head), e.g. ``encoder_self_L1_H2.png``,
+an overview PNG per kind (``cross_all.png``) and ``attention.html``, a self-contained page to pick
+the kind, layer and head. See :mod:`aiayn.visualization.attention_maps` and
+:mod:`aiayn.visualization.html_report`.
+
+For a ViT checkpoint: the class token's attention over the patches overlaid on the image, one PNG
+per layer and head (``cls_L1_H2.png``), an overview per layer (``cls_L1_all.png``), the attention
+rollout (``rollout.png``) and ``attention.html`` with the top predicted labels. See
+:mod:`aiayn.visualization.image_attention`.
+
+The checkpoint's family decides the input: ``--image`` for a ViT, ``--src`` for the others.
 """
 
 from __future__ import annotations
@@ -18,21 +28,26 @@ def register(subparsers: Any) -> None:
     """Add the ``attention`` sub-command."""
     p = subparsers.add_parser(
         "attention",
-        help="draw every layer's and head's attention for one sentence pair (PNG + HTML)",
+        help="draw every layer's and head's attention for one sentence pair or one image "
+        "(PNG + HTML)",
         description="Attention maps (§3.2.3: encoder self-attention, masked decoder "
         "self-attention, encoder–decoder attention) of a trained model for one sentence pair, "
-        "as PNG heatmaps and one self-contained HTML page.",
+        "as PNG heatmaps and one self-contained HTML page; for a ViT checkpoint and --image, "
+        "the class token's attention over the image patches per layer and head and the "
+        "attention rollout, overlaid on the image.",
     )
     p.add_argument(
         "--checkpoint",
         required=True,
         help="a checkpoint folder, or a run folder (its latest checkpoint)",
     )
-    p.add_argument("--src", required=True, help="the source sentence")
+    given = p.add_mutually_exclusive_group()
+    given.add_argument("--src", default=None, help="the source sentence (translation models)")
+    given.add_argument("--image", default=None, help="an image file (ViT checkpoints)")
     p.add_argument(
         "--tgt",
         default=None,
-        help="the target sentence (default: the model's own greedy translation)",
+        help="the target sentence, with --src (default: the model's own greedy translation)",
     )
     p.add_argument("--out", default="attention_maps", help="output folder (created)")
     p.add_argument("--no-png", action="store_true", help="write only the HTML page")
@@ -40,6 +55,34 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check the arguments against the checkpoint's family and draw its attention."""
+    from aiayn.errors import UserError
+    from aiayn.models.vit import ViT
+    from aiayn.training.checkpoint import read_checkpoint_config
+
+    if not Path(args.checkpoint).exists():
+        raise UserError(f"checkpoint not found: {args.checkpoint}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a folder")
+    folder, family, _, _ = read_checkpoint_config(args.checkpoint)
+    if issubclass(family.model, ViT):
+        if args.src is not None or args.tgt is not None:
+            flag = "--src" if args.src is not None else "--tgt"
+            raise UserError(f"{flag} is for translation models; {folder} holds a ViT: give --image")
+        if args.image is None:
+            raise UserError(f"{folder} holds a ViT: give --image IMAGE")
+        return _run_image(args, out)
+    if args.image is not None:
+        raise UserError(
+            f"--image needs a ViT checkpoint; {folder} holds a {family.name} model: give --src"
+        )
+    if args.src is None:
+        raise UserError(f"{folder} holds a {family.name} model: give --src SENTENCE")
+    return _run_translation(args, out)
+
+
+def _run_translation(args: argparse.Namespace, out: Path) -> int:
     """Load the checkpoint, collect the maps, write the PNGs and the HTML page."""
     from aiayn.data.tokenizer import Tokenizer
     from aiayn.errors import UserError
@@ -51,11 +94,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--src is empty: give a source sentence")
     if args.tgt is not None and not args.tgt.strip():
         raise UserError("--tgt is empty: give a target sentence, or leave --tgt out")
-    if not Path(args.checkpoint).exists():
-        raise UserError(f"checkpoint not found: {args.checkpoint}")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} exists and is not a folder")
 
     checkpoint = load_checkpoint(args.checkpoint)
     tokenizer = Tokenizer.load(checkpoint.tokenizer_path)
@@ -69,6 +107,42 @@ def run(args: argparse.Namespace) -> int:
     )
     layers = f"{len(maps.encoder_self)}+{len(maps.decoder_self)} layers × {maps.num_heads} heads"
     if pngs:
+        print(f"wrote {len(pngs)} PNG files ({layers}) to {out}/")
+    print(f"wrote {page}")
+    return 0
+
+
+def _run_image(args: argparse.Namespace, out: Path) -> int:
+    """Load the ViT and its preprocessing, draw the class token's attention and the rollout."""
+    from aiayn.data.images import ImagePreprocessor
+    from aiayn.errors import UserError
+    from aiayn.models.vit import ViT
+    from aiayn.training.checkpoint import checkpoint_tokenizer, load_checkpoint
+    from aiayn.visualization.image_attention import (
+        collect_image_attention,
+        draw_overlays,
+        write_image_attention_html,
+        write_image_attention_pngs,
+    )
+
+    checkpoint = load_checkpoint(args.checkpoint, expect=ViT)
+    preprocessor = checkpoint_tokenizer(checkpoint.path)
+    if not isinstance(preprocessor, ImagePreprocessor):
+        raise UserError(f"{checkpoint.path} has no image preprocessing (preprocessor_config.json)")
+    attention = collect_image_attention(checkpoint.model, preprocessor, args.image)
+    (height, width), (g_h, g_w) = attention.input_size, attention.grid
+    p = attention.patch_size
+    print(f"image: {args.image} ({attention.image.width}×{attention.image.height} pixels)")
+    print(f"read as {width}×{height} pixels: a {g_h}×{g_w} grid of {p}×{p} patches")
+    for label, probability in attention.predictions():
+        print(f"{probability:.4f}\t{label}")
+    overlays = draw_overlays(attention)
+    pngs = [] if args.no_png else write_image_attention_pngs(attention, out, overlays)
+    page = write_image_attention_html(
+        attention, out / "attention.html", overlays, title=f"Attention maps: {attention.name}"
+    )
+    if pngs:
+        layers = f"{attention.num_layers} layers × {attention.num_heads} heads, rollout"
         print(f"wrote {len(pngs)} PNG files ({layers}) to {out}/")
     print(f"wrote {page}")
     return 0

@@ -1,0 +1,626 @@
+"""Where a Vision Transformer looks in one image (``aiayn attention --image``).
+
+:func:`collect_image_attention` reads an image file as the checkpoint's preprocessing says, runs
+the :class:`~aiayn.models.vit.ViT` once and keeps the attention weights it *returns*
+(``need_weights=True``): per layer, (n, T, T) with T = 1 + N positions, the class token first,
+then the N = g_h·g_w patches in row-major order (the patch embedder's ``flatten``). Two pure
+computations turn them into pictures of the patch grid:
+
+- :func:`cls_attention`: the class token's attention over the patches in one layer, per head:
+  row 0 (the [CLS] query), columns 1..N (patch keys), reshaped to the (g_h, g_w) grid. The
+  class token's final state is what the classifier reads, so these are the patches it gathers
+  from directly, layer by layer.
+- :func:`attention_rollout` (Abnar & Zuidema 2020, "Quantifying Attention Flow in
+  Transformers", §3): how much of each input position flows into each position at the top,
+  through every layer. Each layer's heads are averaged, the residual connection is modelled by
+  adding the identity, rows are renormalised (Â = (A + I) / 2, still a row-stochastic matrix),
+  and the layers are chained: R = Â_L · … · Â_2 · Â_1. Row 0 of R over the patch columns is
+  the class token's rolled-out attention (:func:`rollout_cls_map`).
+
+Drawing is separate: :func:`overlay_heatmap` upsamples a (g_h, g_w) map bilinearly to the
+image and blends it in as a translucent colour map (each map scaled to its own maximum: the
+weights over many patches are small); :func:`write_image_attention_pngs` writes
+``cls_L{layer}_H{head}.png`` per layer and head, ``cls_L{layer}_all.png`` (every head of a
+layer on one sheet) and ``rollout.png``; :func:`write_image_attention_html` writes one
+self-contained page (images as base64 data URIs) to pick the layer and head, with the rollout
+and the classifier's top labels.
+
+The image is drawn as the model reads it (resized as its preprocessing says), enlarged by a
+whole factor so that its longer side has at least :data:`DISPLAY_MIN_SIDE` pixels. Pixels of
+a border narrower than a patch are not seen by the model (the strided patch projection skips
+them): they are drawn without a heatmap.
+
+Shape legend:
+    n  heads      L  layers      T = 1 + N positions (class token, then N patches)
+    g_h, g_w  the patch grid     K  labels
+    H, W  image height and width as the model reads it      H', W'  as drawn
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor
+
+from aiayn.data.images import ImagePreprocessor, open_image
+from aiayn.errors import UserError
+from aiayn.models.vit import ViT
+
+__all__ = [
+    "DISPLAY_MIN_SIDE",
+    "ImageAttention",
+    "Overlays",
+    "attention_rollout",
+    "cls_attention",
+    "collect_image_attention",
+    "draw_overlays",
+    "image_attention_html",
+    "image_attention_pngs",
+    "layer_overview",
+    "overlay_heatmap",
+    "overview_tile_box",
+    "page_data",
+    "rollout_cls_map",
+    "top_predictions",
+    "write_image_attention_html",
+    "write_image_attention_pngs",
+]
+
+DISPLAY_MIN_SIDE = 224
+"""The drawings enlarge the model's input by a whole factor to at least this longer side."""
+
+CLASS_TOKEN = 0
+"""The class token's position in the sequence (eq. 1 of Dosovitskiy et al.: prepended)."""
+
+TOP_K = 5
+"""Labels listed on the page."""
+
+_COLOUR_MAP = "turbo"
+_ALPHA = 0.5  # the heatmap's share of each covered pixel
+_PAGE_FORMAT = ("JPEG", "image/jpeg")  # the page's images: a few KB each (the PNG files stay)
+
+
+# -- pure computations ---------------------------------------------------------------------------
+
+
+def cls_attention(weights: Tensor, grid: tuple[int, int]) -> Tensor:
+    """The class token's attention over the patches, per head, on the patch grid.
+
+    Args:
+        weights: one layer's (n, T, T) attention weights (rows: queries, columns: keys),
+            T = 1 + g_h·g_w, the class token at position 0.
+        grid: (g_h, g_w).
+
+    Returns:
+        (n, g_h, g_w): ``weights[h, 0, 1 + i·g_w + j]`` at ``[h, i, j]``. The values of a head
+        sum to 1 minus the class token's attention to itself.
+    """
+    g_h, g_w = grid
+    heads, rows, cols = weights.shape
+    if rows != cols or cols != 1 + g_h * g_w:
+        raise ValueError(f"weights {tuple(weights.shape)} do not fit a {g_h}×{g_w} patch grid")
+    patches = weights[:, CLASS_TOKEN, 1:]  # (n, T, T) -> (n, N): the [CLS] row, patch columns
+    return patches.reshape(heads, g_h, g_w)  # (n, N) -> (n, g_h, g_w), row-major as embedded
+
+
+def attention_rollout(layers: Sequence[Tensor]) -> Tensor:
+    """Attention rollout (Abnar & Zuidema 2020) through the layers, first to last.
+
+    Each layer's (n, T, T) weights -> the head mean A (T, T) -> Â = (A + I) renormalised per
+    row (the residual stream: half the flow stays in place, as the rows of A sum to 1) ->
+    R = Â_L · … · Â_1, accumulated from the first layer up (R_1 = Â_1, R_l = Â_l · R_{l−1}).
+    Computed in float64, returned as float32.
+
+    Args:
+        layers: L × (n, T, T) attention weights, the first layer first.
+
+    Returns:
+        (T, T) R: row t is how much of each input position (column) reaches position t after
+        the last layer; every row sums to 1.
+    """
+    if not layers:
+        raise ValueError("attention rollout needs at least one layer")
+    rollout: Tensor | None = None
+    for weights in layers:  # (n, T, T)
+        mean = weights.double().mean(dim=0)  # (n, T, T) -> (T, T), heads averaged
+        with_residual = mean + torch.eye(mean.size(-1), dtype=mean.dtype)  # (T, T)
+        normalised = with_residual / with_residual.sum(dim=-1, keepdim=True)  # rows sum to 1
+        rollout = normalised if rollout is None else normalised @ rollout  # (T, T) @ (T, T)
+    assert rollout is not None
+    return rollout.float()
+
+
+def rollout_cls_map(rollout: Tensor, grid: tuple[int, int]) -> Tensor:
+    """Row 0 (the class token) of a (T, T) rollout over the patch columns -> (g_h, g_w)."""
+    return cls_attention(rollout[None], grid)[0]  # (1, T, T) -> (1, g_h, g_w) -> (g_h, g_w)
+
+
+def top_predictions(
+    probabilities: Tensor, names: Sequence[str], k: int = TOP_K
+) -> list[tuple[str, float]]:
+    """The ``k`` most probable labels of (K,) ``probabilities`` (at most K), most probable
+    first, as (name, probability); a label without a name is its class index."""
+    top = probabilities.topk(min(k, probabilities.numel()))
+    return [
+        (names[i] if names else str(i), float(p))
+        for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+    ]
+
+
+# -- the model's attention on one image ----------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class ImageAttention:
+    """A ViT's attention weights and prediction for one image.
+
+    Attributes:
+        name: the image file's name (for titles).
+        image: the image, upright, in RGB, at its stored size (drawn resized to the input size).
+        input_size: (H, W), the pixels the model read (after the preprocessing's resize).
+        patch_size: P.
+        grid: (g_h, g_w) = (H // P, W // P).
+        weights: L × (n, T, T) attention weights, the first layer first.
+        probabilities: (K,) the classifier's softmax, or None for a ViT without one.
+        label_names: the K labels' names (the config's id2label), or () for class indices.
+    """
+
+    name: str
+    image: Image.Image
+    input_size: tuple[int, int]
+    patch_size: int
+    grid: tuple[int, int]
+    weights: list[Tensor]
+    probabilities: Tensor | None
+    label_names: tuple[str, ...]
+
+    @property
+    def num_layers(self) -> int:
+        """L."""
+        return len(self.weights)
+
+    @property
+    def num_heads(self) -> int:
+        """n, the heads of every layer."""
+        return int(self.weights[0].shape[0])
+
+    def cls_maps(self) -> list[Tensor]:
+        """L × (n, g_h, g_w): :func:`cls_attention` of every layer."""
+        return [cls_attention(w, self.grid) for w in self.weights]
+
+    def rollout(self) -> Tensor:
+        """(T, T): :func:`attention_rollout` of all the layers."""
+        return attention_rollout(self.weights)
+
+    def rollout_map(self) -> Tensor:
+        """(g_h, g_w): the class token's row of the rollout over the patches."""
+        return rollout_cls_map(self.rollout(), self.grid)
+
+    def predictions(self, k: int = TOP_K) -> list[tuple[str, float]]:
+        """The top ``k`` (label, probability); [] without a classifier."""
+        if self.probabilities is None:
+            return []
+        return top_predictions(self.probabilities, self.label_names, k)
+
+
+@torch.no_grad()
+def collect_image_attention(
+    model: ViT, preprocessor: ImagePreprocessor, path: str | Path
+) -> ImageAttention:
+    """Read the image at ``path`` as ``preprocessor`` says, run ``model`` once (in eval mode,
+    its mode restored afterwards) and keep every layer's attention and the class probabilities.
+
+    Raises:
+        UserError: naming the file, when it is not a readable image, cannot be preprocessed, has
+            other channels than the model takes, or is smaller than one patch.
+    """
+    image = open_image(path)
+    try:
+        pixels = preprocessor.preprocess(image)  # (C, H, W)
+    except (OSError, ValueError) as exc:  # UserError is a ValueError
+        raise UserError(f"{path}: cannot preprocess the image ({exc})") from None
+    config = model.config
+    channels, height, width = pixels.shape
+    if channels != config.num_channels:
+        raise UserError(
+            f"{path}: the image is read with {channels} channels; the model takes "
+            f"{config.num_channels}"
+        )
+    p = config.patch_size
+    if height < p or width < p:
+        raise UserError(
+            f"{path}: the model reads it as {width}×{height} pixels, smaller than one {p}×{p} patch"
+        )
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        out = model(pixels[None].to(device), need_weights=True)  # (1, C, H, W)
+    finally:
+        model.train(was_training)
+    assert out.weights is not None
+    probabilities = None
+    if out.logits is not None:
+        probabilities = torch.softmax(out.logits[0].float(), dim=-1).cpu()  # (K,)
+    display = preprocessor.convert(image).convert("RGB")
+    return ImageAttention(
+        name=Path(path).name,
+        image=display,
+        input_size=(height, width),
+        patch_size=p,
+        grid=(height // p, width // p),
+        weights=[w[0].float().cpu() for w in out.weights],  # L × (n, T, T)
+        probabilities=probabilities,
+        label_names=tuple(config.id2label),
+    )
+
+
+# -- drawing -------------------------------------------------------------------------------------
+
+
+def overlay_heatmap(
+    image: Image.Image,
+    heat: Tensor,
+    covered: tuple[int, int],
+    *,
+    alpha: float = _ALPHA,
+    colour_map: str = _COLOUR_MAP,
+) -> Image.Image:
+    """Blend a (g_h, g_w) map into ``image`` as a translucent colour map.
+
+    The map is scaled to its own maximum (0 -> the colour map's low end, the maximum -> its
+    high end), upsampled bilinearly to ``covered`` = (height, width) pixels from the top left
+    corner (the part of the image the patch grid covers) and mixed in with weight ``alpha``;
+    pixels outside that part are left as they are. Returns a new RGB image of ``image``'s size.
+    """
+    from matplotlib import colormaps
+
+    width, height = image.size
+    heat = heat.detach().double()
+    peak = float(heat.max()) if heat.numel() else 0.0
+    scaled = heat / peak if peak > 0 else torch.zeros_like(heat)  # (g_h, g_w) in [0, 1]
+    upsampled = F.interpolate(scaled[None, None], size=covered, mode="bilinear")[0, 0]  # (h, w)
+    colours = colormaps[colour_map](upsampled.clamp(0, 1).numpy())[..., :3]  # (h, w, 3)
+    base = np.asarray(image.convert("RGB"), dtype=np.float64) / 255.0  # (H', W', 3)
+    ch, cw = covered
+    mixed = base.copy()
+    mixed[:ch, :cw] = (1 - alpha) * base[:ch, :cw] + alpha * colours
+    pixels = np.clip(np.round(mixed * 255.0), 0, 255).astype(np.uint8)
+    assert pixels.shape == (height, width, 3)
+    return Image.fromarray(pixels, "RGB")
+
+
+@dataclass(frozen=True)
+class Overlays:
+    """The pictures of an :class:`ImageAttention`, all of one size (W', H').
+
+    Attributes:
+        input: the image as the model reads it, enlarged.
+        heads: L × n overlays of :meth:`ImageAttention.cls_maps`.
+        rollout: the overlay of :meth:`ImageAttention.rollout_map`.
+        covered: (height, width) of the part of the drawing the patch grid covers.
+    """
+
+    input: Image.Image
+    heads: list[list[Image.Image]]
+    rollout: Image.Image
+    covered: tuple[int, int]
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(W', H'), as PIL gives sizes."""
+        return self.input.size
+
+
+def draw_overlays(attention: ImageAttention, *, min_side: int = DISPLAY_MIN_SIDE) -> Overlays:
+    """Every overlay of ``attention``: the input resized to (H, W) × s, s the smallest whole
+    factor with a longer side of at least ``min_side`` pixels (1 for a large enough input)."""
+    height, width = attention.input_size
+    scale = max(1, math.ceil(min_side / max(height, width)))
+    size = (width * scale, height * scale)  # (W', H')
+    shown = attention.image.resize(size, resample=Image.Resampling.BICUBIC)
+    g_h, g_w = attention.grid
+    covered = (g_h * attention.patch_size * scale, g_w * attention.patch_size * scale)
+    heads = [
+        [overlay_heatmap(shown, head, covered) for head in layer]  # layer: (n, g_h, g_w)
+        for layer in attention.cls_maps()
+    ]
+    rollout = overlay_heatmap(shown, attention.rollout_map(), covered)
+    return Overlays(shown, heads, rollout, covered)
+
+
+def image_attention_pngs(attention: ImageAttention) -> list[str]:
+    """The names :func:`write_image_attention_pngs` writes, in order."""
+    names = []
+    for layer in range(1, attention.num_layers + 1):
+        names += [f"cls_L{layer}_H{head}.png" for head in range(1, attention.num_heads + 1)]
+        names.append(f"cls_L{layer}_all.png")
+    return [*names, "rollout.png"]
+
+
+_GAP, _LABEL, _TITLE = 8, 20, 28  # pixels around the tiles of an overview, above each, on top
+
+
+def overview_tile_box(index: int, heads: int, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """Where head ``index`` (from 0) of ``heads`` lies in a layer overview of (W', H') tiles:
+    (left, top, right, bottom) pixels. At most four heads a row, each labelled above."""
+    cols = min(4, heads)
+    row, col = divmod(index, cols)
+    width, height = size
+    left = _GAP + col * (width + _GAP)
+    top = _TITLE + row * (_LABEL + height + _GAP) + _LABEL
+    return left, top, left + width, top + height
+
+
+def layer_overview(overlays: Overlays, layer: int, title: str) -> Image.Image:
+    """Every head's overlay of one layer (counted from 1) on one sheet, full size, labelled."""
+    from PIL import ImageDraw, ImageFont
+
+    heads = overlays.heads[layer - 1]
+    cols, rows = min(4, len(heads)), math.ceil(len(heads) / min(4, len(heads)))
+    width, height = overlays.size
+    sheet = Image.new(
+        "RGB", (_GAP + cols * (width + _GAP), _TITLE + rows * (_LABEL + height + _GAP)), "white"
+    )
+    draw = ImageDraw.Draw(sheet)
+    try:
+        font: ImageFont.FreeTypeFont | ImageFont.ImageFont = ImageFont.load_default(size=14)
+    except (TypeError, ImportError):  # Pillow < 10.1, or without FreeType: the bitmap font
+        font = ImageFont.load_default()
+    draw.text((_GAP, 6), title, fill=(34, 34, 34), font=font)
+    for index, image in enumerate(heads):
+        left, top, _, _ = overview_tile_box(index, len(heads), overlays.size)
+        draw.text((left, top - _LABEL + 2), f"head {index + 1}", fill=(34, 34, 34), font=font)
+        sheet.paste(image, (left, top))
+    return sheet
+
+
+def write_image_attention_pngs(
+    attention: ImageAttention, out_dir: Path, overlays: Overlays | None = None
+) -> list[Path]:
+    """Write :func:`image_attention_pngs` into ``out_dir`` (created); returns the files.
+
+    ``cls_L{l}_H{h}.png`` and ``rollout.png`` are the overlays themselves (W' × H' pixels);
+    ``cls_L{l}_all.png`` is :func:`layer_overview`: layer l's heads side by side.
+    """
+    overlays = draw_overlays(attention) if overlays is None else overlays
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for layer, images in enumerate(overlays.heads, start=1):
+        for head, image in enumerate(images, start=1):
+            path = out_dir / f"cls_L{layer}_H{head}.png"
+            image.save(path, format="PNG")
+            written.append(path)
+        path = out_dir / f"cls_L{layer}_all.png"
+        title = f"{attention.name}: class-token attention, layer {layer}"
+        layer_overview(overlays, layer, title).save(path, format="PNG")
+        written.append(path)
+    path = out_dir / "rollout.png"
+    overlays.rollout.save(path, format="PNG")
+    return [*written, path]
+
+
+# -- the page ------------------------------------------------------------------------------------
+
+
+def _data_uri(image: Image.Image) -> str:
+    """``image`` as a base64 data URI in the page's format."""
+    fmt, mime = _PAGE_FORMAT
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, quality=88)
+    return f"data:{mime};base64,{base64.b64encode(buffer.getvalue()).decode('ascii')}"
+
+
+def _script_json(data: dict[str, Any]) -> str:
+    """JSON that is safe inside a ``<script>`` element (no ``</script>`` or ``<!--``)."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _rounded(values: Tensor) -> Any:
+    """A tensor as nested lists of floats rounded to 5 decimals."""
+    return np.round(values.double().numpy(), 5).tolist()
+
+
+def page_data(attention: ImageAttention, overlays: Overlays) -> dict[str, Any]:
+    """The JSON-ready content of the page: the images as data URIs and the numbers drawn.
+
+    ``layers`` is L × n data URIs, ``maps`` L × n × g_h × g_w class-token weights,
+    ``rollout_map`` g_h × g_w; ``covered`` and ``size`` are in drawn pixels.
+    """
+    width, height = overlays.size
+    return {
+        "name": attention.name,
+        "grid": list(attention.grid),
+        "size": [height, width],
+        "covered": list(overlays.covered),
+        "input": _data_uri(overlays.input),
+        "layers": [[_data_uri(image) for image in layer] for layer in overlays.heads],
+        "maps": [_rounded(m) for m in attention.cls_maps()],
+        "rollout": _data_uri(overlays.rollout),
+        "rollout_map": _rounded(attention.rollout_map()),
+        "predictions": [
+            {"label": label, "probability": round(p, 6)} for label, p in attention.predictions()
+        ],
+    }
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.3em; margin-bottom: 0.2em; }
+.controls { margin: 1em 0; display: flex; gap: 1.2em; align-items: center; flex-wrap: wrap; }
+.controls label { font-weight: 600; }
+.panels { display: flex; gap: 1.2em; flex-wrap: wrap; align-items: flex-start; }
+figure { margin: 0; }
+figcaption { font-size: 0.9em; color: #444; margin-top: 0.3em; max-width: 26em; }
+#readout { min-height: 1.4em; font-family: ui-monospace, monospace; margin: 0.6em 0; }
+table.predictions { border-collapse: collapse; margin: 0.5em 0; }
+table.predictions td { padding: 0.15em 0.8em 0.15em 0; }
+table.predictions td.p { font-family: ui-monospace, monospace; text-align: right; }
+.bar { display: inline-block; height: 0.7em; background: #3b6fb6; }
+.note { color: #555; font-size: 0.9em; max-width: 60em; }
+"""
+
+_SCRIPT = r"""
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("image-attention-data").textContent);
+  var layerSelect = document.getElementById("layer");
+  var headSelect = document.getElementById("head");
+  var overlay = document.getElementById("overlay");
+  var caption = document.getElementById("overlay-caption");
+  var readout = document.getElementById("readout");
+
+  function fill(select, count, label, chosen) {
+    for (var i = 0; i < count; i++) {
+      var option = document.createElement("option");
+      option.value = String(i);
+      option.textContent = label + " " + (i + 1);
+      select.appendChild(option);
+    }
+    select.selectedIndex = chosen;
+  }
+
+  function draw() {
+    var l = layerSelect.selectedIndex, h = headSelect.selectedIndex;
+    overlay.src = data.layers[l][h];
+    caption.textContent = "class-token attention, layer " + (l + 1) + ", head " + (h + 1);
+    readout.textContent = "hover over an image to read a patch's weight";
+  }
+
+  function patchAt(img, event) {  // (row, column) of the patch under the mouse, or null
+    var box = img.getBoundingClientRect();
+    var y = (event.clientY - box.top) / box.height * data.size[0];
+    var x = (event.clientX - box.left) / box.width * data.size[1];
+    if (y < 0 || x < 0 || y >= data.covered[0] || x >= data.covered[1]) { return null; }
+    return [Math.floor(y / data.covered[0] * data.grid[0]),
+            Math.floor(x / data.covered[1] * data.grid[1])];
+  }
+
+  function hover(img, matrix, what) {
+    img.addEventListener("mousemove", function (event) {
+      var at = patchAt(img, event);
+      if (!at) { readout.textContent = what() + ": outside the patch grid (not seen)"; return; }
+      readout.textContent = what() + ", patch (row " + (at[0] + 1) + ", column " +
+        (at[1] + 1) + "): " + matrix()[at[0]][at[1]].toFixed(5);
+    });
+  }
+
+  fill(layerSelect, data.layers.length, "layer", data.layers.length - 1);
+  fill(headSelect, data.layers[0].length, "head", 0);
+  layerSelect.addEventListener("change", draw);
+  headSelect.addEventListener("change", draw);
+  hover(overlay, function () {
+    return data.maps[layerSelect.selectedIndex][headSelect.selectedIndex];
+  }, function () { return caption.textContent; });
+  hover(document.getElementById("rollout"), function () { return data.rollout_map; },
+        function () { return "attention rollout"; });
+  draw();
+
+  window.aiaynImageAttention = {
+    draw: draw,
+    state: function () {
+      return { layer: layerSelect.selectedIndex + 1, head: headSelect.selectedIndex + 1 };
+    },
+    select: function (layer, head) {
+      layerSelect.selectedIndex = layer - 1;
+      headSelect.selectedIndex = head - 1;
+      draw();
+    },
+    source: function () { return overlay.src; },
+    matrix: function () {
+      return data.maps[layerSelect.selectedIndex][headSelect.selectedIndex];
+    }
+  };
+})();
+"""
+
+
+def _predictions_html(attention: ImageAttention) -> str:
+    predictions = attention.predictions()
+    if not predictions:
+        return "<p>This model has no classifier (num_labels = 0): no predictions.</p>"
+    rows = "\n".join(
+        f'<tr><td class="p">{p:.4f}</td><td><span class="bar" style="width: {p * 12:.2f}em">'
+        f"</span></td><td>{html.escape(label)}</td></tr>"
+        for label, p in predictions
+    )
+    return f'<table class="predictions">\n{rows}\n</table>'
+
+
+def image_attention_html(
+    attention: ImageAttention,
+    overlays: Overlays | None = None,
+    *,
+    title: str = "Attention maps",
+) -> str:
+    """The complete page as a string: inline data, script and style, images as data URIs."""
+    overlays = draw_overlays(attention) if overlays is None else overlays
+    data = page_data(attention, overlays)
+    (height, width), (g_h, g_w) = attention.input_size, attention.grid
+    p = attention.patch_size
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)}</title>
+<style>{_STYLE}</style>
+</head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p>{html.escape(attention.name)}: read as {width}×{height} pixels, a {g_h}×{g_w} grid of
+{p}×{p} patches; {attention.num_layers} layers × {attention.num_heads} heads.</p>
+<div class="controls">
+  <span><label for="layer">Layer</label> <select id="layer"></select></span>
+  <span><label for="head">Head</label> <select id="head"></select></span>
+</div>
+<div class="panels">
+  <figure><img id="input" src="{data["input"]}" alt="the image as the model reads it">
+    <figcaption>the image as the model reads it</figcaption></figure>
+  <figure><img id="overlay" alt="class-token attention of the selected layer and head">
+    <figcaption id="overlay-caption"></figcaption></figure>
+  <figure><img id="rollout" src="{data["rollout"]}" alt="attention rollout">
+    <figcaption>attention rollout (Abnar &amp; Zuidema 2020): the class token's attention
+    through every layer, heads averaged, the residual stream counted</figcaption></figure>
+</div>
+<div id="readout"></div>
+<h2>Predicted labels</h2>
+{_predictions_html(attention)}
+<p class="note">Each overlay is one layer's and head's attention of the class token
+([CLS], whose final state the classifier reads) over the image patches: the softmax row of the
+[CLS] query without its own column, upsampled bilinearly to the image and scaled to its own
+maximum (dark blue: none, dark red: the most). A border narrower than a patch is not seen by
+the model and has no colour. The rollout multiplies the layers' head-averaged attention
+matrices, each with the identity added and its rows renormalised, from the first layer to the
+last.</p>
+<script type="application/json" id="image-attention-data">{_script_json(data)}</script>
+<script>{_SCRIPT}</script>
+</body>
+</html>
+"""
+
+
+def write_image_attention_html(
+    attention: ImageAttention,
+    path: Path,
+    overlays: Overlays | None = None,
+    *,
+    title: str = "Attention maps",
+) -> Path:
+    """Write :func:`image_attention_html` to ``path`` (parent folders are created)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(image_attention_html(attention, overlays, title=title), encoding="utf-8")
+    return path
