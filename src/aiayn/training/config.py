@@ -8,11 +8,15 @@ A YAML file has the three sections plus ``run_dir``::
     train: {max_tokens: 4096, warmup_steps: 4000, lr_scale: 2.0}
 
 ``model.family`` picks the model family and with it the task: ``transformer`` (the default: the
-paper's encoder–decoder, translation, :class:`DataConfig`) or ``gpt2`` (a decoder-only language
-model, :class:`LMDataConfig`)::
+paper's encoder–decoder, translation, :class:`DataConfig`), ``gpt2`` (a decoder-only language
+model, :class:`LMDataConfig`) or ``vit`` (a Vision Transformer classifying images,
+:class:`ImageDataConfig`)::
 
     model: {family: gpt2, preset: gpt2-tiny, d_model: 128}
     data:  {train_text: book.txt, block_size: 128, vocab_size: 8000}
+
+    model: {family: vit, preset: vit-tiny-digits}
+    data:  {dataset: digits, valid_size: 180, test_size: 180, shift: 1}
 
 ``--set train.max_steps=100`` overrides one key (the value is parsed as YAML). Unknown keys, keys
 of the other family's data section and wrong types are errors naming the key.
@@ -31,6 +35,7 @@ import yaml
 from aiayn.config import ModelConfig, TransformerConfig, check_field_types, preset
 from aiayn.errors import ConfigError, UserError
 from aiayn.models.gpt2 import GPT2Config, gpt2_preset
+from aiayn.models.vit import ViTConfig, vit_preset
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,47 @@ class LMDataConfig:
             raise ConfigError(f"data.demo_side must be en, de or both, got {self.demo_side!r}")
 
 
+IMAGE_DATASETS = ("digits",)
+"""The image data sets family ``vit`` trains on."""
+
+
+@dataclass(frozen=True)
+class ImageDataConfig:
+    """The images an image classifier (family ``vit``) learns from (see
+    :mod:`aiayn.data.digits`): one target per image, so ``train.max_tokens`` is the number of
+    images in a batch.
+
+    Attributes:
+        dataset: "digits": scikit-learn's 8×8 grayscale handwritten digits (1,797 images, ten
+            classes 0–9, values 0–16; shipped with scikit-learn, no download). The model must
+            match it: ``image_size`` 8, ``num_channels`` 1, ``num_labels`` 10.
+        valid_size: images held out for validation (every class in its share).
+        test_size: images held out for the test at the end of training (0 = none).
+        split_seed: seeds the split; apart from ``train.seed``, so that runs with different
+            training seeds share their validation and test images.
+        shift: augmentation: each training image moves by a random whole number of pixels in
+            [−shift, shift] along each axis (0 = none).
+    """
+
+    dataset: str = "digits"
+    valid_size: int = 180
+    test_size: int = 180
+    split_seed: int = 0
+    shift: int = 0
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        if self.dataset not in IMAGE_DATASETS:
+            raise ConfigError(
+                f"data.dataset must be one of {', '.join(IMAGE_DATASETS)}, got {self.dataset!r}"
+            )
+        if self.valid_size < 1:
+            raise ConfigError(f"data.valid_size must be >= 1, got {self.valid_size}")
+        for name in ("test_size", "shift"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"data.{name} must be >= 0, got {getattr(self, name)}")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation and bookkeeping (§5.2–5.4).
@@ -158,8 +204,9 @@ class TrainConfig:
             next step instead of returning it to the OS (faster; the process keeps its peak
             memory). See :func:`aiayn.training.performance.keep_freed_memory`.
         label_smoothing: ε_ls of the loss; None = the task's default: 0.1 for translation
-            (§5.4), 0 (plain next-token cross-entropy) for a language model. A training
-            setting, so it is not part of the model config (nor of its checkpoints' config).
+            (§5.4), 0 (plain cross-entropy) for a language model and an image classifier. A
+            training setting, so it is not part of the model config (nor of its checkpoints'
+            config).
     """
 
     max_tokens: int = 4096
@@ -219,7 +266,7 @@ class TrainConfig:
             )
 
 
-TrainableConfig = TransformerConfig | GPT2Config
+TrainableConfig = TransformerConfig | GPT2Config | ViTConfig
 """The config of a model family ``aiayn train`` can train."""
 
 
@@ -236,13 +283,14 @@ class Trainable:
 
     preset: Callable[..., ModelConfig]
     default_preset: str
-    data: type[DataConfig] | type[LMDataConfig]
+    data: type[DataConfig] | type[LMDataConfig] | type[ImageDataConfig]
     task: str
 
 
 TRAINABLE: dict[str, Trainable] = {
     "transformer": Trainable(preset, "small", DataConfig, "translation"),
     "gpt2": Trainable(gpt2_preset, "gpt2-tiny", LMDataConfig, "language model"),
+    "vit": Trainable(vit_preset, "vit-tiny-digits", ImageDataConfig, "image classification"),
 }
 """``model.family`` -> what training it needs."""
 
@@ -255,7 +303,8 @@ class RunConfig:
         run_dir: where checkpoints, metrics and plots go.
         model_preset: the preset the model section started from ("" with ``init_from``).
         model: the model's config; its class is the family (:attr:`family`).
-        data: the family's data section (:class:`DataConfig` or :class:`LMDataConfig`).
+        data: the family's data section (:class:`DataConfig`, :class:`LMDataConfig` or
+            :class:`ImageDataConfig`).
         train: optimisation and bookkeeping.
         init_from: (family gpt2) a checkpoint folder whose weights, architecture and tokenizer
             the run starts from (fine-tuning, e.g. a GPT-2 converted by ``aiayn convert``).
@@ -264,7 +313,7 @@ class RunConfig:
     run_dir: str = "runs/demo"
     model_preset: str = "small"
     model: TrainableConfig = field(default_factory=lambda: preset("small"))
-    data: DataConfig | LMDataConfig = field(default_factory=DataConfig)
+    data: DataConfig | LMDataConfig | ImageDataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     init_from: str | None = None
 
@@ -272,7 +321,7 @@ class RunConfig:
         want = TRAINABLE[self.family].data
         if not isinstance(self.data, want):
             raise ConfigError(f"a {self.family} model needs a {want.__name__} data section")
-        if isinstance(self.model, TransformerConfig):
+        if not isinstance(self.model, GPT2Config):
             if self.init_from is not None:
                 raise ConfigError("model.init_from is supported for family gpt2 only")
         elif isinstance(self.data, LMDataConfig) and self.data.block_size > self.model.max_len:
@@ -280,10 +329,14 @@ class RunConfig:
                 f"data.block_size={self.data.block_size} exceeds the model's "
                 f"max_len={self.model.max_len} positions"
             )
+        if isinstance(self.model, ViTConfig):
+            _check_image_model(self.model)
 
     @property
     def family(self) -> str:
-        """The model family: ``transformer`` or ``gpt2``."""
+        """The model family: ``transformer``, ``gpt2`` or ``vit``."""
+        if isinstance(self.model, ViTConfig):
+            return "vit"
         return "gpt2" if isinstance(self.model, GPT2Config) else "transformer"
 
     def to_dict(self) -> dict[str, Any]:
@@ -301,6 +354,24 @@ class RunConfig:
         base = TRAINABLE[self.family].preset(self.model_preset)
         head = {} if self.family == "transformer" else {"family": self.family}
         return {**head, "preset": self.model_preset, **_diff(self.model, base)}
+
+
+def _check_image_model(model: ViTConfig) -> None:
+    """The model fits the digits (the one image data set): 8×8 pixels, 1 channel, 10 labels."""
+    from aiayn.data.digits import DIGITS_CHANNELS, DIGITS_IMAGE_SIZE, DIGITS_LABELS
+
+    wanted = {
+        "image_size": DIGITS_IMAGE_SIZE,
+        "num_channels": DIGITS_CHANNELS,
+        "num_labels": len(DIGITS_LABELS),
+    }
+    for name, value in wanted.items():
+        if getattr(model, name) != value:
+            raise ConfigError(
+                f"model.{name}={getattr(model, name)} does not fit the digits data set "
+                f"({DIGITS_IMAGE_SIZE}x{DIGITS_IMAGE_SIZE} pixels, {DIGITS_CHANNELS} channel, "
+                f"{len(DIGITS_LABELS)} labels): set model.{name}={value}"
+            )
 
 
 def _diff(config: ModelConfig, base: ModelConfig) -> dict[str, Any]:
@@ -378,11 +449,16 @@ def _data_section(family: str, values: Mapping[str, Any] | None) -> Any:
         misplaced = sorted(unknown & {f.name for f in dataclasses.fields(other.data)})
         if misplaced and other.data is not cls:
             raise ConfigError(
-                f"data.{misplaced[0]} is a {other.task} key (family {other_family}); a "
-                f"{TRAINABLE[family].task} run (family {family}) takes data keys "
+                f"data.{misplaced[0]} is {_a(other.task)} key (family {other_family}); "
+                f"{_a(TRAINABLE[family].task)} run (family {family}) takes data keys "
                 f"{', '.join(sorted(known))}"
             )
     return _section(cls, values, "data")
+
+
+def _a(noun: str) -> str:
+    """``noun`` after its indefinite article."""
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
 def _section(cls: type[Any], values: Mapping[str, Any] | None, name: str) -> Any:

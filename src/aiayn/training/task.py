@@ -2,20 +2,21 @@
 
 :class:`~aiayn.training.trainer.Trainer` runs the same loop for every task (token-budget
 batches, gradient accumulation normalised by the global target tokens, the eq. (3) schedule,
-checkpoints that resume exactly, averaging, DDP/FSDP). What differs between translation and
-language modelling is a :class:`Task` the trainer receives:
+checkpoints that resume exactly, averaging, DDP/FSDP). What differs between translation,
+language modelling and image classification is a :class:`Task` the trainer receives:
 
-================  =============================  ==================================
-part              translation (``translation``)  language model (``lm``)
-================  =============================  ==================================
-data              sentence pairs, joint BPE      one token stream cut into blocks
-model             ``Transformer``                ``GPT2``
-objective         ``TranslationObjective``       ``LanguageModelObjective``
-batches           ``TokenBatchSampler``          ``BlockBatchSampler``
-validation        loss, perplexity, greedy BLEU  loss, perplexity
-best checkpoint   highest BLEU                   lowest perplexity
-at the end        the test set's BLEU            test perplexity, greedy samples
-================  =============================  ==================================
+===============  =========================  ========================  ============================
+part             translation                language model            image classification
+===============  =========================  ========================  ============================
+module           ``translation``            ``lm``                    ``images``
+data             sentence pairs, joint BPE  token stream in blocks    8×8 digits, normalised
+model            Transformer                GPT2                      ViT
+objective        TranslationObjective       LanguageModelObjective    ImageClassificationObjective
+batches          TokenBatchSampler          BlockBatchSampler         ImageBatchSampler
+validation       loss, ppl, greedy BLEU     loss, perplexity          loss, accuracy
+best checkpoint  highest BLEU               lowest perplexity         highest accuracy
+at the end       the test set's BLEU        test ppl, greedy samples  test accuracy
+===============  =========================  ========================  ============================
 
 :func:`make_task` picks the task from the run config's model family.
 """
@@ -26,7 +27,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -36,6 +37,9 @@ from torch import nn
 from aiayn.config import ModelConfig
 from aiayn.training import distributed as dist
 from aiayn.training.config import RunConfig, TrainableConfig
+
+if TYPE_CHECKING:
+    from aiayn.training.checkpoint import TokenizerSource
 
 Log = Callable[[str], None]
 
@@ -71,7 +75,10 @@ class TaskData(Protocol):
     """A task's prepared data: what the loop reads of it (the task reads the rest)."""
 
     @property
-    def tokenizer_file(self) -> Path: ...
+    def tokenizer_file(self) -> TokenizerSource:
+        """What checkpoints save beside the weights: a tokenizer file (``tokenizer.json``), or
+        an image task's :class:`~aiayn.data.images.ImagePreprocessor`."""
+        ...
 
     @property
     def train(self) -> TrainSplit: ...
@@ -194,6 +201,10 @@ def make_task(run: RunConfig, log: Log = print_main) -> Task:
         from aiayn.training.lm import LanguageModelTask
 
         return LanguageModelTask(run, log)
+    if run.family == "vit":
+        from aiayn.training.images import ImageClassificationTask
+
+        return ImageClassificationTask(run, log)
     from aiayn.training.translation import TranslationTask
 
     return TranslationTask(run, log)

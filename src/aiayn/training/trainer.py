@@ -476,9 +476,11 @@ class Trainer:
     def _log_setup(self) -> None:
         cfg = self.cfg
         n_params = count_parameters(self.model)
-        vocab = self.model_config.vocab_size
+        vocab = getattr(self.model_config, "vocab_size", None)  # None: an image model
         log(
-            f"model: {n_params / 1e6:.1f}M parameters, vocab {vocab}, device "
+            f"model: {n_params / 1e6:.1f}M parameters, "
+            + ("" if vocab is None else f"vocab {vocab}, ")
+            + f"device "
             f"{self.device}, precision {self.amp_dtype or 'fp32'}, "
             f"threads {torch.get_num_threads()}"
         )
