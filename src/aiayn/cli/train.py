@@ -21,7 +21,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--config", help="YAML run config (see configs/); default: the built-in demo")
     p.add_argument(
         "--demo",
-        choices=("translation", "lm"),
+        choices=("translation", "lm", "vit"),
         default="translation",
         help="the built-in run without --config: the EN-DE translation demo (default) or a "
         "GPT-2-architecture language model on the demo corpus's English side (as "
