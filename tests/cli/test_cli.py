@@ -48,3 +48,23 @@ def test_params_of_the_gpt2_presets(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["params", "--preset", "gpt2", "--vocab-size", "1000"]) == 0
     out = capsys.readouterr().out
     assert "vocab=1000" in out and "published" not in out  # another vocabulary: no comparison
+
+
+@pytest.mark.parametrize(
+    "preset, total",
+    [
+        ("t5-small", "60,506,624"),
+        ("flan-t5-small", "76,961,152"),
+        ("bert-base-uncased", "109,482,240"),
+        ("vit-base-patch16-224", "86,389,248"),
+    ],
+)
+def test_params_of_the_descendants(
+    preset: str, total: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The published counts of T5, FLAN-T5, BERT and ViT, with their own parts named."""
+    assert main(["params", "--preset", preset]) == 0
+    out = capsys.readouterr().out
+    assert total in out and "difference +0.0%" in out and "other" not in out
+    if preset.startswith("t5"):
+        assert "relative position bias" in out

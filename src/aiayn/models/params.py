@@ -27,8 +27,9 @@ def count_parameters(model: nn.Module) -> int:
 def parameter_breakdown(model: nn.Module) -> OrderedDict[str, int]:
     """Distinct parameters grouped by component, in the order the model defines them.
 
-    Groups: embeddings, positional, encoder self-attention / feed-forward / layer norms,
-    decoder self-attention / cross-attention / feed-forward / layer norms, output projection.
+    Groups: embeddings (token, positional, token-type, patch), T5's relative position bias,
+    encoder / decoder / blocks (a single stack: GPT-2, ViT) self-attention, cross-attention,
+    feed-forward and layer norms, pooler and heads, output projection.
     """
     groups: OrderedDict[str, int] = OrderedDict()
     for name, param in model.named_parameters():  # a shared tensor once, under its first name
@@ -38,22 +39,36 @@ def parameter_breakdown(model: nn.Module) -> OrderedDict[str, int]:
 
 
 def _group_of(name: str) -> str:
-    stack = "encoder" if name.startswith("encoder.") else "decoder"
-    if ".embedding." in f".{name}":
-        return "token embeddings"
-    if ".positional." in name:
-        return "positional embeddings"
+    stack = name.split(".")[0] if name.startswith(("encoder.", "decoder.")) else "decoder"
+    if name.startswith("layers.") and "embedder.projection" not in name:
+        stack = "blocks"  # a single stack (GPT-2, ViT)
+    for part, group in _NAMED_PARTS:
+        if part in f".{name}":
+            return group
     if name.startswith("output_proj"):
         return "output projection"
     if "final_norm" in name or "sublayer.norm" in name:
-        return f"{stack} layer norms"
-    if ".self_attn." in name:
-        return f"{stack} self-attention"
-    if ".cross_attn." in name:
-        return f"{stack} cross-attention"
-    if ".feed_forward." in name:
-        return f"{stack} feed-forward"
+        return f"{stack if not name.startswith('final_norm') else 'blocks'} layer norms"
+    for part in ("self_attn", "cross_attn", "feed_forward"):
+        if f".{part}." in name:
+            return f"{stack} {part.replace('_attn', '-attention').replace('_', '-')}"
     return "other"
+
+
+_NAMED_PARTS: tuple[tuple[str, str], ...] = (
+    (".position_bias.", "relative position bias"),
+    (".embedding.", "token embeddings"),
+    (".positional.", "positional embeddings"),
+    (".token_types.", "token-type embeddings"),
+    (".embedder.norm.", "embedding layer norm"),
+    (".embedder.projection.", "patch embedding"),
+    (".embedder.class_token", "patch embedding"),
+    (".embedder.positions", "positional embeddings"),
+    (".pooler.", "pooler"),
+    (".mlm_head.", "masked-LM head"),
+    (".classifier.", "classifier"),
+)
+"""Name fragments of the parts outside the blocks -> their group (first match wins)."""
 
 
 def expected_parameter_count(config: TransformerConfig) -> int:
