@@ -12,7 +12,12 @@ from aiayn.errors import ConfigError
 from aiayn.models import T5, count_parameters, expected_t5_parameters, t5_preset
 from aiayn.models.t5 import T5Config
 
-PUBLISHED = {"t5-small": 60_506_624, "flan-t5-small": 76_961_152}
+PUBLISHED = {
+    "t5-small": 60_506_624,
+    "flan-t5-small": 76_961_152,
+    "t5-base": 222_903_552,  # transformers T5ForConditionalGeneration, counted on meta
+    "flan-t5-base": 247_577_856,  # the same, untied head and shared input embeddings
+}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))

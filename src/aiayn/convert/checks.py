@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+import torch
 from torch import Tensor, nn
 
 from aiayn.errors import UserError
@@ -46,6 +47,24 @@ def rename(name: str, table: Mapping[str, Rule]) -> Rule | None:
         return None
     rule = table.get(f"{name[: match.start()]}.{{}}.{name[match.end() :]}")
     return None if rule is None else Rule(rule.name.format(match.group(1)), rule.part)
+
+
+def fuse_parts(
+    parts: Mapping[str, Mapping[int, Tensor]], labels: tuple[str, str, str]
+) -> dict[str, Tensor]:
+    """The projections Hugging Face stores in three (W^Q, W^K, W^V or their biases, by
+    :attr:`Rule.part`) as the rows of aiayn's fused ``in_proj``: 3 × (I, …) -> (3I, …).
+
+    Raises:
+        UserError: naming (by ``labels``, e.g. ``("q", "k", "v")``) a missing third.
+    """
+    fused = {}
+    for name, blocks in parts.items():
+        if sorted(blocks) != [0, 1, 2]:
+            missing = labels[min(set(range(3)) - set(blocks))]
+            raise UserError(f"missing tensor {missing!r} of the attention that goes to {name!r}")
+        fused[name] = torch.cat([blocks[0], blocks[1], blocks[2]])  # 3 × (I, …) -> (3I, …)
+    return fused
 
 
 def load_exactly(

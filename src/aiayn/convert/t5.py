@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.convert.checks import HF_ACTIVATIONS, Rule, load_exactly, rename
+from aiayn.convert.checks import HF_ACTIVATIONS, Rule, fuse_parts, load_exactly, rename
 from aiayn.convert.generation import Seq2SeqSpecials, generation_defaults
 from aiayn.errors import UserError
 from aiayn.layers import ACTIVATIONS
@@ -182,11 +182,7 @@ def t5_state_dict_from_hf(hf_tensors: Mapping[str, Tensor]) -> dict[str, Tensor]
             parts.setdefault(rule.name, {})[rule.part] = tensor
     if shared is not None:
         state["encoder.embedder.embedding.weight"] = shared
-    for name, blocks in parts.items():
-        if sorted(blocks) != [0, 1, 2]:
-            missing = "qkv"[min(set(range(3)) - set(blocks))]
-            raise UserError(f"missing tensor {missing!r} of the attention that goes to {name!r}")
-        state[name] = torch.cat([blocks[0], blocks[1], blocks[2]])  # 3 × (I, D) -> (3I, D)
+    state.update(fuse_parts(parts, ("q", "k", "v")))
     return state
 
 

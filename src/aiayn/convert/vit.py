@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.convert.checks import HF_ACTIVATIONS, Rule, load_exactly, rename
+from aiayn.convert.checks import HF_ACTIVATIONS, Rule, fuse_parts, load_exactly, rename
 from aiayn.errors import UserError
 from aiayn.models.vit import ViT, ViTConfig
 
@@ -207,11 +207,7 @@ def vit_state_dict_from_hf(hf_tensors: Mapping[str, Tensor]) -> dict[str, Tensor
             state[rule.name] = tensor
         else:
             parts.setdefault(rule.name, {})[rule.part] = tensor
-    for name, blocks in parts.items():
-        if sorted(blocks) != [0, 1, 2]:
-            missing = ("query", "key", "value")[min(set(range(3)) - set(blocks))]
-            raise UserError(f"missing tensor {missing!r} of the attention that goes to {name!r}")
-        state[name] = torch.cat([blocks[0], blocks[1], blocks[2]])  # 3 × (D, …) -> (3D, …)
+    state.update(fuse_parts(parts, ("query", "key", "value")))
     return state
 
 

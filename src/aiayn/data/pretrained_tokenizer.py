@@ -119,7 +119,37 @@ class TranslationTokenizer(Protocol):
 # ----------------------------------------------------------------------------------- T5
 
 
-class T5Tokenizer:
+class _SpecialIds:
+    """The special ids a pretrained encoder–decoder's tokenizer gives its decoding (set by the
+    subclass as ``_pad_id``, ``_eos_id``, ``_unk_id``, ``_bos_id``)."""
+
+    _pad_id: int
+    _eos_id: int
+    _unk_id: int
+    _bos_id: int
+
+    @property
+    def pad_id(self) -> int:
+        """Padding id."""
+        return self._pad_id
+
+    @property
+    def eos_id(self) -> int:
+        """End-of-sentence id."""
+        return self._eos_id
+
+    @property
+    def unk_id(self) -> int:
+        """Unknown-token id."""
+        return self._unk_id
+
+    @property
+    def bos_id(self) -> int:
+        """The decoder's first input (``decoder_start_token_id``: the pad id in T5 and Marian)."""
+        return self._bos_id
+
+
+class T5Tokenizer(_SpecialIds):
     """T5's SentencePiece vocabulary plus its sentinels, coding as ``transformers.T5Tokenizer``.
 
     Build one with :func:`pretrained_tokenizer_from_hf` or :func:`load_pretrained_tokenizer`.
@@ -197,26 +227,6 @@ class T5Tokenizer:
         """Number of ids, sentinels included (Hugging Face's ``len(tokenizer)``; the model's
         embedding may be larger, e.g. 32128 rows for 32100 ids)."""
         return self._vocab_size
-
-    @property
-    def pad_id(self) -> int:
-        """Padding id."""
-        return self._pad_id
-
-    @property
-    def eos_id(self) -> int:
-        """End-of-sentence id."""
-        return self._eos_id
-
-    @property
-    def unk_id(self) -> int:
-        """Unknown-token id."""
-        return self._unk_id
-
-    @property
-    def bos_id(self) -> int:
-        """The decoder's first input (T5's ``decoder_start_token_id``: the pad id)."""
-        return self._bos_id
 
     @property
     def special_tokens(self) -> dict[str, int]:
@@ -350,7 +360,7 @@ def _normalized(sp: spm.SentencePieceProcessor, char: str) -> str:
 # ----------------------------------------------------------------------------------- Marian
 
 
-class MarianTokenizer:
+class MarianTokenizer(_SpecialIds):
     """A Marian (OPUS-MT) vocabulary: two SentencePiece models and one or two id tables, coding
     as ``transformers.MarianTokenizer``.
 
@@ -418,26 +428,6 @@ class MarianTokenizer:
     def separate_vocabs(self) -> bool:
         """Whether source and target have vocabularies of their own."""
         return self._target_vocab is not None
-
-    @property
-    def pad_id(self) -> int:
-        """Padding id (``<pad>``, the last id of a Marian vocabulary)."""
-        return self._pad_id
-
-    @property
-    def eos_id(self) -> int:
-        """End-of-sentence id (``</s>``, 0 in Marian vocabularies)."""
-        return self._eos_id
-
-    @property
-    def unk_id(self) -> int:
-        """Unknown-token id (``<unk>``)."""
-        return self._unk_id
-
-    @property
-    def bos_id(self) -> int:
-        """The decoder's first input (Marian's ``decoder_start_token_id``: the pad id)."""
-        return self._bos_id
 
     def encode(self, text: str) -> list[int]:
         """Source ids of ``text``, no EOS added."""
