@@ -167,6 +167,35 @@ def test_overlay_heatmap_geometry() -> None:
     assert len({tuple(p) for p in flat[:32, :48].reshape(-1, 3)}) == 1  # all zero: one colour
 
 
+def test_overlay_blocks_colour_each_patch_alone() -> None:
+    grey = Image.new("RGB", (48, 32), (128, 128, 128))
+    heat = torch.tensor([[0.0, 0.5, 1.0], [0.25, 0.75, 0.1]])  # (g_h, g_w) = (2, 3)
+    pixels = np.asarray(overlay_heatmap(grey, heat, (32, 48), blocks=True)).astype(int)
+    for row in range(2):
+        for col in range(3):
+            block = pixels[16 * row : 16 * row + 16, 16 * col : 16 * col + 16].reshape(-1, 3)
+            assert len({tuple(p) for p in block}) == 1  # one colour per patch, no blending
+    smooth = np.asarray(overlay_heatmap(grey, heat, (32, 48))).astype(int)
+    assert len({tuple(p) for p in smooth[:16, :16].reshape(-1, 3)}) > 1  # bilinear: a gradient
+
+
+def test_small_dim_inputs_are_drawn_stretched_and_pixelated(
+    model_and_preprocessor: tuple[ViT, ImagePreprocessor], tmp_path: Path
+) -> None:
+    model, _ = model_and_preprocessor
+    values = np.zeros((32, 32), dtype=np.uint8)
+    values[8:24, 8:24] = 16  # a digit-like PNG: raw values 0–16, nearly black as stored
+    Image.fromarray(values, "L").save(tmp_path / "dim.png")
+    attention = collect_image_attention(
+        model, ImagePreprocessor(do_resize=False), tmp_path / "dim.png"
+    )
+    overlays = draw_overlays(attention)  # × 7: 224 pixels, drawn pixel by pixel
+    shown = np.asarray(overlays.input).astype(int)
+    assert overlays.size == (224, 224)
+    assert shown.max() == 255 and shown.min() == 0  # stretched: 16 is drawn white
+    assert set(np.unique(shown)) == {0, 255}  # nearest: no interpolated greys at the edges
+
+
 # -- the model's attention on one image ----------------------------------------------------------
 
 

@@ -17,16 +17,19 @@ computations turn them into pictures of the patch grid:
   and the layers are chained: R = Â_L · … · Â_2 · Â_1. Row 0 of R over the patch columns is
   the class token's rolled-out attention (:func:`rollout_cls_map`).
 
-Drawing is separate: :func:`overlay_heatmap` upsamples a (g_h, g_w) map bilinearly to the
-image and blends it in as a translucent colour map (each map scaled to its own maximum: the
-weights over many patches are small); :func:`write_image_attention_pngs` writes
+Drawing is separate: :func:`overlay_heatmap` upsamples a (g_h, g_w) map to the image
+(bilinearly; for a small input enlarged 4× or more, as blocks of one colour per patch) and
+blends it in as a translucent colour map (each map scaled to its own maximum: the weights over
+many patches are small); :func:`write_image_attention_pngs` writes
 ``cls_L{layer}_H{head}.png`` per layer and head, ``cls_L{layer}_all.png`` (every head of a
 layer on one sheet) and ``rollout.png``; :func:`write_image_attention_html` writes one
 self-contained page (images as base64 data URIs) to pick the layer and head, with the rollout
 and the classifier's top labels.
 
-The image is drawn as the model reads it (resized as its preprocessing says), enlarged by a
-whole factor so that its longer side has at least :data:`DISPLAY_MIN_SIDE` pixels. Pixels of
+The image is drawn as the model reads it (resized as its preprocessing says), contrast-stretched
+(its darkest pixel black, its brightest white: an 8×8 digit stored as values 0–16 is visible), and
+enlarged by a whole factor so that its longer side has at least :data:`DISPLAY_MIN_SIDE` pixels
+(bicubically, or pixel by pixel when the factor is :data:`PIXELATED_FROM` or more). Pixels of
 a border narrower than a patch are not seen by the model (the strided patch projection skips
 them): they are drawn without a heatmap.
 
@@ -51,7 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
+from PIL import Image, ImageOps
 from torch import Tensor
 
 from aiayn.data.images import ImagePreprocessor, open_image
@@ -60,6 +63,7 @@ from aiayn.models.vit import ViT
 
 __all__ = [
     "DISPLAY_MIN_SIDE",
+    "PIXELATED_FROM",
     "ImageAttention",
     "Overlays",
     "attention_rollout",
@@ -79,6 +83,7 @@ __all__ = [
 ]
 
 DISPLAY_MIN_SIDE = 224
+PIXELATED_FROM = 4  # an input enlarged this many times or more is drawn pixel by pixel
 """The drawings enlarge the model's input by a whole factor to at least this longer side."""
 
 CLASS_TOKEN = 0
@@ -277,13 +282,15 @@ def overlay_heatmap(
     *,
     alpha: float = _ALPHA,
     colour_map: str = _COLOUR_MAP,
+    blocks: bool = False,
 ) -> Image.Image:
     """Blend a (g_h, g_w) map into ``image`` as a translucent colour map.
 
     The map is scaled to its own maximum (0 -> the colour map's low end, the maximum -> its
-    high end), upsampled bilinearly to ``covered`` = (height, width) pixels from the top left
-    corner (the part of the image the patch grid covers) and mixed in with weight ``alpha``;
-    pixels outside that part are left as they are. Returns a new RGB image of ``image``'s size.
+    high end), upsampled (bilinearly, or with ``blocks`` as one colour per patch) to
+    ``covered`` = (height, width) pixels from the top left corner (the part of the image the
+    patch grid covers) and mixed in with weight ``alpha``; pixels outside that part are left as
+    they are. Returns a new RGB image of ``image``'s size.
     """
     from matplotlib import colormaps
 
@@ -291,7 +298,8 @@ def overlay_heatmap(
     heat = heat.detach().double()
     peak = float(heat.max()) if heat.numel() else 0.0
     scaled = heat / peak if peak > 0 else torch.zeros_like(heat)  # (g_h, g_w) in [0, 1]
-    upsampled = F.interpolate(scaled[None, None], size=covered, mode="bilinear")[0, 0]  # (h, w)
+    mode = "nearest" if blocks else "bilinear"
+    upsampled = F.interpolate(scaled[None, None], size=covered, mode=mode)[0, 0]  # (h, w)
     colours = colormaps[colour_map](upsampled.clamp(0, 1).numpy())[..., :3]  # (h, w, 3)
     base = np.asarray(image.convert("RGB"), dtype=np.float64) / 255.0  # (H', W', 3)
     ch, cw = covered
@@ -325,19 +333,22 @@ class Overlays:
 
 
 def draw_overlays(attention: ImageAttention, *, min_side: int = DISPLAY_MIN_SIDE) -> Overlays:
-    """Every overlay of ``attention``: the input resized to (H, W) × s, s the smallest whole
-    factor with a longer side of at least ``min_side`` pixels (1 for a large enough input)."""
+    """Every overlay of ``attention``: the input contrast-stretched and resized to (H, W) × s, s
+    the smallest whole factor with a longer side of at least ``min_side`` pixels (1 for a large
+    enough input); pixel by pixel, with one heatmap colour per patch, when s ≥ PIXELATED_FROM."""
     height, width = attention.input_size
     scale = max(1, math.ceil(min_side / max(height, width)))
     size = (width * scale, height * scale)  # (W', H')
-    shown = attention.image.resize(size, resample=Image.Resampling.BICUBIC)
+    blocks = scale >= PIXELATED_FROM
+    resample = Image.Resampling.NEAREST if blocks else Image.Resampling.BICUBIC
+    shown = ImageOps.autocontrast(attention.image.convert("RGB")).resize(size, resample=resample)
     g_h, g_w = attention.grid
     covered = (g_h * attention.patch_size * scale, g_w * attention.patch_size * scale)
     heads = [
-        [overlay_heatmap(shown, head, covered) for head in layer]  # layer: (n, g_h, g_w)
+        [overlay_heatmap(shown, head, covered, blocks=blocks) for head in layer]  # (n, g_h, g_w)
         for layer in attention.cls_maps()
     ]
-    rollout = overlay_heatmap(shown, attention.rollout_map(), covered)
+    rollout = overlay_heatmap(shown, attention.rollout_map(), covered, blocks=blocks)
     return Overlays(shown, heads, rollout, covered)
 
 
@@ -601,7 +612,7 @@ def image_attention_html(
 {_predictions_html(attention)}
 <p class="note">Each overlay is one layer's and head's attention of the class token
 ([CLS], whose final state the classifier reads) over the image patches: the softmax row of the
-[CLS] query without its own column, upsampled bilinearly to the image and scaled to its own
+[CLS] query without its own column, upsampled to the image and scaled to its own
 maximum (dark blue: none, dark red: the most). A border narrower than a patch is not seen by
 the model and has no colour. The rollout multiplies the layers' head-averaged attention
 matrices, each with the identity added and its rows renormalised, from the first layer to the
