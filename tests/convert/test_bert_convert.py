@@ -126,9 +126,21 @@ def test_classifier_logits_equal_hugging_face_through_from_hf(tmp_path: Path) ->
     model = converted.model
     assert isinstance(model, BERT) and converted.tokenizer is None
     assert model.config.head == "classification" and model.config.num_labels == 3
+    assert model.config.id2label == ("LABEL_0", "LABEL_1", "LABEL_2")  # transformers' names
     tokens, types, mask = batch()
     expected = hf(input_ids=tokens, token_type_ids=types, attention_mask=mask).logits
     assert max_diff(model.classify(tokens, types, mask), expected) < TOLERANCE
+
+
+def test_label_names_are_kept_in_index_order(tmp_path: Path) -> None:
+    labels = {"0": "negative", "2": "positive", "1": "neutral"}
+    hf = random_hf_bert("BertForSequenceClassification", id2label=labels)
+    hf.save_pretrained(tmp_path / "hf")
+    config = from_hf(tmp_path / "hf").model.config
+    assert config.id2label == ("negative", "neutral", "positive") and config.num_labels == 3
+    masked = random_hf_bert("BertForMaskedLM", id2label=labels)  # labels without a classifier
+    masked.save_pretrained(tmp_path / "mlm")
+    assert from_hf(tmp_path / "mlm").model.config.id2label == ()
 
 
 def test_config_mapping_and_head_from_tensors(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from aiayn.convert.checks import HF_ACTIVATIONS, Rule, rename
+from aiayn.convert.checks import HF_ACTIVATIONS, Rule, label_names, rename
 from aiayn.errors import UserError
 from aiayn.models.bert import BERT, BertConfig
 
@@ -156,6 +156,7 @@ def bert_config_from_hf(
         )
     pooled = head != "mlm" if names is None else "pooler.dense.weight" in names
     classifier_dropout = hf["classifier_dropout"]
+    num_labels, id2label = _labels(hf_config)
     return BertConfig(
         vocab_size=hf["vocab_size"],
         max_len=hf["max_position_embeddings"],
@@ -171,7 +172,8 @@ def bert_config_from_hf(
         layer_norm_eps=float(hf["layer_norm_eps"]),
         pad_id=0 if hf["pad_token_id"] is None else hf["pad_token_id"],  # None: [PAD], id 0
         head=head,
-        num_labels=_num_labels(hf_config),
+        num_labels=num_labels,
+        id2label=id2label if head == "classification" else (),
         pooler=pooled or head == "classification",  # a classifier's missing pooler: named below
     )
 
@@ -217,15 +219,16 @@ def _head(hf_config: Mapping[str, Any], names: set[str] | None) -> str:
     return "none"
 
 
-def _num_labels(hf_config: Mapping[str, Any]) -> int:
-    """C: the size of ``id2label`` (what transformers writes), else ``num_labels``, else 2."""
-    id2label = hf_config.get("id2label")
-    if isinstance(id2label, Mapping) and id2label:
-        return len(id2label)
+def _labels(hf_config: Mapping[str, Any]) -> tuple[int, tuple[str, ...]]:
+    """C and the labels' names: ``id2label`` (what transformers writes), else ``num_labels``
+    unnamed labels (class indices), else 2."""
+    if hf_config.get("id2label"):
+        names = label_names(hf_config)
+        return len(names), names
     value = hf_config.get("num_labels", 2)
     if not isinstance(value, int) or isinstance(value, bool):
         raise UserError(f"num_labels={value!r} is not a number of labels")
-    return value
+    return value, ()
 
 
 def _body_name(hf_name: str) -> str:

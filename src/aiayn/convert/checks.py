@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -91,3 +91,16 @@ def load_exactly(
                 f"{tuple(expected[key].shape)}"
             )
     model.load_state_dict(dict(state), strict=True, assign=True)
+
+
+def label_names(hf_config: Mapping[str, Any]) -> tuple[str, ...]:
+    """``id2label`` ({"0": "cat", …}) as names in index order; transformers' two placeholder
+    labels when the config has none."""
+    id2label = hf_config.get("id2label") or {"0": "LABEL_0", "1": "LABEL_1"}
+    try:
+        by_index = {int(k): str(v) for k, v in id2label.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise UserError(f"id2label {id2label!r} does not map label ids to names") from None
+    if sorted(by_index) != list(range(len(by_index))):
+        raise UserError(f"id2label ids {sorted(by_index)} are not 0 .. {len(by_index) - 1}")
+    return tuple(by_index[i] for i in range(len(by_index)))

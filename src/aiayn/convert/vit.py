@@ -26,7 +26,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.convert.checks import HF_ACTIVATIONS, Rule, fuse_parts, load_exactly, rename
+from aiayn.convert.checks import (
+    HF_ACTIVATIONS,
+    Rule,
+    fuse_parts,
+    label_names,
+    load_exactly,
+    rename,
+)
 from aiayn.errors import UserError
 from aiayn.models.vit import ViT, ViTConfig
 
@@ -99,7 +106,7 @@ def vit_config_from_hf(hf_config: Mapping[str, Any]) -> ViTConfig:
     _check_supported(hf_config)
     hf = {**HF_DEFAULTS, **{k: v for k, v in hf_config.items() if k in HF_DEFAULTS}}
     classifier = "ViTForImageClassification" in hf_config.get("architectures", [])
-    labels = _labels(hf_config) if classifier else ()
+    labels = label_names(hf_config) if classifier else ()
     return ViTConfig(
         image_size=_side(hf, "image_size"),
         patch_size=_side(hf, "patch_size"),
@@ -155,19 +162,6 @@ def _side(hf: Mapping[str, Any], key: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise UserError(f"{key}={value!r} is not a size in pixels")
     return value
-
-
-def _labels(hf_config: Mapping[str, Any]) -> tuple[str, ...]:
-    """``id2label`` ({"0": "cat", …}) as names in index order; transformers' two placeholder
-    labels when the config has none."""
-    id2label = hf_config.get("id2label") or {"0": "LABEL_0", "1": "LABEL_1"}
-    try:
-        by_index = {int(k): str(v) for k, v in id2label.items()}
-    except (AttributeError, TypeError, ValueError):
-        raise UserError(f"id2label {id2label!r} does not map label ids to names") from None
-    if sorted(by_index) != list(range(len(by_index))):
-        raise UserError(f"id2label ids {sorted(by_index)} are not 0 .. {len(by_index) - 1}")
-    return tuple(by_index[i] for i in range(len(by_index)))
 
 
 def _rename(name: str) -> Rule | None:
@@ -229,7 +223,7 @@ def _follow_tensors(
     ``id2label``, which must then name as many."""
     head = state.get("classifier.weight")
     num_labels = 0 if head is None else int(head.shape[0])
-    labels = _labels(hf_config) if num_labels and "id2label" in hf_config else ()
+    labels = label_names(hf_config) if num_labels and "id2label" in hf_config else ()
     if labels and len(labels) != num_labels:
         raise UserError(
             f"id2label names {len(labels)} labels, but classifier.weight has {num_labels} rows"
