@@ -10,7 +10,8 @@ batches, one optimizer step per batch:
 - aiayn: its own training step, ``Trainer.train_step`` (what ``aiayn train`` runs);
 - torch: a plain PyTorch loop around ``torch.nn.Transformer`` of identical layer sizes, with
   embeddings, sinusoidal positions and the tied output layer added by hand, boolean padding and
-  causal masks, and ``F.cross_entropy(label_smoothing=0.1, ignore_index=pad)``.
+  causal masks, and ``F.cross_entropy(label_smoothing=0.1, ignore_index=pad)`` (the model:
+  ``TorchReference`` of benchmarks/_peer_nmt.py, the peer train_multi30k.py trains).
 
 Every (implementation, round) runs in a fresh process (so peak memory is its own); rounds
 alternate the order. Per run: ``--warmup`` steps, then ``--steps`` timed steps. Reported:
@@ -27,9 +28,9 @@ Writes docs/results/train_vs_torch_DEVICE.{json,md} (``_peer_default`` added wit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
-import math
 import os
 import resource
 import subprocess
@@ -42,65 +43,18 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, fmt, machine, matmul_peak, spread, sync, write_report
-from aiayn.config import TransformerConfig
+from _peer_nmt import PeerConfig, TorchReference
 from aiayn.data import Batch, TokenBatchSampler
-from aiayn.layers import sinusoidal_encoding
 from aiayn.models.flops import training_flops
 from aiayn.training.config import RunConfig, run_config_from_dict
 from aiayn.training.performance import configure_device, keep_freed_memory
 from aiayn.training.schedule import transformer_lr
 from aiayn.training.trainer import Trainer, autocast_dtype, prepare_data, resolve_device
 from aiayn.training.translation import TRANSLATION_LABEL_SMOOTHING
-
-
-class TorchReference(nn.Module):
-    """``torch.nn.Transformer`` with what it leaves out: embeddings ×√D, sinusoidal positions,
-    the tied output layer. Attention-weight dropout is set to 0 to match aiayn's config."""
-
-    def __init__(self, c: TransformerConfig):
-        super().__init__()
-        self.config = c
-        self.embedding = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
-        nn.init.normal_(self.embedding.weight, std=c.d_model**-0.5)
-        self.register_buffer("pe", sinusoidal_encoding(c.max_len, c.d_model), persistent=False)
-        self.transformer = nn.Transformer(
-            c.d_model,
-            c.num_heads,
-            c.num_encoder_layers,
-            c.num_decoder_layers,
-            c.d_ff,
-            c.dropout,
-            batch_first=True,
-            norm_first=c.norm_first,
-        )
-        for module in self.modules():
-            if isinstance(module, nn.MultiheadAttention):
-                module.dropout = c.attention_dropout
-        self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        self.output.weight = self.embedding.weight
-
-    def embed(self, tokens: Tensor) -> Tensor:
-        x = self.embedding(tokens) * math.sqrt(self.config.d_model) + self.pe[: tokens.size(1)]
-        return F.dropout(x, self.config.dropout, self.training)  # (B, L, D)
-
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """(B, S), (B, T) -> (B, T, V) logits."""
-        pad, t = self.config.pad_id, tgt_in.size(1)
-        causal = torch.ones(t, t, dtype=torch.bool, device=src.device).triu(1)  # True = blocked
-        hidden = self.transformer(
-            self.embed(src),
-            self.embed(tgt_in),
-            tgt_mask=causal,
-            src_key_padding_mask=src == pad,
-            tgt_key_padding_mask=tgt_in == pad,
-            memory_key_padding_mask=src == pad,
-            tgt_is_causal=True,
-        )  # (B, T, D)
-        return self.output(hidden)  # (B, T, D) @ (D, V) -> (B, T, V)
 
 
 def run_config(
@@ -177,7 +131,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         tok = data.tokenizer
         config = run.model.replace(vocab_size=tok.vocab_size, pad_id=tok.pad_id)
         torch.manual_seed(run.train.seed)
-        model = TorchReference(config).to(device).train()
+        sizes = {f.name: getattr(config, f.name) for f in dataclasses.fields(PeerConfig)}
+        model = TorchReference(PeerConfig(**sizes)).to(device).train()
         compiled: Callable[..., Tensor] = torch.compile(model) if args.compile else model
         optimizer = torch.optim.Adam(
             model.parameters(),

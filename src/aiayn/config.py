@@ -8,13 +8,19 @@ Presets ``base`` and ``big`` are Table 3 of the paper (N, d_model, d_ff, h, d_k,
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from aiayn.errors import ConfigError
+from aiayn.validation import (
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Rate,
+    validate,
+    validated,
+)
 
 Activation = Literal["relu", "gelu", "silu"]
 Positional = Literal["sinusoidal", "sinusoidal-halves", "learned", "none"]
@@ -50,6 +56,7 @@ class ModelConfig:
         return cls(**values)
 
 
+@validated("model")
 @dataclass(frozen=True)
 class TransformerConfig(ModelConfig):
     """Hyper-parameters of the encoder–decoder Transformer (§3, Table 3).
@@ -81,61 +88,38 @@ class TransformerConfig(ModelConfig):
             to, except as the decoder's start token at position 0: Marian starts with it).
     """
 
-    vocab_size: int = 37000
-    tgt_vocab_size: int | None = None
-    d_model: int = 512
-    d_ff: int = 2048
-    num_heads: int = 8
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
+    vocab_size: PositiveInt = 37000
+    tgt_vocab_size: PositiveInt | None = None
+    d_model: PositiveInt = 512
+    d_ff: PositiveInt = 2048
+    num_heads: PositiveInt = 8
+    num_encoder_layers: NonNegativeInt = 6
+    num_decoder_layers: NonNegativeInt = 6
+    dropout: Rate = 0.1
+    attention_dropout: Rate = 0.0
     activation: Activation = "relu"
     norm_first: bool = False
     positional: Positional = "sinusoidal"
-    max_len: int = 1024
+    max_len: PositiveInt = 1024
     share_embeddings: bool = True
     tie_output: bool = True
     output_bias: bool = False
-    layer_norm_eps: float = 1e-5
-    pad_id: int = 0
+    layer_norm_eps: PositiveFloat = 1e-5
+    pad_id: NonNegativeInt = 0
 
     def __post_init__(self) -> None:
-        check_field_types(self)
-        positive = ("vocab_size", "d_model", "d_ff", "num_heads", "max_len")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("num_encoder_layers", "num_decoder_layers"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.tgt_vocab_size is not None and self.tgt_vocab_size <= 0:
-            raise ConfigError(f"tgt_vocab_size must be positive, got {self.tgt_vocab_size}")
+        validate(self)
         if self.d_model % self.num_heads != 0:
             raise ConfigError(
                 f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
-            )
-        for name in ("dropout", "attention_dropout"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ConfigError(f"{name} must be in [0, 1), got {value}")
-        if self.activation not in typing.get_args(Activation):
-            raise ConfigError(
-                f"activation must be one of {typing.get_args(Activation)}, got {self.activation!r}"
-            )
-        if self.positional not in typing.get_args(Positional):
-            raise ConfigError(
-                f"positional must be one of {typing.get_args(Positional)}, got {self.positional!r}"
             )
         if self.share_embeddings and self.target_vocab_size != self.vocab_size:
             raise ConfigError(
                 "share_embeddings=True needs one joint vocabulary, but vocab_size="
                 f"{self.vocab_size} and tgt_vocab_size={self.tgt_vocab_size}"
             )
-        if not 0 <= self.pad_id < min(self.vocab_size, self.target_vocab_size):
+        if self.pad_id >= min(self.vocab_size, self.target_vocab_size):
             raise ConfigError(f"pad_id={self.pad_id} is outside the vocabulary")
-        if self.layer_norm_eps <= 0:
-            raise ConfigError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
 
     @property
     def d_k(self) -> int:
@@ -151,39 +135,6 @@ class TransformerConfig(ModelConfig):
     def target_vocab_size(self) -> int:
         """The target vocabulary size, resolving ``tgt_vocab_size=None``."""
         return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
-
-
-def check_field_types(config: Any) -> None:
-    """Reject dataclass field values of the wrong type (a string for d_model, a bool for an int)."""
-    hints = typing.get_type_hints(type(config))
-    for f in dataclasses.fields(config):
-        if not f.init:
-            continue
-        value = getattr(config, f.name)
-        if not _is_instance(value, hints[f.name]):
-            raise ConfigError(f"{f.name} has the wrong type: {value!r} (expected {hints[f.name]})")
-
-
-def _is_instance(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin is Literal:  # the allowed values are checked with a clearer message later
-        return any(isinstance(value, type(arg)) for arg in typing.get_args(hint))
-    if origin in (typing.Union, types.UnionType):
-        return any(_is_instance(value, arg) for arg in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin is tuple:
-        args = typing.get_args(hint)
-        if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length of X
-            return isinstance(value, tuple) and all(_is_instance(v, args[0]) for v in value)
-        return isinstance(value, tuple) and all(
-            _is_instance(v, a) for v, a in zip(value, args, strict=False)
-        )
-    return isinstance(value, hint)
 
 
 PRESETS: dict[str, TransformerConfig] = {
@@ -220,9 +171,3 @@ def preset(name: str, **overrides: Any) -> TransformerConfig:
         raise ConfigError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
     config = PRESETS[name]
     return config.replace(**overrides) if overrides else config
-
-
-def validate_choice(name: str, value: object, choices: tuple[object, ...]) -> None:
-    """Refuse ``value`` unless it is one of ``choices``, naming the field and the choices."""
-    if value not in choices:
-        raise ConfigError(f"{name} must be one of {choices}, got {value!r}")

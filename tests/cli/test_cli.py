@@ -35,7 +35,7 @@ def test_params_base_and_big(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_input_is_a_clear_error_without_traceback() -> None:
     result = _run("params", "--preset", "tiny", "--vocab-size", "-5")
     assert result.returncode == 2
-    assert "error: vocab_size must be positive, got -5" in result.stderr
+    assert "error: argument --vocab-size: must be >= 1, got -5" in result.stderr
     assert "Traceback" not in result.stderr
 
 

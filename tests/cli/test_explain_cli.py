@@ -123,7 +123,7 @@ def test_weights_file_softmax_3_2(tmp_path: Path, capsys: pytest.CaptureFixture[
     ("argv", "message"),
     [
         (["--heads", "3"], "heads=3 does not divide d_model=4"),
-        (["--d-model", "0"], "d_model=0"),
+        (["--d-model", "0"], "argument --d-model: must be >= 1, got 0"),
         (["--tokens", "   "], "no tokens"),
         (["--decimals", "-1"], "decimals"),
         (["--d-model", "x"], "invalid int value: 'x'"),

@@ -133,19 +133,24 @@ def test_seeded_sampling_is_reproducible(
 
 
 BAD = [
-    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1, got 0"),
     (["--max-new-tokens", "39"], r"prompt 0 has \d+ tokens: with 39 new tokens it needs \d+"),
-    (["--min-new-tokens", "60"], "min_new_tokens must be between 0 and 50, got 60"),
-    (["--beam", "0"], "beam_size must be >= 1, got 0"),
-    (["--sample", "--top-p", "1.5"], r"top_p must be finite and in \(0.0, 1.0\], got 1.5"),
-    (["--sample", "--temperature", "nan"], "temperature must be finite .* got nan"),
-    (["--sample", "--top-k", "0"], "top_k must be >= 1, got 0"),
+    (["--min-new-tokens", "60"], r"min_new_tokens must be between 0 and 50 \(max_new_tokens\)"),
     (["--temperature", "0.7"], "--temperature applies to --sample only"),
     (["--beam", "2", "--seed", "1"], "--seed applies to --sample only"),
     (["--alpha", "0.5"], "--alpha applies to --beam only"),
-    (["--batch-size", "0"], "batch_size must be >= 1, got 0"),
-    (["--device", "nonsense"], "unknown device 'nonsense'"),
     (["-i", "prompts.txt"], "give prompts as arguments or with --input, not both"),
+]
+
+# refused by the flag's type (GenerateOptions' own field rules), before the command runs
+BAD_FLAGS = [
+    (["--max-new-tokens", "0"], "argument --max-new-tokens: must be >= 1, got 0"),
+    (["--beam", "0"], "argument --beam: must be >= 1, got 0"),
+    (["--sample", "--top-p", "1.5"], r"argument --top-p: must be in \(0, 1\], got 1.5"),
+    (["--sample", "--temperature", "nan"], "--temperature: must be finite and > 0, got nan"),
+    (["--sample", "--top-k", "0"], "argument --top-k: must be >= 1, got 0"),
+    (["--sample", "--seed", "-1"], r"argument --seed: must be in \[0, 2\*\*63\), got -1"),
+    (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+    (["--device", "nonsense"], "argument --device: unknown device 'nonsense'"),
 ]
 
 
@@ -157,6 +162,18 @@ def test_bad_values_are_one_line_errors(
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("aiayn generate: error: ")
     assert re.search(message, err), err
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_bad_flag_values_are_argparse_errors(
+    checkpoint: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--checkpoint", str(checkpoint), *args, "the cat"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2 and out == "" and "Traceback" not in err
+    assert err.splitlines()[-1].startswith("aiayn generate: error: ")
+    assert re.search(message, err.splitlines()[-1]), err
 
 
 def test_a_translation_checkpoint_is_refused(
@@ -174,7 +191,7 @@ def test_a_translation_checkpoint_is_refused(
 
 
 def test_a_bad_option_exits_2_without_traceback_in_a_subprocess(checkpoint: Path) -> None:
-    result = _generate_in_a_subprocess(checkpoint, "--top-p", "2", "x")
+    result = _generate_in_a_subprocess(checkpoint, "--top-p", "0.5", "x")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == "aiayn generate: error: --top-p applies to --sample only\n"
 

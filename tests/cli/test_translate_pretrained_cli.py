@@ -36,7 +36,7 @@ from aiayn.data import Tokenizer, demo_corpus_path, normalize, read_parallel
 from aiayn.data.pretrained_tokenizer import MANIFEST
 from aiayn.evaluation import corpus_bleu, corpus_chrf
 from aiayn.models.gpt2 import GPT2, GPT2Config
-from aiayn.training.checkpoint import save_checkpoint
+from aiayn.training.checkpoint import record_checksums, save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 # transformers.MarianTokenizer without sacremoses (whose normaliser transformers 5 does not use)
@@ -549,6 +549,7 @@ def test_a_damaged_tokenizer_manifest_is_refused(
         manifest.write_text("{", encoding="utf-8")
     else:
         manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"eos_id": 7}))
+    record_checksums(ckpt)  # an edit by hand, accepted: the manifest's own checks answer
     src = _write_lines(tmp_path / "src.txt", ["I won!"])
     result = _main(capsys, "translate", "--checkpoint", ckpt, "-i", src)
     _assert_one_line_error(*result, message)

@@ -36,6 +36,7 @@ def test_convert_writes_a_checkpoint_with_equal_logits(
     assert loaded.state["converted_from"] == str(hf.path)
     assert loaded.state["hf_config"] == json.loads((hf.path / "config.json").read_text())
     assert loaded.family == "gpt2" and sorted(p.name for p in out.iterdir()) == [
+        "SHA256SUMS",
         "model.safetensors",
         "state.json",
         "tokenizer.json",
@@ -60,8 +61,16 @@ def test_an_existing_destination_needs_force(
     error = capsys.readouterr().err
     assert error == f"aiayn convert: error: {out} exists: pass --force to replace it\n"
     assert (out / "keep.txt").read_text() == "mine"
+    # --force replaces a checkpoint, never a folder of something else (it would be deleted)
+    assert main(["convert", "--from-hf", str(hf.path), "--to", str(out), "--force"]) == 2
+    assert "is a folder that is not an aiayn checkpoint" in capsys.readouterr().err
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
     assert main(["convert", "--from-hf", str(hf.path), "--to", str(out), "--force"]) == 0
-    assert not (out / "keep.txt").exists() and (out / "state.json").is_file()
+    (out / "model.safetensors").write_bytes(b"old")
+    assert main(["convert", "--from-hf", str(hf.path), "--to", str(out), "--force"]) == 0
+    assert (out / "state.json").is_file() and (out / "model.safetensors").stat().st_size > 3
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 @pytest.mark.parametrize(

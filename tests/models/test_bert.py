@@ -57,7 +57,7 @@ def test_counts_match_hugging_face_for_every_head(head: str) -> None:
         ({"head": "nsp"}, "head must be one of"),
         ({"head": "classification", "pooler": False}, "needs pooler=True"),
         ({"classifier_dropout": 1.0}, r"classifier_dropout must be in \[0, 1\)"),
-        ({"layer_norm_eps": 0.0}, "layer_norm_eps must be positive"),
+        ({"layer_norm_eps": 0.0}, "layer_norm_eps must be finite and > 0"),
         ({"pad_id": 1000}, "pad_id=1000 is outside"),
         ({"num_labels": 0}, "num_labels must be >= 1"),
         ({"pooler": "yes"}, "pooler has the wrong type"),

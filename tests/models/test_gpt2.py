@@ -46,7 +46,7 @@ def test_preset_parameter_counts(name: str) -> None:
         ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
         ({"num_layers": 0}, "num_layers must be >= 1"),
         ({"d_ff": 0}, "d_ff must be >= 1"),
-        ({"layer_norm_eps": float("nan")}, "layer_norm_eps must be positive"),
+        ({"layer_norm_eps": float("nan")}, "layer_norm_eps must be finite and > 0"),
         ({"n_embd": 8}, "unknown model config key.*n_embd"),
         ({"d_model": "128"}, "d_model has the wrong type"),
     ],

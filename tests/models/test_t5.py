@@ -49,7 +49,7 @@ def test_count_matches_hugging_face_for_odd_shapes() -> None:
         ({"d_kv": 0}, "d_kv must be >= 1"),
         ({"activation": "tanh"}, "activation must be one of"),
         ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
-        ({"layer_norm_eps": float("nan")}, "layer_norm_eps must be positive"),
+        ({"layer_norm_eps": float("nan")}, "layer_norm_eps must be finite and > 0"),
         ({"pad_id": 1000}, "pad_id=1000 is outside"),
         ({"num_buckets": 3}, "num_buckets must be >= 4"),
         ({"num_buckets": 32, "max_distance": 16}, "max_distance must exceed num_buckets / 2"),

@@ -116,7 +116,15 @@ def test_checkpoints_hold_gpt2_average_and_keep_the_best(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     text = write_text(tmp_path, 300, seed=1)
-    run = lm_run(tmp_path / "r", text, max_steps=8, eval_every=2, keep_last=3, average_last=3)
+    run = lm_run(  # the averaging window: the last 75% of 8 steps, checkpoints at 4, 6, 8
+        tmp_path / "r",
+        text,
+        max_steps=8,
+        eval_every=2,
+        keep_last=3,
+        average_last=3,
+        average_window=0.75,
+    )
     result = Trainer(run).fit()
     ckpts = list_checkpoints(tmp_path / "r")
     assert [p.name for p in ckpts] == ["step_00000004", "step_00000006", "step_00000008"]
@@ -125,7 +133,7 @@ def test_checkpoints_hold_gpt2_average_and_keep_the_best(
     assert load_checkpoint(ckpts[-1], expect=GPT2).config.eos_id == 2
     # best = lowest validation perplexity
     valid = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
-    ppl = [e["ppl"] for e in valid if e["kind"] == "valid"]
+    ppl = [e["ppl"] for e in valid if e["kind"] in ("valid", "valid_averaged")]
     best = json.loads((tmp_path / "r" / "checkpoints" / "best" / "state.json").read_text())
     assert best["best_ppl"] == min(ppl) == best["metrics"]["ppl"]
     # averaging: the mean of the last three, the head still tied to the embedding
@@ -164,6 +172,10 @@ def test_fine_tuning_starts_from_a_checkpoint_and_its_tokenizer(tmp_path: Path) 
     assert trainer.data.train.stream[trainer.data.train.stream == 2].size > 0  # EOS of the model
     with pytest.raises(ConfigError, match="exclude each other"):
         run_config_from_dict({**values, "model": {**values["model"], "preset": "gpt2-tiny"}})
+    # the documented fine-tuning config, pointed at this checkpoint from the command line
+    overrides = [f"model.init_from={start}", "data.block_size=32"]
+    tuned = load_run_config(ROOT / "configs" / "gpt2_finetune.yaml", overrides)
+    assert tuned.model == config and tuned.init_from == str(start)
 
 
 def test_the_objective_equals_the_explicit_loss_and_gradients() -> None:
@@ -205,7 +217,7 @@ def test_lm_demo_yaml_equals_builtin_and_loads() -> None:
         ({"data": {"block_size": 64}}, r"data\.block_size=64 exceeds the model's max_len=32"),
         ({"data": {"tokens": 5}}, r"unknown data config key\(s\): tokens"),
         ({"data": {"demo_side": "fr"}}, r"data\.demo_side must be en, de or both"),
-        ({"model": {"family": "bert"}}, r"unknown model\.family 'bert'"),
+        ({"model": {"family": "t5"}}, r"unknown model\.family 't5'"),
         (
             {"model": {"num_encoder_layers": 2}},
             r"unknown model config key\(s\): num_encoder_layers",

@@ -117,7 +117,16 @@ def test_checkpoints_atomic_pruned_and_averaged(
     tmp_path: Path, reverse_task: Task, make_run: MakeRun
 ) -> None:
     train = reverse_task(tmp_path, 300, seed=1)
-    run = make_run(tmp_path / "r", train, max_steps=8, save_every=2, keep_last=3, average_last=3)
+    # the averaging window: the last 75% of 8 steps, 3 checkpoints 2 steps apart (4, 6, 8)
+    run = make_run(
+        tmp_path / "r",
+        train,
+        max_steps=8,
+        save_every=2,
+        keep_last=3,
+        average_last=3,
+        average_window=0.75,
+    )
     result = Trainer(run).fit()
     ckpts = list_checkpoints(tmp_path / "r")
     assert [p.name for p in ckpts] == ["step_00000004", "step_00000006", "step_00000008"]

@@ -15,11 +15,17 @@ rollout (``rollout.png``) and ``attention.html`` with the top predicted labels. 
 :mod:`aiayn.visualization.image_attention`.
 
 The checkpoint's family decides the input: ``--image`` for a ViT, ``--src`` for the others.
+
+An ``--out`` folder that already holds files of these names (``attention.html``, the PNG names
+above) is refused before any work unless ``--force``; other files in it are left alone. The files
+are drawn into a temporary folder inside ``--out`` and moved into place when all are complete
+(:mod:`aiayn.cli.outputs`).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +57,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--out", default="attention_maps", help="output folder (created)")
     p.add_argument("--no-png", action="store_true", help="write only the HTML page")
+    p.add_argument("--force", action="store_true", help="replace attention maps already in --out")
     p.set_defaults(func=run)
 
 
@@ -82,18 +89,32 @@ def run(args: argparse.Namespace) -> int:
     return _run_translation(args, out)
 
 
+def _check_out(args: argparse.Namespace, out: Path, png_patterns: Sequence[str]) -> None:
+    """Refuse an --out that cannot be written or that holds maps of these names (no --force)."""
+    from aiayn.cli.outputs import check_folder
+
+    patterns = () if args.no_png else png_patterns
+    check_folder(out, force=args.force, flag="--out", names=["attention.html"], patterns=patterns)
+
+
 def _run_translation(args: argparse.Namespace, out: Path) -> int:
     """Load the checkpoint, collect the maps, write the PNGs and the HTML page."""
+    from aiayn.cli.outputs import staged_files
     from aiayn.data.tokenizer import Tokenizer
     from aiayn.errors import UserError
     from aiayn.training.checkpoint import load_checkpoint
-    from aiayn.visualization.attention_maps import collect_attention, write_attention_pngs
+    from aiayn.visualization.attention_maps import (
+        KINDS,
+        collect_attention,
+        write_attention_pngs,
+    )
     from aiayn.visualization.html_report import write_attention_html
 
     if not args.src.strip():
         raise UserError("--src is empty: give a source sentence")
     if args.tgt is not None and not args.tgt.strip():
         raise UserError("--tgt is empty: give a target sentence, or leave --tgt out")
+    _check_out(args, out, [f"{kind}_{rest}" for kind in KINDS for rest in ("L*_H*.png", "all.png")])
 
     checkpoint = load_checkpoint(args.checkpoint)
     tokenizer = Tokenizer.load(checkpoint.tokenizer_path)
@@ -101,10 +122,10 @@ def _run_translation(args: argparse.Namespace, out: Path) -> int:
     print(f"source: {maps.source}")
     print(f"target ({'model translation' if maps.target_from_model else 'given'}): {maps.target}")
     print(f"tokens: {len(maps.source_labels)} source, {len(maps.target_labels)} decoder input")
-    pngs = [] if args.no_png else write_attention_pngs(maps, out)
-    page = write_attention_html(
-        maps, out / "attention.html", title=f"Attention maps: {maps.source}"
-    )
+    with staged_files(out) as stage:
+        pngs = [] if args.no_png else write_attention_pngs(maps, stage)
+        write_attention_html(maps, stage / "attention.html", title=f"Attention maps: {maps.source}")
+    page = out / "attention.html"
     layers = f"{len(maps.encoder_self)}+{len(maps.decoder_self)} layers × {maps.num_heads} heads"
     if pngs:
         print(f"wrote {len(pngs)} PNG files ({layers}) to {out}/")
@@ -114,6 +135,7 @@ def _run_translation(args: argparse.Namespace, out: Path) -> int:
 
 def _run_image(args: argparse.Namespace, out: Path) -> int:
     """Load the ViT and its preprocessing, draw the class token's attention and the rollout."""
+    from aiayn.cli.outputs import staged_files
     from aiayn.data.images import ImagePreprocessor
     from aiayn.errors import UserError
     from aiayn.models.vit import ViT
@@ -125,6 +147,7 @@ def _run_image(args: argparse.Namespace, out: Path) -> int:
         write_image_attention_pngs,
     )
 
+    _check_out(args, out, ("cls_L*_H*.png", "cls_L*_all.png", "rollout.png"))
     checkpoint = load_checkpoint(args.checkpoint, expect=ViT)
     preprocessor = checkpoint_tokenizer(checkpoint.path)
     if not isinstance(preprocessor, ImagePreprocessor):
@@ -137,10 +160,11 @@ def _run_image(args: argparse.Namespace, out: Path) -> int:
     for label, probability in attention.predictions():
         print(f"{probability:.4f}\t{label}")
     overlays = draw_overlays(attention)
-    pngs = [] if args.no_png else write_image_attention_pngs(attention, out, overlays)
-    page = write_image_attention_html(
-        attention, out / "attention.html", overlays, title=f"Attention maps: {attention.name}"
-    )
+    title = f"Attention maps: {attention.name}"
+    with staged_files(out) as stage:
+        pngs = [] if args.no_png else write_image_attention_pngs(attention, stage, overlays)
+        write_image_attention_html(attention, stage / "attention.html", overlays, title=title)
+    page = out / "attention.html"
     if pngs:
         layers = f"{attention.num_layers} layers × {attention.num_heads} heads, rollout"
         print(f"wrote {len(pngs)} PNG files ({layers}) to {out}/")

@@ -7,6 +7,8 @@ import argparse
 import sys
 from typing import Any
 
+from aiayn.validation import PositiveInt, device_flag, flag_type
+
 
 def register(subparsers: Any) -> None:
     """Add the ``classify-image`` sub-command."""
@@ -18,9 +20,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     p.add_argument("--checkpoint", required=True, help="a ViT checkpoint with a classifier")
-    p.add_argument("--top-k", type=int, help="labels per image (5, or every label if fewer)")
-    p.add_argument("--batch-size", type=int, default=16, help="images per batch (16)")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument(
+        "--top-k", type=flag_type(PositiveInt), help="labels per image (5, or every label if fewer)"
+    )
+    p.add_argument(
+        "--batch-size", type=flag_type(PositiveInt), default=16, help="images per batch (16)"
+    )
+    p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
     p.set_defaults(func=run)
 
 
@@ -32,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.errors import UserError
     from aiayn.models.vit import ViT
     from aiayn.training.checkpoint import checkpoint_tokenizer, load_checkpoint
-    from aiayn.training.trainer import resolve_device
+    from aiayn.validation import resolve_device
 
     ckpt = load_checkpoint(args.checkpoint, map_location=resolve_device(args.device), expect=ViT)
     model, config = ckpt.model, ckpt.model.config
@@ -41,8 +47,6 @@ def run(args: argparse.Namespace) -> int:
     top_k = min(5, config.num_labels) if args.top_k is None else args.top_k
     if not 1 <= top_k <= config.num_labels:
         raise UserError(f"--top-k must be in 1..{config.num_labels}, got {top_k}")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     preprocessor = checkpoint_tokenizer(ckpt.path)
     if not isinstance(preprocessor, ImagePreprocessor):
         raise UserError(f"{ckpt.path} has no image preprocessing (preprocessor_config.json)")

@@ -3,7 +3,11 @@
     aiayn convert --from-hf gpt2 --to runs/gpt2            Hugging Face -> aiayn checkpoint
     aiayn convert --checkpoint runs/gpt2 --to-hf out/gpt2  aiayn checkpoint -> Hugging Face
 
-An existing destination is refused unless ``--force`` (then it is replaced).
+An existing destination is refused unless ``--force``; then it is replaced if it is of the kind
+written (an aiayn checkpoint for ``--to``, a Hugging Face folder with ``config.json`` for
+``--to-hf``) or empty, and never otherwise: replacing would delete an unrelated folder. The
+destination is written beside it and renamed into place when complete
+(:mod:`aiayn.cli.outputs`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--to-hf", metavar="OUT", help="Hugging Face folder to write (with --checkpoint)"
     )
-    p.add_argument("--force", action="store_true", help="replace an existing destination")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing destination of the kind written (an aiayn checkpoint, a "
+        "Hugging Face folder) or an empty folder; never another folder",
+    )
     p.set_defaults(func=run)
 
 
@@ -46,14 +55,8 @@ def run(args: argparse.Namespace) -> int:
     raise UserError("give --from-hf DIR_OR_NAME --to DIR, or --checkpoint DIR --to-hf OUT")
 
 
-def _refuse_existing(path: Path, force: bool) -> None:
-    from aiayn.errors import UserError
-
-    if path.exists() and not force:
-        raise UserError(f"{path} exists: pass --force to replace it")
-
-
 def _from_hf(source: str, out: Path, force: bool) -> int:
+    from aiayn.cli.outputs import check_checkpoint_out, staged_tree
     from aiayn.convert import from_hf
     from aiayn.data.text_tokenizer import TextTokenizer
     from aiayn.errors import UserError
@@ -61,7 +64,7 @@ def _from_hf(source: str, out: Path, force: bool) -> int:
     from aiayn.models.families import family_of
     from aiayn.training.checkpoint import TOKENIZER_FILE, save_checkpoint
 
-    _refuse_existing(out, force)
+    check_checkpoint_out(out, force=force, flag="--to")
     converted = from_hf(source)
     if converted.tokenizer is None:
         raise UserError(
@@ -78,12 +81,12 @@ def _from_hf(source: str, out: Path, force: bool) -> int:
             "aiayn's searches (outputs may differ from Hugging Face generate)",
             file=sys.stderr,
         )
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, staged_tree(out) as staged:
         if isinstance(converted.tokenizer, TextTokenizer):
             converted.tokenizer.save(Path(tmp) / TOKENIZER_FILE)
-            save_checkpoint(out, converted.model, state, Path(tmp) / TOKENIZER_FILE)
+            save_checkpoint(staged, converted.model, state, Path(tmp) / TOKENIZER_FILE)
         else:
-            save_checkpoint(out, converted.model, state, converted.tokenizer)
+            save_checkpoint(staged, converted.model, state, converted.tokenizer)
     family = family_of(converted.model).name
     print(
         f"converted {source} -> {out}: {family}, {count_parameters(converted.model):,} "
@@ -93,24 +96,25 @@ def _from_hf(source: str, out: Path, force: bool) -> int:
 
 
 def _to_hf(checkpoint: Path, out: Path, force: bool) -> int:
-    import shutil
-
     from torch import nn
 
+    from aiayn.cli.outputs import check_tree, staged_tree
     from aiayn.convert import to_hf
     from aiayn.data.text_tokenizer import TextTokenizer
     from aiayn.models import count_parameters
     from aiayn.training.checkpoint import load_checkpoint
 
-    _refuse_existing(out, force)
+    check_tree(
+        out,
+        force=force,
+        flag="--to-hf",
+        what="a Hugging Face model folder",
+        is_what=lambda folder: (folder / "config.json").is_file(),
+    )
     loaded = load_checkpoint(checkpoint, expect=nn.Module)
     tokenizer = TextTokenizer.load(loaded.tokenizer_path)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    to_hf(loaded.model, tmp, tokenizer)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    with staged_tree(out) as staged:
+        to_hf(loaded.model, staged, tokenizer)
     print(
         f"wrote {loaded.path} -> {out}: {loaded.family}, "
         f"{count_parameters(loaded.model):,} parameters, Hugging Face format"

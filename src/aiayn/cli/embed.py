@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
+
+from aiayn.validation import PositiveInt, device_flag, flag_type
 
 
 def register(subparsers: Any) -> None:
@@ -26,22 +27,25 @@ def register(subparsers: Any) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.add_argument("--similarity", nargs=2, metavar=("A", "B"), help="two files of lines")
     p.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep norms")
-    p.add_argument("--batch-size", type=int, default=32, help="texts per batch (32)")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument(
+        "--batch-size", type=flag_type(PositiveInt), default=32, help="texts per batch (32)"
+    )
+    p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Embed the input lines, or compare two files line by line."""
     from aiayn.cli.fill_mask import load_bert
+    from aiayn.cli.outputs import atomic_file, check_file
     from aiayn.cli.translate import read_input
     from aiayn.decoding.encoder_tasks import cosine_similarities, sentence_embeddings
     from aiayn.errors import UserError
 
     if args.similarity and (args.input or args.out):
         raise UserError("--similarity reads its two files: leave out --input and --out")
-    if args.out and Path(args.out).exists() and not args.force:
-        raise UserError(f"{args.out} exists: pass --force to replace it")
+    if args.out:
+        check_file(args.out, force=args.force, flag="--out")
     model, tokenizer = load_bert(args.checkpoint, args.device)
 
     def embed(lines: list[str]) -> Any:
@@ -57,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         import numpy as np
 
-        np.save(args.out, vectors.numpy())
+        with atomic_file(args.out, "wb") as handle:  # exactly --out (np.save adds .npy to a name)
+            np.save(handle, vectors.numpy())
         print(f"wrote {tuple(vectors.shape)} embeddings to {args.out}", file=sys.stderr)
     else:
         sys.stdout.write("".join(json.dumps(v) + "\n" for v in vectors.tolist()))

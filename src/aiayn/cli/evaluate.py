@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.cli.translate import add_decoding_arguments, load_for_decoding
+from aiayn.validation import PositiveInt, flag_type
 
 
 def register(subparsers: Any) -> None:
@@ -34,6 +35,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--hyp", help="hypotheses, one per line")
     p.add_argument("--src", help="source sentences to translate with --checkpoint")
     p.add_argument(
+        "--hyp-out",
+        metavar="FILE",
+        help="with --src: where the translations go (default: SRC.hyp, beside the source)",
+    )
+    p.add_argument("--force", action="store_true", help="replace an existing --hyp-out file")
+    p.add_argument(
         "--paper-bleu",
         action="store_true",
         help="also print the paper-style tokenized BLEU with compound splitting "
@@ -46,7 +53,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--block-size",
-        type=int,
+        type=flag_type(PositiveInt),
         help="with --text: predicted tokens per window (default: the model's max_len)",
     )
     add_decoding_arguments(p, for_evaluate=True)
@@ -55,6 +62,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Translate if asked, then score; or the perplexity of a text."""
+    from aiayn.cli.outputs import check_file, write_text
     from aiayn.cli.translate import read_input
     from aiayn.decoding.translate import translate_texts
     from aiayn.errors import UserError
@@ -69,20 +77,27 @@ def run(args: argparse.Namespace) -> int:
             "give --ref FILE with --hyp or --checkpoint/--src (BLEU), or --checkpoint DIR with "
             "--text FILE (perplexity)"
         )
-    refs = read_input(args.ref)
     if args.hyp is not None:
-        if args.checkpoint or args.src:
+        if args.checkpoint or args.src or args.hyp_out:
             raise UserError("give either --hyp, or --checkpoint with --src, not both")
+        refs = _references(args.ref)
         hyps = read_input(args.hyp)
     elif args.checkpoint and args.src:
-        model, tokenizer, options = load_for_decoding(args)
+        out = Path(args.hyp_out or args.src + ".hyp")
+        check_file(out, force=args.force, flag="--hyp-out")  # before translating
+        refs = _references(args.ref)
         sources = read_input(args.src)
+        if len(sources) != len(refs):
+            raise UserError(
+                f"{len(sources)} source lines in {args.src} but {len(refs)} references in "
+                f"{args.ref}: they must align"
+            )
+        model, tokenizer, options = load_for_decoding(args)
         hyps = translate_texts(
             model, tokenizer, sources, options, prefix=args.prefix, progress=sys.stderr.isatty()
         )
-        out = Path(args.src).with_suffix(Path(args.src).suffix + ".hyp")
+        write_text(out, "".join(h + "\n" for h in hyps))
         print(f"translations: {out}", file=sys.stderr)
-        out.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     else:
         raise UserError("give --hyp FILE, or --checkpoint DIR with --src FILE")
     print(corpus_bleu(hyps, refs))
@@ -90,6 +105,17 @@ def run(args: argparse.Namespace) -> int:
     if args.paper_bleu:
         print(paper_bleu(hyps, refs))
     return 0
+
+
+def _references(path: str) -> list[str]:
+    """The reference lines; an empty file is an error (BLEU of nothing is undefined)."""
+    from aiayn.cli.translate import read_input
+    from aiayn.errors import UserError
+
+    refs = read_input(path)
+    if not refs:
+        raise UserError(f"{path} is empty: no references, nothing to score")
+    return refs
 
 
 def perplexity(args: argparse.Namespace) -> int:
@@ -100,9 +126,10 @@ def perplexity(args: argparse.Namespace) -> int:
     from aiayn.models import GPT2
     from aiayn.training.checkpoint import load_checkpoint
     from aiayn.training.lm import block_metrics, read_documents
-    from aiayn.training.trainer import resolve_device
+    from aiayn.validation import resolve_device
 
-    given = [f"--{n}" for n in ("ref", "hyp", "src") if getattr(args, n) is not None]
+    given = [f"--{n}" for n in ("ref", "hyp", "src", "hyp_out") if getattr(args, n) is not None]
+    given = [flag.replace("_", "-") for flag in given]
     if args.paper_bleu:
         given.append("--paper-bleu")
     if given:
@@ -114,8 +141,6 @@ def perplexity(args: argparse.Namespace) -> int:
     block = config.max_len if args.block_size is None else args.block_size
     if not 1 <= block <= config.max_len:
         raise UserError(f"--block-size must be in 1..{config.max_len} (the model's max_len)")
-    if args.max_tokens < 1:
-        raise UserError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     tokenizer = load_lm_tokenizer(ckpt.path)
     stream = token_stream(read_documents(args.text), tokenizer, config.eos_id)
     blocks = TextBlocks(stream, block, keep_tail=True)

@@ -7,14 +7,17 @@
     aiayn experiment --list
 
 Each prints its table (Markdown) and writes ``NAME.png``, ``NAME.md`` and ``NAME.csv`` into
-``--out``. See :mod:`aiayn.visualization.experiments`.
+``--out``: refused before the run if one of them is there, unless ``--force``; written into a
+temporary folder inside ``--out`` and moved into place when complete (:mod:`aiayn.cli.outputs`).
+See :mod:`aiayn.visualization.experiments`.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
+
+from aiayn.validation import Seed, flag_type
 
 
 def register(subparsers: Any) -> None:
@@ -30,12 +33,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--out", default="experiments", help="output folder (created)")
     p.add_argument("--quick", action="store_true", help="a tiny version that runs in seconds")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=flag_type(Seed), default=0, help="random seed (default 0)")
+    p.add_argument("--force", action="store_true", help="replace this experiment's files in --out")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """List the experiments, or run one and print its table."""
+    from aiayn.cli.outputs import check_folder, staged_files
     from aiayn.errors import UserError
     from aiayn.visualization.experiments import EXPERIMENTS, format_table, run_experiment
 
@@ -45,13 +50,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.name:
         raise UserError(f"name an experiment: one of {', '.join(EXPERIMENTS)} (or --list)")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} exists and is not a folder")
-    result = run_experiment(args.name, out, quick=args.quick, seed=args.seed)
+    if args.name not in EXPERIMENTS:
+        raise UserError(f"unknown experiment {args.name!r}; choose from: {', '.join(EXPERIMENTS)}")
+    names = [f"{args.name}{suffix}" for suffix in (".png", ".md", ".csv")]
+    out = check_folder(args.out, force=args.force, flag="--out", names=names)
+    with staged_files(out) as stage:
+        result = run_experiment(args.name, stage, quick=args.quick, seed=args.seed)
     print(f"## {result.title}\n")
     print(format_table(result.rows))
     print(result.summary)
-    print(f"\nplot: {result.plot}")
-    print(f"table: {result.table} (and {result.table.with_suffix('.csv')})")
+    table = out / result.table.name
+    print(f"\nplot: {out / result.plot.name}")
+    print(f"table: {table} (and {table.with_suffix('.csv')})")
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from aiayn.validation import NonNegativeInt, PositiveInt, Seed, flag_type
 from aiayn.visualization.explain import (
     DEFAULT_TOKENS,
     build_trace,
@@ -37,21 +38,21 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--d-model",
-        type=int,
+        type=flag_type(PositiveInt),
         default=None,
         metavar="D",
         help="model size d_model (default: from --weights if it gives a matrix, else 4)",
     )
     p.add_argument(
         "--heads",
-        type=int,
+        type=flag_type(PositiveInt),
         default=2,
         metavar="H",
         help="number of attention heads; must divide d_model (default: %(default)s)",
     )
     p.add_argument(
         "--seed",
-        type=int,
+        type=flag_type(Seed),
         default=None,
         help="random normal embeddings and W_Q, W_K, W_V, W_O (std 1/√d_model) from this seed "
         "instead of one-hot embeddings and identities",
@@ -83,7 +84,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--decimals",
-        type=int,
+        type=flag_type(NonNegativeInt),
         default=4,
         help="digits after the decimal point (default: %(default)s)",
     )

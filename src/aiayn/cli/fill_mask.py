@@ -7,6 +7,8 @@ import argparse
 import sys
 from typing import Any
 
+from aiayn.validation import PositiveInt, device_flag, flag_type
+
 
 def register(subparsers: Any) -> None:
     """Add the ``fill-mask`` sub-command."""
@@ -20,8 +22,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts with [MASK] (default: read)")
     p.add_argument("--checkpoint", required=True, help="a BERT checkpoint with its MLM head")
     p.add_argument("--input", "-i", help="texts file, one per line (default: standard input)")
-    p.add_argument("--top-k", type=int, default=5, help="predictions per mask (5)")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument(
+        "--top-k", type=flag_type(PositiveInt), default=5, help="predictions per mask (5)"
+    )
+    p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
     p.set_defaults(func=run)
 
 
@@ -53,7 +57,7 @@ def load_bert(checkpoint: str, device: str, *, head: str | None = None) -> tuple
     from aiayn.errors import UserError
     from aiayn.models.bert import BERT
     from aiayn.training.checkpoint import checkpoint_tokenizer, load_checkpoint
-    from aiayn.training.trainer import resolve_device
+    from aiayn.validation import resolve_device
 
     ckpt = load_checkpoint(checkpoint, map_location=resolve_device(device), expect=BERT)
     if head is not None and ckpt.model.config.head != head:

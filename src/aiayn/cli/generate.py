@@ -10,7 +10,11 @@ from aiayn.errors import UserError
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``generate`` sub-command."""
+    """Add the ``generate`` sub-command (each value checked by the rule of the
+    :class:`~aiayn.decoding.generate.GenerateOptions` field it sets)."""
+    from aiayn.decoding.generate import GenerateOptions as G
+    from aiayn.validation import device_flag, flag
+
     p = subparsers.add_parser(
         "generate",
         help="continue text prompts with a GPT-2-family checkpoint",
@@ -23,19 +27,41 @@ def register(subparsers: Any) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (or a run folder)")
     p.add_argument("--input", "-i", help="prompts file, one per line (default: standard input)")
     p.add_argument("--only-new", action="store_true", help="print only the continuations")
-    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens per prompt (50)")
-    p.add_argument("--min-new-tokens", type=int, default=0, help="no EOS before this many (0)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=flag(G, "max_new_tokens"),
+        default=50,
+        help="tokens per prompt (50)",
+    )
+    p.add_argument(
+        "--min-new-tokens",
+        type=flag(G, "min_new_tokens"),
+        default=0,
+        help="no EOS before this many (0)",
+    )
     method = p.add_mutually_exclusive_group()
     method.add_argument("--greedy", action="store_true", help="greedy search (the default)")
-    method.add_argument("--beam", type=int, metavar="K", help="beam search with K beams")
+    method.add_argument(
+        "--beam", type=flag(G, "beam_size"), metavar="K", help="beam search with K beams"
+    )
     method.add_argument("--sample", action="store_true", help="sample from the model")
-    p.add_argument("--alpha", type=float, help="beam search: GNMT length penalty alpha (0.6)")
-    p.add_argument("--temperature", type=float, help="sampling: temperature (1.0)")
-    p.add_argument("--top-k", type=int, help="sampling: keep the k most probable tokens")
-    p.add_argument("--top-p", type=float, help="sampling: keep the nucleus of probability p")
-    p.add_argument("--seed", type=int, help="sampling: seed of every prompt's generator")
-    p.add_argument("--batch-size", type=int, default=16, help="prompts decoded together (16)")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument(
+        "--alpha", type=flag(G, "alpha"), help="beam search: GNMT length penalty alpha (0.6)"
+    )
+    p.add_argument("--temperature", type=flag(G, "temperature"), help="sampling: temperature (1.0)")
+    p.add_argument(
+        "--top-k", type=flag(G, "top_k"), help="sampling: keep the k most probable tokens"
+    )
+    p.add_argument(
+        "--top-p", type=flag(G, "top_p"), help="sampling: keep the nucleus of probability p"
+    )
+    p.add_argument(
+        "--seed", type=flag(G, "seed"), help="sampling: seed of every prompt's generator"
+    )
+    p.add_argument(
+        "--batch-size", type=flag(G, "batch_size"), default=16, help="prompts decoded together (16)"
+    )
+    p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
     p.add_argument(
         "--no-pack",
         dest="pack",
@@ -80,11 +106,12 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.decoding.generate import generate
     from aiayn.models.gpt2 import GPT2
     from aiayn.training.checkpoint import load_checkpoint
+    from aiayn.validation import resolve_device
 
     options = options_from(args)  # bad values fail before anything is loaded
     if args.prompts and args.input is not None:
         raise UserError("give prompts as arguments or with --input, not both")
-    device = _device(args.device)
+    device = resolve_device(args.device)
     ckpt = load_checkpoint(args.checkpoint, map_location=device, expect=GPT2)
     tokenizer = load_lm_tokenizer(ckpt.tokenizer_path)
     prompts = list(args.prompts) or read_input(args.input)
@@ -92,18 +119,3 @@ def run(args: argparse.Namespace) -> int:
     for prompt, text in zip(prompts, texts, strict=True):
         sys.stdout.write(text + "\n" if args.only_new else prompt + text + "\n")
     return 0
-
-
-def _device(name: str) -> Any:
-    """``auto`` (CUDA when available, else CPU) or a torch device name that exists here."""
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"unknown device {name!r} (auto, cpu, cuda, cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device {name!r}: CUDA is not available")
-    return device

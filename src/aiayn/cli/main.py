@@ -1,14 +1,27 @@
 """The ``aiayn`` command: one sub-command per module in :mod:`aiayn.cli`.
 
 Each sub-command module exposes ``register(subparsers)`` which adds its parser and sets
-``func`` (args -> exit code). Bad user input (:class:`~aiayn.errors.UserError`) is printed as
-``aiayn: error: …`` without a traceback, with exit status 2.
+``func`` (args -> exit code). Errors, by what the user can do about them:
+
+* bad user input (:class:`~aiayn.errors.UserError`, a message naming the bad value) is printed as
+  one line, ``aiayn CMD: error: …``, without a traceback, with exit status 2;
+* so is the operating system refusing a file operation (an :class:`OSError` naming a path: not
+  found, permission denied, is a folder, read-only file system, disk full…), whichever path it
+  is — the remedy is the user's, and the message names the path — and a file that is not UTF-8,
+  or memory running out;
+* argparse's own errors (an unknown flag, a value of the wrong type) print its usage synopsis,
+  then the error as the last line, with exit status 2;
+* anything else is a bug in aiayn: the traceback is kept, followed by one line asking for a bug
+  report, with exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from aiayn import __version__
@@ -16,6 +29,7 @@ from aiayn.cli import (
     attention,
     average,
     classify_image,
+    classify_text,
     convert,
     embed,
     evaluate,
@@ -36,6 +50,7 @@ COMMANDS = (
     fill_mask,
     embed,
     classify_image,
+    classify_text,
     evaluate,
     average,
     attention,
@@ -70,11 +85,80 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except UserError as error:
-        print(f"aiayn {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        return _error(args.command, str(error))
     except KeyboardInterrupt:
         print("aiayn: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`aiayn translate … | head -1`)
+        _silence_stdout()
+        return 141
+    except OSError as error:
+        message = describe_os_error(error)
+        if message is None:
+            return _internal_error()
+        return _error(args.command, message)
+    except UnicodeDecodeError as error:
+        return _error(
+            args.command,
+            f"a file is not valid UTF-8 (byte {error.object[error.start : error.end]!r} at "
+            f"offset {error.start}); convert it to UTF-8, e.g. with iconv",
+        )
+    except MemoryError:
+        return _error(args.command, "out of memory: try a smaller batch or input")
+    except Exception as error:
+        if type(error).__name__ == "OutOfMemoryError":  # torch's (CUDA) out of memory
+            first = str(error).strip().splitlines()[0] if str(error).strip() else "CUDA"
+            return _error(args.command, f"out of memory ({first}): try a smaller batch or input")
+        return _internal_error()
+
+
+# errnos of a refused file operation that name no file but the disk or file system
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+
+
+def describe_os_error(error: OSError) -> str | None:
+    """One line for an :class:`OSError` that is the environment's, not aiayn's: one naming a
+    file (``PATH: reason``, and the second path of a rename), or a full or read-only disk; None
+    for others (a bug)."""
+    reason = error.strerror or str(error)
+    if error.filename is not None:
+        name = os.fsdecode(error.filename)
+        if error.filename2 is not None:
+            name = f"{name} -> {os.fsdecode(error.filename2)}"
+        return f"{name}: {reason}"
+    if error.errno in _DISK_ERRNOS:
+        return reason
+    return None
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: its lines joined, blank ones and caret markers dropped."""
+    lines = [line.strip() for line in message.splitlines()]
+    return " ".join(line for line in lines if line and set(line) != {"^"})
+
+
+def _error(command: str, message: str) -> int:
+    print(f"aiayn {command}: error: {one_line(message)}", file=sys.stderr)
+    return 2
+
+
+def _internal_error() -> int:
+    traceback.print_exc()
+    print(
+        "aiayn: internal error — this is a bug in aiayn: please report it to the aiayn "
+        "maintainers with the command and the traceback above",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that Python's flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from aiayn.config import PRESETS, preset
+from aiayn.config import PRESETS, TransformerConfig, preset
 from aiayn.models import (
     GPT2,
     GPT2_PRESETS,
@@ -22,6 +22,7 @@ from aiayn.models import (
 )
 from aiayn.models.bert import BERT, BERT_PRESETS, bert_preset, expected_bert_parameters
 from aiayn.models.vit import VIT_PRESETS, ViT, expected_vit_parameters
+from aiayn.validation import flag
 
 # Table 3 of the paper (37k BPE), and Hugging Face's counts of the published GPT-2 checkpoints
 # (50,257 tokens): (count, vocabulary size it holds for, source)
@@ -58,7 +59,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--vocab-size",
-        type=int,
+        type=flag(TransformerConfig, "vocab_size"),
         help="vocabulary size (default: the paper's WMT EN-DE BPE, 37000; a GPT-2 preset's own)",
     )
     p.set_defaults(func=run)

@@ -4,6 +4,7 @@ with no config, the built-in translation demo."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 
@@ -16,7 +17,9 @@ def register(subparsers: Any) -> None:
         "trains a small translation model on the built-in Tatoeba EN-DE demo corpus (a few "
         "minutes on a CPU), then translates a few sentences and reports BLEU on held-out pairs. "
         "A config whose model section says family: gpt2 trains a language model instead "
-        "(configs/lm_demo.yaml: on the demo corpus's English side) and reports perplexity.",
+        "(configs/lm_demo.yaml: on the demo corpus's English side) and reports perplexity; "
+        "family: bert trains BERT, by masked-LM pre-training or as a text classifier as "
+        "data.task says (configs/bert_mlm.yaml, configs/bert_classify.yaml).",
     )
     p.add_argument("--config", help="YAML run config (see configs/); default: the built-in demo")
     p.add_argument(
@@ -37,7 +40,18 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--run-dir", help="where checkpoints, metrics and plots go (overrides run_dir)")
     p.add_argument(
-        "--resume", action="store_true", help="continue the run in run_dir exactly where it stopped"
+        "--resume",
+        action="store_true",
+        help="continue the run in run_dir exactly where it stopped; a config that differs from "
+        "the run's is refused, except in how long it trains, its bookkeeping (log/eval/save "
+        "intervals, checkpoints kept), where it runs, and train.lr_scale, clip_norm and "
+        "max_bad_steps (the list: docs/reliability.md)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="delete the run already in run_dir (its checkpoints, tokenizer, metrics, plots) "
+        "and start over; without it, a run_dir holding a run is refused",
     )
     p.set_defaults(func=run)
 
@@ -48,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.training.config import load_run_config
     from aiayn.training.distributed import is_main_process
     from aiayn.training.task import make_task
-    from aiayn.training.trainer import train
+    from aiayn.training.trainer import DIVERGED_EXIT_STATUS, TrainingDiverged, train
 
     overrides = list(args.overrides)
     if args.run_dir:
@@ -56,7 +70,12 @@ def run(args: argparse.Namespace) -> int:
     if args.config is not None and args.demo != "translation":
         raise UserError("give --config FILE or --demo lm, not both")
     config = load_run_config(args.config, overrides, demo=args.demo)
-    result = train(config, resume=args.resume)
+    try:
+        result = train(config, resume=args.resume, force=args.force)
+    except TrainingDiverged as error:  # every rank stopped at the same step; rank 0 says why
+        if is_main_process():
+            print(f"aiayn train: error: {error}", file=sys.stderr)
+        return DIVERGED_EXIT_STATUS
     if not is_main_process():  # under torchrun only rank 0 reports
         return 0
     print(

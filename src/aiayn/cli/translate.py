@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 
@@ -24,12 +23,17 @@ def register(subparsers: Any) -> None:
     add_decoding_arguments(p)
     p.add_argument("--input", "-i", help="input file (default: standard input)")
     p.add_argument("--output", "-o", help="output file (default: standard output)")
+    p.add_argument("--force", action="store_true", help="replace an existing --output file")
     p.set_defaults(func=run)
 
 
 def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = False) -> None:
     """Options shared by ``translate`` and ``evaluate --checkpoint`` (where the checkpoint is
-    optional and there is no n-best output)."""
+    optional and there is no n-best output); each value is checked by the rule of the
+    :class:`~aiayn.decoding.translate.DecodeOptions` field it sets."""
+    from aiayn.decoding.translate import DecodeOptions
+    from aiayn.validation import choices_of, device_flag, flag
+
     p.add_argument(
         "--checkpoint",
         required=not for_evaluate,
@@ -37,17 +41,17 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = F
     )
     p.add_argument(
         "--beam",
-        type=int,
+        type=flag(DecodeOptions, "beam_size"),
         help="beam size; 1 = greedy (default: 4, or a converted model's num_beams)",
     )
     p.add_argument(
         "--alpha",
-        type=float,
+        type=flag(DecodeOptions, "alpha"),
         help="alpha of the length penalty (default: 0.6, or a converted model's length_penalty)",
     )
     p.add_argument(
         "--length-penalty",
-        choices=("gnmt", "hf"),
+        choices=choices_of(DecodeOptions, "length_penalty"),
         help="the beam's rules: gnmt (the paper's, default for aiayn's models) or hf "
         "(transformers' generate: log P / length^alpha; default for converted models)",
     )
@@ -58,17 +62,17 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = F
     )
     p.add_argument(
         "--max-tokens",
-        type=int,
+        type=flag(DecodeOptions, "max_tokens"),
         default=4096,
         help="source tokens x beams per batch (default 4096)",
     )
     if not for_evaluate:
         p.add_argument(
             "--n-best",
-            type=int,
+            type=flag(DecodeOptions, "n_best"),
             help="write the n best hypotheses per line, tab-separated with scores",
         )
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
     p.add_argument(
         "--no-pack",
         dest="pack",
@@ -85,7 +89,7 @@ def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from aiayn.models.transformer import EncoderDecoder
     from aiayn.training.checkpoint import load_checkpoint, load_translation_tokenizer
     from aiayn.training.performance import keep_freed_memory
-    from aiayn.training.trainer import resolve_device
+    from aiayn.validation import resolve_device
 
     device = resolve_device(args.device)
     if device.type == "cpu":
@@ -114,9 +118,12 @@ def read_input(path: str | None) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Translate and write the results in input order."""
+    from aiayn.cli.outputs import check_file, write_text
     from aiayn.data import normalize
     from aiayn.decoding.translate import translate_ids, with_prefix
 
+    if args.output:
+        check_file(args.output, force=args.force, flag="--output")
     model, tokenizer, options = load_for_decoding(args)
     lines = read_input(args.input)
     ids = tokenizer.encode_batch([with_prefix(args.prefix, normalize(line)) for line in lines])
@@ -136,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
             )
     text = "".join(line + "\n" for line in out_lines)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        write_text(args.output, text)
     else:
         sys.stdout.write(text)
     return 0

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 
 from aiayn.data.text_tokenizer import GPT2_MERGES, GPT2_VOCAB, TOKENIZER_JSON, TextTokenizer
@@ -184,7 +184,9 @@ def write_hf_folder(
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     contiguous = {name: t.detach().contiguous().cpu() for name, t in tensors.items()}
-    save_file(contiguous, str(out / SAFETENSORS_FILE), metadata={"format": "pt"})
+    from aiayn.training.checkpoint import save_safetensors  # the user's umask, not 0600
+
+    save_safetensors(contiguous, out / SAFETENSORS_FILE, metadata={"format": "pt"})
     if tokenizer is not None:
         tokenizer.save(out / TOKENIZER_JSON)
         tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast"}

@@ -3,6 +3,9 @@ masked-LM objective of Devlin et al. 2019, §3.1 "Task #1") and sentence embeddi
 over the real tokens, then L2 normalisation, as sentence-transformers models do; Reimers &
 Gurevych 2019, §3).
 
+Both run the model through :class:`~aiayn.decoding.encoder_inference.BertInference`: its blocks
+on the real tokens only, the same states at real positions as the model's ``forward``.
+
 Shape legend:  B texts in a batch   S tokens   D d_model   V vocabulary   k predictions kept
 """
 
@@ -16,6 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.data.bert_tokenizer import BertTokenizer
+from aiayn.decoding.encoder_inference import BertInference
+from aiayn.decoding.packed import pack_for_inference
 from aiayn.errors import UserError
 from aiayn.models.bert import BERT
 
@@ -48,7 +53,7 @@ def fill_mask(
     if not where:
         raise UserError(f"no {tokenizer.convert_ids_to_tokens(tokenizer.mask_id)} in {text!r}")
     model.eval()
-    hidden = model(ids, torch.tensor([encoded.token_types])).hidden  # (1, S, D)
+    hidden = BertInference(model)(ids, torch.tensor([encoded.token_types])).hidden  # (1, S, D)
     probs = torch.softmax(model.mlm_logits(hidden[:, where]).float(), dim=-1)[0]  # (M, V)
     top = probs.topk(top_k, dim=-1)  # (M, k)
     results = []
@@ -72,17 +77,24 @@ def sentence_embeddings(
     *,
     batch_size: int = 32,
     normalize: bool = True,
+    pack: bool = True,
 ) -> Tensor:
     """(N, D) embeddings of ``texts``: the mean of the final states over each text's real tokens
-    ([CLS] and [SEP] included, padding not), L2-normalised unless ``normalize`` is False."""
+    ([CLS] and [SEP] included, padding not), L2-normalised unless ``normalize`` is False.
+
+    ``pack``: on CPU, run a copy of the model whose linear layers are packed for oneDNN
+    (:func:`~aiayn.decoding.packed.pack_for_inference`, made once per call; same fp32
+    arithmetic up to summation order). Ignored on GPU.
+    """
     if batch_size < 1:
         raise UserError(f"batch size must be >= 1, got {batch_size}")
     model.eval()
     device = next(model.parameters()).device
+    encode = BertInference(pack_for_inference(model) if pack else model)
     out = []
     for start in range(0, len(texts), batch_size):
         batch = tokenizer.encode_batch(list(texts[start : start + batch_size])).to(device)
-        hidden = model(batch.ids, batch.token_types, batch.attention_mask).hidden  # (B, S, D)
+        hidden = encode(batch.ids, batch.token_types, batch.attention_mask).hidden  # (B, S, D)
         real = batch.attention_mask[:, :, None].to(hidden.dtype)  # (B, S, 1)
         mean = (hidden * real).sum(dim=1) / real.sum(dim=1).clamp(min=1)  # (B, D)
         out.append(F.normalize(mean.float(), dim=-1) if normalize else mean.float())

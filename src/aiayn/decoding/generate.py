@@ -15,7 +15,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import torch
 
@@ -26,10 +26,21 @@ from aiayn.decoding.packed import pack_for_inference
 from aiayn.decoding.sampling import sample
 from aiayn.errors import UserError
 from aiayn.models.gpt2 import GPT2
+from aiayn.validation import (
+    Bounds,
+    Choice,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    validate,
+    validated,
+)
 
 METHODS = ("greedy", "beam", "sample")
 
 
+@validated(None)
 @dataclass(frozen=True)
 class GenerateOptions:
     """How to generate. Every value is checked on construction (:class:`UserError` naming it).
@@ -56,59 +67,32 @@ class GenerateOptions:
             arithmetic up to summation order, packed once per call). Ignored on GPU.
     """
 
-    max_new_tokens: int = 50
-    min_new_tokens: int = 0
-    method: str = "greedy"
-    beam_size: int = 4
-    alpha: float = 0.6
-    n_best: int = 1
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    batch_size: int = 16
+    max_new_tokens: PositiveInt = 50
+    min_new_tokens: NonNegativeInt = 0
+    method: Annotated[str, Choice(METHODS)] = "greedy"
+    beam_size: PositiveInt = 4
+    alpha: NonNegativeFloat = 0.6
+    n_best: PositiveInt = 1
+    temperature: PositiveFloat = 1.0
+    top_k: PositiveInt | None = None
+    top_p: Annotated[float, Bounds(gt=0, le=1)] | None = None
+    seed: Annotated[int, Bounds(ge=0, lt=2**63)] | None = None
+    batch_size: PositiveInt = 16
     pack: bool = True
 
     def __post_init__(self) -> None:
-        _check_int("max_new_tokens", self.max_new_tokens, 1)
-        _check_int("min_new_tokens", self.min_new_tokens, 0, self.max_new_tokens)
-        if self.method not in METHODS:
-            raise UserError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
-        _check_int("beam_size", self.beam_size, 1)
-        _check_int("n_best", self.n_best, 1, self.beam_size)
+        validate(self)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise UserError(
+                f"min_new_tokens must be between 0 and {self.max_new_tokens} (max_new_tokens), "
+                f"got {self.min_new_tokens}"
+            )
+        if self.n_best > self.beam_size:
+            raise UserError(
+                f"n_best must be between 1 and {self.beam_size} (the beam size), got {self.n_best}"
+            )
         if self.n_best > 1 and self.method != "beam":
             raise UserError(f"n_best = {self.n_best} needs method 'beam', got {self.method!r}")
-        _check_float("alpha", self.alpha, 0.0, math.inf)
-        _check_float("temperature", self.temperature, 0.0, math.inf, open_low=True)
-        if self.top_k is not None:
-            _check_int("top_k", self.top_k, 1)
-        if self.top_p is not None:
-            _check_float("top_p", self.top_p, 0.0, 1.0, open_low=True)
-        if self.seed is not None:
-            _check_int("seed", self.seed, 0, 2**63 - 1)
-        _check_int("batch_size", self.batch_size, 1)
-        if not isinstance(self.pack, bool):
-            raise UserError(f"pack must be True or False, got {self.pack!r}")
-
-
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
-    """``value`` is an int (not a bool) in [low, high]."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise UserError(f"{name} must be an integer, got {value!r}")
-    if value < low or (high is not None and value > high):
-        bounds = f">= {low}" if high is None else f"between {low} and {high}"
-        raise UserError(f"{name} must be {bounds}, got {value}")
-
-
-def _check_float(
-    name: str, value: object, low: float, high: float, *, open_low: bool = False
-) -> None:
-    """``value`` is a finite number in [low, high], or (low, high] with ``open_low``."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise UserError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value > high or value < low or (open_low and value == low):
-        interval = f"{'(' if open_low else '['}{low}, {high}{')' if math.isinf(high) else ']'}"
-        raise UserError(f"{name} must be finite and in {interval}, got {value}")
 
 
 class TextCodec(Protocol):

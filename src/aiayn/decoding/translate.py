@@ -10,7 +10,7 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -26,8 +26,17 @@ from aiayn.decoding.packed import pack_for_inference
 from aiayn.decoding.step import DecoderState, StepFunction, renormalized
 from aiayn.errors import UserError
 from aiayn.models.transformer import EncoderDecoder
+from aiayn.validation import (
+    Choice,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    validate,
+    validated,
+)
 
 
+@validated(None)
 @dataclass(frozen=True)
 class DecodeOptions:
     """How to decode (§6.1 defaults: beam 4, α = 0.6, output ≤ input length + 50).
@@ -58,44 +67,29 @@ class DecodeOptions:
             ``benchmarks/decode_vs_hf.py``, docs/benchmarks.md). Ignored on GPU.
     """
 
-    beam_size: int = 4
-    alpha: float = 0.6
-    length_penalty: str = "gnmt"
-    early_stopping: bool | str = True
+    beam_size: PositiveInt = 4
+    alpha: NonNegativeFloat = 0.6
+    length_penalty: Annotated[str, Choice(("gnmt", "hf"))] = "gnmt"
+    early_stopping: Annotated[bool | str, Choice((True, False, "never"))] = True
     forced_eos: bool = False
-    extra_len: int = 50
-    max_new_tokens: int | None = None
-    min_len: int = 0
-    n_best: int = 1
-    max_tokens: int = 4096
-    max_src_tokens: int | None = None
-    banned: tuple[int, ...] | None = None
+    extra_len: NonNegativeInt = 50
+    max_new_tokens: PositiveInt | None = None
+    min_len: NonNegativeInt = 0
+    n_best: PositiveInt = 1
+    max_tokens: PositiveInt = 4096
+    max_src_tokens: PositiveInt | None = None
+    banned: tuple[NonNegativeInt, ...] | None = None
     renormalize: bool = False
     pack: bool = True
 
     def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise UserError(f"beam size must be >= 1, got {self.beam_size}")
-        if not 1 <= self.n_best <= self.beam_size:
-            raise UserError(f"n-best must be between 1 and the beam size, got {self.n_best}")
-        if self.max_tokens < 1:
-            raise UserError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not (math.isfinite(self.alpha) and self.alpha >= 0):
-            raise UserError(f"alpha must be a finite number >= 0, got {self.alpha}")
-        if self.length_penalty not in ("gnmt", "hf"):
-            raise UserError(f"length penalty must be 'gnmt' or 'hf', got {self.length_penalty!r}")
-        if self.early_stopping not in (True, False, "never"):
+        validate(self)
+        if self.n_best > self.beam_size:
             raise UserError(
-                f"early stopping must be true, false or 'never', got {self.early_stopping!r}"
+                f"n_best must be between 1 and {self.beam_size} (the beam size), got {self.n_best}"
             )
         if self.length_penalty == "gnmt" and (self.early_stopping is not True or self.forced_eos):
             raise UserError("early stopping and forced EOS are rules of the 'hf' length penalty")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise UserError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
-        if self.extra_len < 0 or self.min_len < 0:
-            raise UserError(
-                f"extra_len and min_len must be >= 0, got {self.extra_len}, {self.min_len}"
-            )
 
 
 def options_for_checkpoint(generation: Mapping[str, Any] | None, **given: Any) -> DecodeOptions:

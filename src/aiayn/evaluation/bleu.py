@@ -47,25 +47,30 @@ def _check_lengths(hypotheses: Sequence[str], references: Sequence[str]) -> None
 
 
 def split_compounds(text: str) -> str:
-    """The compound splitting of the WMT EN-DE "paper BLEU" (tensor2tensor's get_ende_bleu.sh):
-    ``Ein-Mann`` -> ``Ein ##AT##-##AT## Mann``, so that hyphenated compounds count as 3 tokens."""
+    r"""The compound splitting of the WMT EN-DE "paper BLEU" (tensor2tensor's get_ende_bleu.sh,
+    ``perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'``): ``Ein-Mann`` ->
+    ``Ein ##AT##-##AT## Mann``, so that a hyphenated compound counts as 3 tokens. Matches do not
+    overlap, as in Perl: ``a-b-c`` -> ``a ##AT##-##AT## b-c``."""
     import re
 
     return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", text)
 
 
 def paper_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
-    """Tokenized BLEU with compound splitting, as WMT14 EN-DE results are usually reported.
+    """Tokenized BLEU with compound splitting, as WMT14 EN-DE results are usually reported
+    (the Transformer paper's Table 2, via tensor2tensor's get_ende_bleu.sh).
 
-    Clearly *not* sacreBLEU: both sides are tokenized (sacreBLEU's 13a tokenizer, close to
-    Moses' tokenizer.perl) and compound-split, then scored with no further tokenization; this
-    inflates the score. Use it only to compare with the paper's Table 2.
+    Clearly *not* sacreBLEU: both sides are tokenized (sacreBLEU's 13a tokenizer standing in for
+    Moses' tokenizer.perl, which it follows closely but not in every detail) and compound-split
+    (:func:`split_compounds`), then scored as multi-bleu.perl does: on whitespace tokens, cased,
+    without smoothing. Splitting inflates the score; use it only to compare with published
+    tokenized figures, next to :func:`corpus_bleu`.
     """
     from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
     _check_lengths(hypotheses, references)
     tokenize = Tokenizer13a()
-    metric = sacrebleu.BLEU(tokenize="none", force=True)
+    metric = sacrebleu.BLEU(tokenize="none", smooth_method="none", force=True)
     result = metric.corpus_score(
         [split_compounds(tokenize(h)) for h in hypotheses],
         [[split_compounds(tokenize(r)) for r in references]],

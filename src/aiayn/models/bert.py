@@ -30,15 +30,14 @@ Shape legend:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from aiayn.attention import SelfAttention
-from aiayn.config import ModelConfig, check_field_types, validate_choice
+from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.layers import (
     ACTIVATIONS,
@@ -53,11 +52,21 @@ from aiayn.layers import (
     layer_norm,
 )
 from aiayn.models.transformer import Encoder
+from aiayn.validation import (
+    Choice,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Rate,
+    validate,
+    validated,
+)
 
 HEADS = ("none", "mlm", "classification")
 """What :class:`BERT` puts on top of the encoder: nothing, the masked-LM head, or a classifier."""
 
 
+@validated("model")
 @dataclass(frozen=True)
 class BertConfig(ModelConfig):
     """Hyper-parameters of a BERT model (Hugging Face's names in brackets).
@@ -83,52 +92,44 @@ class BertConfig(ModelConfig):
         num_labels: C, outputs of the classification head [num_labels, len(id2label)].
         pooler: the dense + tanh pooler on the first position [add_pooling_layer];
             the classification head needs it.
+        id2label: the C labels' names in order [id2label], or () for none (class indices).
     """
 
-    vocab_size: int = 30522
-    max_len: int = 512
-    type_vocab_size: int = 2
-    d_model: int = 768
-    num_heads: int = 12
-    num_layers: int = 12
-    d_ff: int = 3072
-    activation: str = "gelu"
-    dropout: float = 0.1
-    attention_dropout: float = 0.1
-    classifier_dropout: float | None = None
-    layer_norm_eps: float = 1e-12
-    pad_id: int = 0
-    head: str = "none"
-    num_labels: int = 2
+    vocab_size: PositiveInt = 30522
+    max_len: PositiveInt = 512
+    type_vocab_size: PositiveInt = 2
+    d_model: PositiveInt = 768
+    num_heads: PositiveInt = 12
+    num_layers: NonNegativeInt = 12
+    d_ff: PositiveInt = 3072
+    activation: Annotated[str, Choice(tuple(ACTIVATIONS))] = "gelu"
+    dropout: Rate = 0.1
+    attention_dropout: Rate = 0.1
+    classifier_dropout: Rate | None = None
+    layer_norm_eps: PositiveFloat = 1e-12
+    pad_id: NonNegativeInt = 0
+    head: Annotated[str, Choice(HEADS)] = "none"
+    num_labels: PositiveInt = 2
     pooler: bool = True
+    id2label: tuple[str, ...] = ()  # a list read back from JSON/YAML becomes a tuple
 
     def __post_init__(self) -> None:
-        check_field_types(self)
-        sizes = ("vocab_size", "max_len", "type_vocab_size", "d_model", "num_heads", "d_ff")
-        for name in (*sizes, "num_labels"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_layers < 0:
-            raise ConfigError(f"num_layers must be >= 0, got {self.num_layers}")
+        validate(self)
         if self.d_model % self.num_heads:
             raise ConfigError(
                 f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
             )
-        validate_choice("activation", self.activation, tuple(ACTIVATIONS))
-        validate_choice("head", self.head, HEADS)
-        self._check_rates()
-        if not 0 <= self.pad_id < self.vocab_size:
+        if self.pad_id >= self.vocab_size:
             raise ConfigError(f"pad_id={self.pad_id} is outside the vocabulary")
         if self.head == "classification" and not self.pooler:
             raise ConfigError("head='classification' needs pooler=True (it reads the pooled state)")
+        self._check_labels()
 
-    def _check_rates(self) -> None:
-        for name in ("dropout", "attention_dropout", "classifier_dropout"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value < 1.0:
-                raise ConfigError(f"{name} must be in [0, 1), got {value}")
-        if not (math.isfinite(self.layer_norm_eps) and self.layer_norm_eps > 0):
-            raise ConfigError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
+    def _check_labels(self) -> None:
+        if self.id2label and len(self.id2label) != self.num_labels:
+            raise ConfigError(
+                f"id2label names {len(self.id2label)} labels, but num_labels={self.num_labels}"
+            )
 
     @property
     def classifier_rate(self) -> float:

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from aiayn.attention import KVCache, SelfAttention, decoder_only_mask, positions_from_padding
-from aiayn.config import ModelConfig, check_field_types, validate_choice
+from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.layers import (
     ACTIVATIONS,
@@ -38,8 +38,18 @@ from aiayn.layers import (
     TokenEmbedding,
     layer_norm,
 )
+from aiayn.validation import (
+    Choice,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Rate,
+    validate,
+    validated,
+)
 
 
+@validated("model")
 @dataclass(frozen=True)
 class GPT2Config(ModelConfig):
     """Hyper-parameters of a GPT-2 language model (Hugging Face's names in brackets).
@@ -63,41 +73,30 @@ class GPT2Config(ModelConfig):
             none, so <|endoftext|>.
     """
 
-    vocab_size: int = 50257
-    max_len: int = 1024
-    d_model: int = 768
-    num_heads: int = 12
-    num_layers: int = 12
-    d_ff: int | None = None
-    activation: str = "gelu_tanh"
-    dropout: float = 0.1
-    embedding_dropout: float = 0.1
-    attention_dropout: float = 0.1
-    layer_norm_eps: float = 1e-5
+    vocab_size: PositiveInt = 50257
+    max_len: PositiveInt = 1024
+    d_model: PositiveInt = 768
+    num_heads: PositiveInt = 12
+    num_layers: PositiveInt = 12
+    d_ff: PositiveInt | None = None
+    activation: Annotated[str, Choice(tuple(ACTIVATIONS))] = "gelu_tanh"
+    dropout: Rate = 0.1
+    embedding_dropout: Rate = 0.1
+    attention_dropout: Rate = 0.1
+    layer_norm_eps: PositiveFloat = 1e-5
     tie_output: bool = True
-    bos_id: int = 50256
-    eos_id: int = 50256
-    pad_id: int = 50256
+    bos_id: NonNegativeInt = 50256
+    eos_id: NonNegativeInt = 50256
+    pad_id: NonNegativeInt = 50256
 
     def __post_init__(self) -> None:
-        check_field_types(self)
-        for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_ff is not None and self.d_ff < 1:
-            raise ConfigError(f"d_ff must be >= 1 or None, got {self.d_ff}")
+        validate(self)
         if self.d_model % self.num_heads:
             raise ConfigError(
                 f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
             )
-        validate_choice("activation", self.activation, tuple(ACTIVATIONS))
-        for name in ("dropout", "embedding_dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if not (math.isfinite(self.layer_norm_eps) and self.layer_norm_eps > 0):
-            raise ConfigError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
         for name in ("bos_id", "eos_id", "pad_id"):
-            if not 0 <= getattr(self, name) < self.vocab_size:
+            if getattr(self, name) >= self.vocab_size:
                 raise ConfigError(f"{name}={getattr(self, name)} is outside the vocabulary")
 
     @property

@@ -28,14 +28,14 @@ Shape legend:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
 
 from aiayn.attention import CAUSAL, CrossAttention, Mask, SelfAttention
-from aiayn.config import ModelConfig, check_field_types, validate_choice
+from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.layers import (
     ACTIVATIONS,
@@ -50,8 +50,19 @@ from aiayn.layers import (
 )
 from aiayn.layers.relative_position import RelativePositionBias
 from aiayn.models.transformer import Decoder, Encoder, EncoderDecoder
+from aiayn.validation import (
+    Bounds,
+    Choice,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Rate,
+    validate,
+    validated,
+)
 
 
+@validated("model")
 @dataclass(frozen=True)
 class T5Config(ModelConfig):
     """Hyper-parameters of a T5 model (Hugging Face's names in brackets).
@@ -81,46 +92,32 @@ class T5Config(ModelConfig):
         pad_id: padding, never attended to; also the decoder's start token [pad_token_id].
     """
 
-    vocab_size: int = 32128
-    d_model: int = 512
-    d_kv: int = 64
-    d_ff: int = 2048
-    num_heads: int = 8
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
-    activation: str = "relu"
+    vocab_size: PositiveInt = 32128
+    d_model: PositiveInt = 512
+    d_kv: PositiveInt = 64
+    d_ff: PositiveInt = 2048
+    num_heads: PositiveInt = 8
+    num_encoder_layers: NonNegativeInt = 6
+    num_decoder_layers: NonNegativeInt = 6
+    activation: Annotated[str, Choice(tuple(ACTIVATIONS))] = "relu"
     gated: bool = False
-    num_buckets: int = 32
-    max_distance: int = 128
-    dropout: float = 0.1
-    layer_norm_eps: float = 1e-6
+    num_buckets: Annotated[int, Bounds(ge=4)] = 32
+    max_distance: PositiveInt = 128
+    dropout: Rate = 0.1
+    layer_norm_eps: PositiveFloat = 1e-6
     tie_output: bool = True
     scale_output: bool = True
-    max_len: int = 512
-    pad_id: int = 0
+    max_len: PositiveInt = 512
+    pad_id: NonNegativeInt = 0
 
     def __post_init__(self) -> None:
-        check_field_types(self)
-        positive = ("vocab_size", "d_model", "d_kv", "d_ff", "num_heads", "num_buckets")
-        for name in (*positive, "max_distance", "max_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_encoder_layers", "num_decoder_layers"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.num_buckets < 4:
-            raise ConfigError(f"num_buckets must be >= 4, got {self.num_buckets}")
+        validate(self)
         if self.max_distance <= self.num_buckets // 2:
             raise ConfigError(
                 f"max_distance must exceed num_buckets / 2 = {self.num_buckets // 2} (the "
                 f"distances bucketed one by one), got {self.max_distance}"
             )
-        validate_choice("activation", self.activation, tuple(ACTIVATIONS))
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not (math.isfinite(self.layer_norm_eps) and self.layer_norm_eps > 0):
-            raise ConfigError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
-        if not 0 <= self.pad_id < self.vocab_size:
+        if self.pad_id >= self.vocab_size:
             raise ConfigError(f"pad_id={self.pad_id} is outside the vocabulary")
 
     @property

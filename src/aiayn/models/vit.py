@@ -39,20 +39,29 @@ Shape legend:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import SelfAttention
-from aiayn.config import ModelConfig, check_field_types, validate_choice
+from aiayn.config import ModelConfig
 from aiayn.errors import ConfigError
 from aiayn.layers import ACTIVATIONS, Dropout, FeedForward, SelfAttentionBlock, layer_norm
+from aiayn.validation import (
+    Choice,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Rate,
+    validate,
+    validated,
+)
 
 
+@validated("model")
 @dataclass(frozen=True)
 class ViTConfig(ModelConfig):
     """Hyper-parameters of a Vision Transformer (Hugging Face's names in brackets).
@@ -78,30 +87,24 @@ class ViTConfig(ModelConfig):
         id2label: the K labels' names in order [id2label], or () for none.
     """
 
-    image_size: int = 224
-    patch_size: int = 16
-    num_channels: int = 3
-    d_model: int = 768
-    num_heads: int = 12
-    num_layers: int = 12
-    d_ff: int = 3072
-    activation: str = "gelu"
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
-    layer_norm_eps: float = 1e-12
+    image_size: PositiveInt = 224
+    patch_size: PositiveInt = 16
+    num_channels: PositiveInt = 3
+    d_model: PositiveInt = 768
+    num_heads: PositiveInt = 12
+    num_layers: PositiveInt = 12
+    d_ff: PositiveInt = 3072
+    activation: Annotated[str, Choice(tuple(ACTIVATIONS))] = "gelu"
+    dropout: Rate = 0.0
+    attention_dropout: Rate = 0.0
+    layer_norm_eps: PositiveFloat = 1e-12
     qkv_bias: bool = True
     pooler: bool = True
-    num_labels: int = 0
-    id2label: tuple = ()  # of str (check_field_types reads no `tuple[str, ...]`: checked below)
+    num_labels: NonNegativeInt = 0
+    id2label: tuple[str, ...] = ()  # a list read back from JSON/YAML becomes a tuple
 
     def __post_init__(self) -> None:
-        if isinstance(self.id2label, list):  # read back from JSON/YAML
-            object.__setattr__(self, "id2label", tuple(self.id2label))
-        check_field_types(self)
-        positive = ("image_size", "patch_size", "num_channels", "d_model", "num_heads", "d_ff")
-        for name in (*positive, "num_layers"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        validate(self)
         if self.patch_size > self.image_size:
             raise ConfigError(
                 f"patch_size={self.patch_size} is larger than image_size={self.image_size}"
@@ -110,19 +113,6 @@ class ViTConfig(ModelConfig):
             raise ConfigError(
                 f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
             )
-        validate_choice("activation", self.activation, tuple(ACTIVATIONS))
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if not (math.isfinite(self.layer_norm_eps) and self.layer_norm_eps > 0):
-            raise ConfigError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
-        self._check_labels()
-
-    def _check_labels(self) -> None:
-        if self.num_labels < 0:
-            raise ConfigError(f"num_labels must be >= 0, got {self.num_labels}")
-        if not all(isinstance(name, str) for name in self.id2label):
-            raise ConfigError(f"id2label must hold label names (strings), got {self.id2label!r}")
         if self.id2label and len(self.id2label) != self.num_labels:
             raise ConfigError(
                 f"id2label names {len(self.id2label)} labels, but num_labels={self.num_labels}"

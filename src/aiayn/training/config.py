@@ -9,14 +9,18 @@ A YAML file has the three sections plus ``run_dir``::
 
 ``model.family`` picks the model family and with it the task: ``transformer`` (the default: the
 paper's encoder–decoder, translation, :class:`DataConfig`), ``gpt2`` (a decoder-only language
-model, :class:`LMDataConfig`) or ``vit`` (a Vision Transformer classifying images,
-:class:`ImageDataConfig`)::
+model, :class:`LMDataConfig`), ``vit`` (a Vision Transformer classifying images,
+:class:`ImageDataConfig`) or ``bert`` (BERT: masked-LM pre-training or text classification,
+:class:`BertDataConfig`; ``data.task`` says which)::
 
     model: {family: gpt2, preset: gpt2-tiny, d_model: 128}
     data:  {train_text: book.txt, block_size: 128, vocab_size: 8000}
 
     model: {family: vit, preset: vit-tiny-digits}
     data:  {dataset: digits, valid_size: 180, test_size: 180, shift: 1}
+
+    model: {family: bert, init_from: checkpoints/bert-base-uncased}
+    data:  {task: classification, train: train.tsv, valid: valid.tsv}
 
 ``--set train.max_steps=100`` overrides one key (the value is parsed as YAML). Unknown keys, keys
 of the other family's data section and wrong types are errors naming the key.
@@ -25,19 +29,38 @@ of the other family's data section and wrong types are errors naming the key.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 
-from aiayn.config import ModelConfig, TransformerConfig, check_field_types, preset
+from aiayn.config import ModelConfig, TransformerConfig, preset
+from aiayn.data.tokenizer import MIN_VOCAB_SIZE
 from aiayn.errors import ConfigError, UserError
+from aiayn.models.bert import BertConfig, bert_preset
 from aiayn.models.gpt2 import GPT2Config, gpt2_preset
 from aiayn.models.vit import ViTConfig, vit_preset
+from aiayn.validation import (
+    Bounds,
+    Choice,
+    Device,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Rate,
+    Seed,
+    validate,
+    validated,
+)
+
+VocabSize = Annotated[int, Bounds(ge=MIN_VOCAB_SIZE)]
+"""A BPE vocabulary to learn: at least the 4 specials and the 256 bytes."""
 
 
+@validated("data")
 @dataclass(frozen=True)
 class DataConfig:
     """Where the parallel corpus comes from and how it is tokenised (§5.1).
@@ -56,6 +79,16 @@ class DataConfig:
         max_ratio: drop pairs whose word-length ratio exceeds this.
         max_tokens_per_sentence: drop pairs with more subword tokens than this on either side.
         lowercase: lowercase both sides before anything else (off: cased BLEU, as reported).
+        hf_dataset: instead of ``train_src``: a Hugging Face ``datasets`` corpus: a Hub name
+            (``wmt/wmt14``), a ``save_to_disk`` folder or a folder of parquet files (see
+            :mod:`aiayn.data.hf_datasets` and docs/wmt14.md; needs ``pip install 'aiayn[wmt]'``).
+        hf_config: the Hub config (``de-en``); for a local folder, a subfolder of it.
+        hf_split: the split of ``hf_dataset`` trained on.
+        src_lang, tgt_lang: the language codes of source and target (``en``, ``de``): the
+            direction, taken from ``hf_dataset``'s rows and sacreBLEU test sets.
+        valid, test: instead of the ``*_src``/``*_tgt`` files: ``sacrebleu:NAME`` (a sacreBLEU
+            test set, e.g. ``sacrebleu:wmt13``, ``sacrebleu:wmt14/full``) or ``split:NAME`` (a
+            split of ``hf_dataset``, e.g. ``split:validation``).
     """
 
     train_src: str | None = None
@@ -64,29 +97,62 @@ class DataConfig:
     valid_tgt: str | None = None
     test_src: str | None = None
     test_tgt: str | None = None
-    valid_size: int = 500
-    bleu_sentences: int = 500
-    vocab_size: int = 8000
-    min_frequency: int = 2
-    max_words: int = 100
-    max_ratio: float = 9.0
-    max_tokens_per_sentence: int = 200
+    valid_size: PositiveInt = 500
+    bleu_sentences: NonNegativeInt = 500
+    vocab_size: VocabSize = 8000
+    min_frequency: PositiveInt = 2
+    max_words: PositiveInt = 100
+    max_ratio: Annotated[float, Bounds(ge=1)] = 9.0
+    max_tokens_per_sentence: PositiveInt = 200
     lowercase: bool = False
+    hf_dataset: str | None = None
+    hf_config: str | None = None
+    hf_split: str = "train"
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+    valid: str | None = None
+    test: str | None = None
 
     def __post_init__(self) -> None:
-        check_field_types(self)
+        validate(self)
         if self.train_tgt is not None and self.train_src is None:
             raise ConfigError("data.train_tgt is set but data.train_src is not")
-        for name in ("valid_size", "vocab_size", "min_frequency", "max_words"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"data.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_ratio < 1:
-            raise ConfigError(f"data.max_ratio must be >= 1, got {self.max_ratio}")
+        _check_corpus_sources(self)
+
+
+def _check_corpus_sources(d: DataConfig) -> None:
+    """Each split comes from one place; a Hugging Face corpus or a sacreBLEU test set has the
+    languages it needs; ``valid``/``test`` name a readable source (nothing is downloaded)."""
+    from aiayn.data.hf_datasets import check_eval_source
+
+    for new, old in (("hf_dataset", "train_src"), ("valid", "valid_src"), ("test", "test_src")):
+        if getattr(d, new) is not None and getattr(d, old) is not None:
+            raise ConfigError(f"data.{new} and data.{old} exclude each other: set one of them")
+    if d.hf_config is not None and d.hf_dataset is None:
+        raise ConfigError("data.hf_config is set but data.hf_dataset is not")
+    for name in ("hf_dataset", "hf_config", "hf_split", "src_lang", "tgt_lang"):
+        value = getattr(d, name)
+        if value is not None and (not value.strip() or value != value.strip()):
+            raise ConfigError(
+                f"data.{name} must be a name without surrounding spaces, got {value!r}"
+            )
+    users = [k for k in ("hf_dataset", "valid", "test") if getattr(d, k) is not None]
+    if users and (d.src_lang is None or d.tgt_lang is None):
+        raise ConfigError(f"data.{users[0]} needs data.src_lang and data.tgt_lang (e.g. en and de)")
+    if d.src_lang is not None and d.src_lang == d.tgt_lang:
+        raise ConfigError(f"data.src_lang and data.tgt_lang are both {d.src_lang!r}")
+    train_split = d.hf_split if d.hf_dataset is not None else None
+    for key in ("valid", "test"):
+        spec = getattr(d, key)
+        if spec is not None:
+            assert d.src_lang is not None and d.tgt_lang is not None
+            check_eval_source(spec, f"data.{key}", d.src_lang, d.tgt_lang, train_split=train_split)
 
 
 DEMO_SIDES = ("en", "de", "both")
 
 
+@validated("data")
 @dataclass(frozen=True)
 class LMDataConfig:
     """The text a language model (family ``gpt2``) learns from, and how it is cut into blocks
@@ -111,25 +177,21 @@ class LMDataConfig:
     train_text: str | None = None
     valid_text: str | None = None
     test_text: str | None = None
-    valid_lines: int = 500
-    block_size: int = 128
-    vocab_size: int = 8000
-    min_frequency: int = 2
-    demo_side: str = "en"
+    valid_lines: PositiveInt = 500
+    block_size: PositiveInt = 128
+    vocab_size: VocabSize = 8000
+    min_frequency: PositiveInt = 2
+    demo_side: Annotated[str, Choice(DEMO_SIDES)] = "en"
 
     def __post_init__(self) -> None:
-        check_field_types(self)
-        for name in ("valid_lines", "block_size", "vocab_size", "min_frequency"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"data.{name} must be >= 1, got {getattr(self, name)}")
-        if self.demo_side not in DEMO_SIDES:
-            raise ConfigError(f"data.demo_side must be en, de or both, got {self.demo_side!r}")
+        validate(self)
 
 
 IMAGE_DATASETS = ("digits",)
 """The image data sets family ``vit`` trains on."""
 
 
+@validated("data")
 @dataclass(frozen=True)
 class ImageDataConfig:
     """The images an image classifier (family ``vit``) learns from (see
@@ -148,23 +210,14 @@ class ImageDataConfig:
             [−shift, shift] along each axis (0 = none).
     """
 
-    dataset: str = "digits"
-    valid_size: int = 180
-    test_size: int = 180
-    split_seed: int = 0
-    shift: int = 0
+    dataset: Annotated[str, Choice(IMAGE_DATASETS)] = "digits"
+    valid_size: PositiveInt = 180
+    test_size: NonNegativeInt = 180
+    split_seed: Seed = 0
+    shift: NonNegativeInt = 0
 
     def __post_init__(self) -> None:
-        check_field_types(self)
-        if self.dataset not in IMAGE_DATASETS:
-            raise ConfigError(
-                f"data.dataset must be one of {', '.join(IMAGE_DATASETS)}, got {self.dataset!r}"
-            )
-        if self.valid_size < 1:
-            raise ConfigError(f"data.valid_size must be >= 1, got {self.valid_size}")
-        for name in ("test_size", "shift"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"data.{name} must be >= 0, got {getattr(self, name)}")
+        validate(self)
         from aiayn.data.digits import DIGITS_COUNT, DIGITS_LABELS
 
         left = DIGITS_COUNT - self.valid_size - self.test_size
@@ -175,6 +228,62 @@ class ImageDataConfig:
             )
 
 
+BERT_TASKS: dict[str, dict[str, Any]] = {
+    "masked-lm": {"head": "mlm", "pooler": False},
+    "classification": {"head": "classification", "pooler": True},
+}
+"""What family ``bert`` trains (``data.task``) -> the model fields the task sets: masked-LM
+pre-training trains the MLM head and no pooler (nothing would train it); classification
+trains the classifier on the pooled state."""
+
+
+@validated("data")
+@dataclass(frozen=True)
+class BertDataConfig:
+    """The text BERT (family ``bert``) learns from, and which of its two tasks (see
+    :mod:`aiayn.training.masked_lm` and :mod:`aiayn.training.text_classification`).
+
+    Attributes:
+        task: "masked-lm" (pre-training: ``train``/``valid``/``test`` are UTF-8 text files,
+            one example per non-blank line) or "classification" (``label<TAB>text`` lines, or
+            ``label<TAB>text<TAB>second text`` for pairs; the label set is the training
+            file's, sorted). Required; it sets ``model.head`` (and ``model.pooler``).
+        train, valid: the training and validation files (plain or .gz); required.
+        test: an optional test file, scored at the end of training.
+        max_length: the longest example in tokens, ``[CLS]`` and ``[SEP]`` included (longer
+            ones are cut); None = the model's ``max_len``.
+        vocab_size: size of the WordPiece vocabulary learnt from the training text (not used
+            with ``model.init_from``, which brings its checkpoint's tokenizer).
+        min_frequency: WordPiece merges need at least this many occurrences.
+        lowercase: the learnt vocabulary lowercases and strips accents (BERT "uncased").
+        mlm_probability: (masked-lm) the share of tokens that are prediction targets.
+    """
+
+    task: Annotated[str, Choice(tuple(BERT_TASKS))] | None = None
+    train: str | None = None
+    valid: str | None = None
+    test: str | None = None
+    max_length: Annotated[int, Bounds(ge=3)] | None = None
+    vocab_size: PositiveInt = 8000
+    min_frequency: PositiveInt = 2
+    lowercase: bool = True
+    mlm_probability: Annotated[float, Bounds(gt=0, lt=1)] = 0.15
+
+    def __post_init__(self) -> None:
+        validate(self)
+        if self.task is None:
+            raise ConfigError(
+                "data.task is required for family bert: masked-lm (pre-training on text lines) "
+                "or classification (label<TAB>text lines)"
+            )
+        for name in ("train", "valid"):
+            if getattr(self, name) is None:
+                raise ConfigError(f"data.{name} is required for family bert (a file)")
+        if self.task != "masked-lm" and self.mlm_probability != 0.15:
+            raise ConfigError("data.mlm_probability applies to data.task masked-lm only")
+
+
+@validated("train")
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation and bookkeeping (§5.2–5.4).
@@ -195,7 +304,13 @@ class TrainConfig:
         eval_every: steps between validations (loss and greedy BLEU); 0 = only at the end.
         save_every: steps between checkpoints; 0 = only at the end.
         keep_last: checkpoints kept (older ones are deleted; ``best`` is kept apart).
-        average_last: at the end, average the last N checkpoints into ``averaged`` (§6.1).
+        average_last: at the end, average N checkpoints into ``averaged`` (§6.1; 0 or 1 = no
+            averaging): N weights-only checkpoints written for it, evenly spaced over the last
+            ``average_window`` of the run (:mod:`aiayn.training.averaging`).
+        average_window: the fraction of the run's budget (``max_steps``, ``max_epochs`` or
+            ``max_minutes``, whichever ends it) over whose end the averaged checkpoints are
+            written; nothing from before it is averaged (the paper: 5 checkpoints 10 minutes
+            apart at the end of 12 hours, about 7%).
         device: "auto" (CUDA if available), "cpu" or "cuda[:i]".
         precision: "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32", "bf16" or "fp16".
         threads: torch intra-op threads on CPU (None = torch's default).
@@ -215,66 +330,44 @@ class TrainConfig:
             (§5.4), 0 (plain cross-entropy) for a language model and an image classifier. A
             training setting, so it is not part of the model config (nor of its checkpoints'
             config).
+        max_bad_steps: stop the run (:class:`~aiayn.training.trainer.TrainingDiverged`) after
+            this many steps in a row skipped for a non-finite loss or gradient norm (a skipped
+            step changes no weight; see docs/reliability.md).
     """
 
-    max_tokens: int = 4096
-    accum_steps: int = 1
-    max_steps: int = 100_000
-    max_epochs: int | None = None
-    max_minutes: float | None = None
-    warmup_steps: int = 4000
-    lr_scale: float = 1.0
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
-    clip_norm: float | None = None
-    seed: int = 1
-    log_every: int = 100
-    eval_every: int = 1000
-    save_every: int = 1000
-    keep_last: int = 5
-    average_last: int = 0
-    device: str = "auto"
-    precision: str = "auto"
-    threads: int | None = None
+    max_tokens: PositiveInt = 4096
+    accum_steps: PositiveInt = 1
+    max_steps: PositiveInt = 100_000
+    max_epochs: PositiveInt | None = None
+    max_minutes: PositiveFloat | None = None
+    warmup_steps: PositiveInt = 4000
+    lr_scale: Annotated[float, Bounds(gt=0, le=1e4)] = 1.0
+    adam_betas: tuple[Rate, Rate] = (0.9, 0.98)
+    adam_eps: Annotated[float, Bounds(ge=1e-30, le=1)] = 1e-9
+    weight_decay: Annotated[float, Bounds(ge=0, le=1)] = 0.0
+    clip_norm: PositiveFloat | None = None
+    seed: Seed = 1
+    log_every: PositiveInt = 100
+    eval_every: NonNegativeInt = 1000
+    save_every: NonNegativeInt = 1000
+    keep_last: PositiveInt = 5
+    average_last: NonNegativeInt = 0
+    average_window: Annotated[float, Bounds(gt=0, le=1)] = 0.1
+    device: Device = "auto"
+    precision: Annotated[str, Choice(("auto", "fp32", "bf16", "fp16"))] = "auto"
+    threads: Annotated[int, Bounds(ge=1, le=1024)] | None = None
     progress: bool = True
-    distributed: str = "ddp"
+    distributed: Annotated[str, Choice(("ddp", "fsdp"))] = "ddp"
     compile: bool = False
     keep_freed_memory: bool = True
-    label_smoothing: float | None = None
+    label_smoothing: Rate | None = None
+    max_bad_steps: PositiveInt = 5
 
     def __post_init__(self) -> None:
-        if isinstance(self.adam_betas, list):
-            object.__setattr__(self, "adam_betas", tuple(self.adam_betas))
-        check_field_types(self)
-        for name in (
-            "max_tokens",
-            "accum_steps",
-            "max_steps",
-            "warmup_steps",
-            "log_every",
-            "keep_last",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_every", "save_every", "average_last"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
-        if self.precision not in ("auto", "fp32", "bf16", "fp16"):
-            raise ConfigError(
-                f"train.precision must be auto/fp32/bf16/fp16, got {self.precision!r}"
-            )
-        if self.lr_scale <= 0:
-            raise ConfigError(f"train.lr_scale must be positive, got {self.lr_scale}")
-        if self.distributed not in ("ddp", "fsdp"):
-            raise ConfigError(f"train.distributed must be ddp or fsdp, got {self.distributed!r}")
-        if self.label_smoothing is not None and not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(
-                f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}"
-            )
+        validate(self)
 
 
-TrainableConfig = TransformerConfig | GPT2Config | ViTConfig
+TrainableConfig = TransformerConfig | GPT2Config | ViTConfig | BertConfig
 """The config of a model family ``aiayn train`` can train."""
 
 
@@ -291,7 +384,7 @@ class Trainable:
 
     preset: Callable[..., ModelConfig]
     default_preset: str
-    data: type[DataConfig] | type[LMDataConfig] | type[ImageDataConfig]
+    data: type[DataConfig] | type[LMDataConfig] | type[ImageDataConfig] | type[BertDataConfig]
     task: str
 
 
@@ -299,10 +392,15 @@ TRAINABLE: dict[str, Trainable] = {
     "transformer": Trainable(preset, "small", DataConfig, "translation"),
     "gpt2": Trainable(gpt2_preset, "gpt2-tiny", LMDataConfig, "language model"),
     "vit": Trainable(vit_preset, "vit-tiny-digits", ImageDataConfig, "image classification"),
+    "bert": Trainable(bert_preset, "bert-tiny", BertDataConfig, "BERT training"),
 }
 """``model.family`` -> what training it needs."""
 
+INIT_FROM_FAMILIES = ("gpt2", "bert")
+"""The families whose runs may start from a checkpoint (``model.init_from``)."""
 
+
+@validated(None)
 @dataclass(frozen=True)
 class RunConfig:
     """Everything ``aiayn train`` needs; ``model_preset`` + ``model`` fields give the model.
@@ -311,27 +409,31 @@ class RunConfig:
         run_dir: where checkpoints, metrics and plots go.
         model_preset: the preset the model section started from ("" with ``init_from``).
         model: the model's config; its class is the family (:attr:`family`).
-        data: the family's data section (:class:`DataConfig`, :class:`LMDataConfig` or
-            :class:`ImageDataConfig`).
+        data: the family's data section (:class:`DataConfig`, :class:`LMDataConfig`,
+            :class:`ImageDataConfig` or :class:`BertDataConfig`).
         train: optimisation and bookkeeping.
-        init_from: (family gpt2) a checkpoint folder whose weights, architecture and tokenizer
-            the run starts from (fine-tuning, e.g. a GPT-2 converted by ``aiayn convert``).
+        init_from: (families gpt2 and bert) a checkpoint folder whose weights, architecture
+            and tokenizer the run starts from (fine-tuning, e.g. a GPT-2 or a BERT converted by
+            ``aiayn convert``; a BERT's heads that do not fit the task start fresh).
     """
 
     run_dir: str = "runs/demo"
     model_preset: str = "small"
     model: TrainableConfig = field(default_factory=lambda: preset("small"))
-    data: DataConfig | LMDataConfig | ImageDataConfig = field(default_factory=DataConfig)
+    data: DataConfig | LMDataConfig | ImageDataConfig | BertDataConfig = field(
+        default_factory=DataConfig
+    )
     train: TrainConfig = field(default_factory=TrainConfig)
     init_from: str | None = None
 
     def __post_init__(self) -> None:
+        validate(self)
         want = TRAINABLE[self.family].data
         if not isinstance(self.data, want):
             raise ConfigError(f"a {self.family} model needs a {want.__name__} data section")
         if not isinstance(self.model, GPT2Config):
-            if self.init_from is not None:
-                raise ConfigError("model.init_from is supported for family gpt2 only")
+            if self.init_from is not None and self.family not in INIT_FROM_FAMILIES:
+                raise ConfigError("model.init_from is supported for families gpt2 and bert only")
         elif isinstance(self.data, LMDataConfig) and self.data.block_size > self.model.max_len:
             raise ConfigError(
                 f"data.block_size={self.data.block_size} exceeds the model's "
@@ -339,12 +441,17 @@ class RunConfig:
             )
         if isinstance(self.model, ViTConfig):
             _check_image_model(self.model)
+        if isinstance(self.model, BertConfig):
+            assert isinstance(self.data, BertDataConfig)  # checked above
+            _check_bert_run(self.model, self.data)
 
     @property
     def family(self) -> str:
-        """The model family: ``transformer``, ``gpt2`` or ``vit``."""
+        """The model family: ``transformer``, ``gpt2``, ``vit`` or ``bert``."""
         if isinstance(self.model, ViTConfig):
             return "vit"
+        if isinstance(self.model, BertConfig):
+            return "bert"
         return "gpt2" if isinstance(self.model, GPT2Config) else "transformer"
 
     def to_dict(self) -> dict[str, Any]:
@@ -382,6 +489,37 @@ def _check_image_model(model: ViTConfig) -> None:
             )
 
 
+def _check_bert_run(model: BertConfig, data: BertDataConfig) -> None:
+    """The model has the head (and pooler) ``data.task`` trains; ``data.max_length`` fits its
+    positions."""
+    assert data.task is not None
+    wanted = BERT_TASKS[data.task]
+    if (model.head, model.pooler) != (wanted["head"], wanted["pooler"]):
+        raise ConfigError(
+            f"data.task={data.task} trains a BERT with head {wanted['head']!r} and "
+            f"pooler={wanted['pooler']}; the model has head {model.head!r} and "
+            f"pooler={model.pooler}"
+        )
+    if data.max_length is not None and data.max_length > model.max_len:
+        raise ConfigError(
+            f"data.max_length={data.max_length} exceeds the model's max_len={model.max_len} "
+            "positions"
+        )
+
+
+def _bert_task_model(model: BertConfig, data: Any, given: Mapping[str, Any]) -> BertConfig:
+    """``model`` with the head ``data.task`` trains (:data:`BERT_TASKS`); a ``model.head`` or
+    ``model.pooler`` the config gives that does not fit it is an error naming it."""
+    wanted = BERT_TASKS[data.task]
+    for key, value in wanted.items():
+        if key in given and given[key] != value:
+            raise ConfigError(
+                f"model.{key}={given[key]!r} does not fit data.task={data.task}, which trains "
+                f"head {wanted['head']!r} with pooler={wanted['pooler']}: leave model.{key} out"
+            )
+    return model.replace(**wanted)
+
+
 def _diff(config: ModelConfig, base: ModelConfig) -> dict[str, Any]:
     new, old = config.to_dict(), base.to_dict()
     return {k: v for k, v in new.items() if v != old[k]}
@@ -397,15 +535,18 @@ def run_config_from_dict(values: Mapping[str, Any]) -> RunConfig:
         )
     model_values = dict(values.get("model") or {})
     family = model_values.pop("family", "transformer")
-    if family not in TRAINABLE:
+    if not isinstance(family, str) or family not in TRAINABLE:
         raise ConfigError(f"unknown model.family {family!r} (trainable: {', '.join(TRAINABLE)})")
     init_from = model_values.pop("init_from", None)
     model_preset, model = _model_section(family, model_values, init_from)
+    data = _data_section(family, values.get("data"))
+    if isinstance(model, BertConfig):
+        model = _bert_task_model(model, data, model_values)
     return RunConfig(
         run_dir=str(values.get("run_dir", "runs/demo")),
         model_preset=model_preset,
         model=model,
-        data=_data_section(family, values.get("data")),
+        data=data,
         train=_section(TrainConfig, values.get("train"), "train"),
         init_from=init_from,
     )
@@ -419,32 +560,37 @@ def _model_section(family: str, values: dict[str, Any], init_from: Any) -> tuple
         )
     if init_from is None:
         name = values.pop("preset", TRAINABLE[family].default_preset)
+        if not isinstance(name, str):
+            raise ConfigError(f"model.preset must be a preset name, got {name!r}")
         try:
             return name, TRAINABLE[family].preset(name, **values)
         except TypeError as error:  # pragma: no cover - from_dict rejects unknown keys first
             raise ConfigError(str(error)) from error
-    if family != "gpt2" or not isinstance(init_from, str):
+    if family not in INIT_FROM_FAMILIES or not isinstance(init_from, str):
         raise ConfigError(
-            f"model.init_from must be a checkpoint folder of family gpt2, got {init_from!r} "
-            f"for family {family}"
+            f"model.init_from must be a checkpoint folder of family "
+            f"{' or '.join(INIT_FROM_FAMILIES)}, got {init_from!r} for family {family}"
         )
     if "preset" in values:
         raise ConfigError(
             "model.preset and model.init_from exclude each other: the checkpoint gives the model"
         )
-    return "", checkpoint_model_config(init_from).replace(**values)
+    return "", checkpoint_model_config(init_from, family).replace(**values)
 
 
-def checkpoint_model_config(path: str) -> GPT2Config:
-    """The GPT-2 config recorded in a checkpoint folder (or a run folder's latest)."""
+def checkpoint_model_config(path: str, family: str = "gpt2") -> GPT2Config | BertConfig:
+    """The config of ``family`` (gpt2 or bert) recorded in a checkpoint folder (or a run
+    folder's latest)."""
     from aiayn.training.checkpoint import read_checkpoint_config
 
+    wanted = {"gpt2": GPT2Config, "bert": BertConfig}[family]
     try:
-        folder, family, config, _ = read_checkpoint_config(path)
+        folder, found, config, _ = read_checkpoint_config(path)
     except UserError as error:
         raise ConfigError(f"model.init_from: {error}") from None
-    if not isinstance(config, GPT2Config):
-        raise ConfigError(f"model.init_from: {folder} holds a {family.name} model, not gpt2")
+    if not isinstance(config, wanted):
+        raise ConfigError(f"model.init_from: {folder} holds a {found.name} model, not {family}")
+    assert isinstance(config, GPT2Config | BertConfig)
     return config
 
 
@@ -487,6 +633,18 @@ def _section(cls: type[Any], values: Mapping[str, Any] | None, name: str) -> Any
         raise ConfigError(message) from None
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, which also reads a float without a dot (``1e-4``, YAML 1.2) as a
+    number: PyYAML's YAML 1.1 makes it a string, which the float fields would refuse."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Apply ``section.key=value`` strings (value parsed as YAML) to nested config values."""
     result = {k: dict(v) if isinstance(v, Mapping) else v for k, v in values.items()}
@@ -494,7 +652,10 @@ def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[st
         if "=" not in item:
             raise ConfigError(f"--set expects section.key=value, got {item!r}")
         dotted, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            value = yaml.load(raw, _YamlLoader) if raw.strip() else None
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {dotted.strip()}: {raw!r} is not a YAML value") from None
         parts = dotted.strip().split(".")
         if len(parts) == 1 and parts[0] == "run_dir":
             result["run_dir"] = value
@@ -518,7 +679,7 @@ def load_run_config(
         if not file.is_file():
             raise ConfigError(f"config file not found: {file}")
         try:
-            loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+            loaded = yaml.load(file.read_text(encoding="utf-8"), _YamlLoader)
         except yaml.YAMLError as error:
             raise ConfigError(f"{file}: not valid YAML: {error}") from None
         if not isinstance(loaded, dict):

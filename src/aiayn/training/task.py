@@ -3,7 +3,8 @@
 :class:`~aiayn.training.trainer.Trainer` runs the same loop for every task (token-budget
 batches, gradient accumulation normalised by the global target tokens, the eq. (3) schedule,
 checkpoints that resume exactly, averaging, DDP/FSDP). What differs between translation,
-language modelling and image classification is a :class:`Task` the trainer receives:
+language modelling, image classification and BERT's two tasks is a :class:`Task` the trainer
+receives:
 
 ===============  =========================  ========================  ============================
 part             translation                language model            image classification
@@ -18,7 +19,21 @@ best checkpoint  highest BLEU               lowest perplexity         highest ac
 at the end       the test set's BLEU        test ppl, greedy samples  test accuracy
 ===============  =========================  ========================  ============================
 
-:func:`make_task` picks the task from the run config's model family.
+===============  ==================================  ==========================================
+part             masked-LM pre-training              text classification
+===============  ==================================  ==========================================
+module           ``masked_lm``                       ``text_classification``
+data             text lines, WordPiece               label<TAB>text lines, WordPiece
+model            BERT, MLM head                      BERT, classifier on the pooled [CLS]
+objective        MaskedLMObjective (15% masked)      TextClassificationObjective
+batches          EncoderBatchSampler (draw ids)      EncoderBatchSampler
+validation       loss, ppl at fixed masks            loss, accuracy
+best checkpoint  lowest perplexity                   highest accuracy
+at the end       test ppl                            test accuracy
+===============  ==================================  ==========================================
+
+:func:`make_task` picks the task from the run config's model family (and, for ``bert``,
+``data.task``).
 """
 
 from __future__ import annotations
@@ -36,7 +51,7 @@ from torch import nn
 
 from aiayn.config import ModelConfig
 from aiayn.training import distributed as dist
-from aiayn.training.config import RunConfig, TrainableConfig
+from aiayn.training.config import BertDataConfig, RunConfig, TrainableConfig
 
 if TYPE_CHECKING:
     from aiayn.training.checkpoint import TokenizerSource
@@ -205,6 +220,15 @@ def make_task(run: RunConfig, log: Log = print_main) -> Task:
         from aiayn.training.images import ImageClassificationTask
 
         return ImageClassificationTask(run, log)
+    if run.family == "bert":
+        assert isinstance(run.data, BertDataConfig)
+        if run.data.task == "masked-lm":
+            from aiayn.training.masked_lm import MaskedLMTask
+
+            return MaskedLMTask(run, log)
+        from aiayn.training.text_classification import TextClassificationTask
+
+        return TextClassificationTask(run, log)
     from aiayn.training.translation import TranslationTask
 
     return TranslationTask(run, log)

@@ -30,25 +30,38 @@ from torch import Tensor, nn
 from aiayn.errors import UserError
 from aiayn.models import count_parameters
 from aiayn.training import distributed as dist
+from aiayn.training.averaging import (
+    WINDOW_DIR,
+    AveragingPlan,
+    AveragingWindow,
+    describe_steps,
+    step_budget,
+    steps_per_epoch,
+)
 from aiayn.training.checkpoint import (
+    CORRUPT,
     Checkpoint,
+    CheckpointError,
     average_checkpoints,
     list_checkpoints,
     load_checkpoint,
-    load_optimizer,
+    load_optimizer_state,
     prune_checkpoints,
-    read_optimizer_state,
     rng_state,
     save_checkpoint,
+    set_aside,
     set_rng_state,
+    tidy_checkpoints,
 )
 from aiayn.training.config import RunConfig, TrainConfig
 from aiayn.training.performance import configure_device, keep_freed_memory
 from aiayn.training.plot import plot_curves
+from aiayn.training.run_folder import check_resume, claim_fresh, resume_metrics
 from aiayn.training.schedule import transformer_lr
 from aiayn.training.task import Task, TaskData, make_task
 from aiayn.training.translation import PreparedData as PreparedData
 from aiayn.training.translation import prepare_data as prepare_data
+from aiayn.validation import resolve_device as resolve_device
 
 
 class StepStats(NamedTuple):
@@ -61,6 +74,24 @@ class StepStats(NamedTuple):
     tokens: int
     lr: float
     padding: float
+    skipped: str | None = None  # why the update was skipped (non-finite...), None = applied
+
+
+class SkippedStep(NamedTuple):
+    """Why a step was skipped; ``counted``: towards ``train.max_bad_steps`` (an fp16 overflow
+    the loss scaler handles is not)."""
+
+    reason: str
+    counted: bool
+
+
+class TrainingDiverged(UserError):
+    """``train.max_bad_steps`` steps in a row had a non-finite loss or gradient norm: the run
+    stopped without saving (``aiayn train`` exits with :data:`DIVERGED_EXIT_STATUS`)."""
+
+
+DIVERGED_EXIT_STATUS = 3
+"""The exit status of ``aiayn train`` after :class:`TrainingDiverged` (2: bad input)."""
 
 
 @dataclass
@@ -90,13 +121,6 @@ def log(message: str) -> None:
         print(message, flush=True)
 
 
-def resolve_device(name: str) -> torch.device:
-    """ "auto" -> CUDA when available, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype for ``precision`` (None = plain fp32)."""
     if precision == "auto":
@@ -116,16 +140,28 @@ class Trainer:
     files; the others wait for it in the next collective.
     """
 
-    def __init__(self, run: RunConfig, *, resume: bool = False, task: Task | None = None):
+    def __init__(
+        self,
+        run: RunConfig,
+        *,
+        resume: bool = False,
+        force: bool = False,
+        task: Task | None = None,
+    ):
+        if resume and force:
+            raise UserError(
+                "give --resume (continue the run in run_dir) or --force (delete it and start "
+                "over), not both"
+            )
         self.run = run
         self.task = make_task(run, log) if task is None else task
         self.cfg = run.train
+        resolve_device(self.cfg.device)  # a device this machine lacks: refused before any work
         self.run_dir = Path(run.run_dir)
-        if not resume and list_checkpoints(self.run_dir):
-            raise UserError(
-                f"{self.run_dir} already holds checkpoints: pass --resume to continue that run, "
-                "or choose another run_dir"
-            )
+        if resume:  # every rank checks, before any of them writes (they meet in init below)
+            check_resume(self.run_dir, run)
+        else:
+            claim_fresh(self.run_dir, force=force, is_main=dist.is_main_process(), log=log)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.threads is not None:
             torch.set_num_threads(self.cfg.threads)
@@ -174,12 +210,18 @@ class Trainer:
         self.step, self.epoch, self.batch_index = 0, 0, 0
         self.best = self.task.criterion.worst  # the best validation score so far
         self._validated_at = -1
+        self._last_valid: dict[str, float] | None = None  # the metrics of that validation
         self._last_saved: Path | None = None
         self._batches: list[list[int]] = []
         self._batches_epoch = -1
+        self.bad_steps = 0  # steps skipped in a row for a non-finite loss or gradient
         self.history: list[dict[str, Any]] = []
         if checkpoint is not None:
             self._restore(checkpoint)
+        if resume and self.dist.is_main:  # metrics.jsonl as of the checkpoint (none: empty)
+            validated = self._last_valid is not None
+            self.history = resume_metrics(self.run_dir, self.step, validated=validated)
+        self.window = self._averaging_window(resume)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _prepare_data(self, resume: bool) -> TaskData:
@@ -199,7 +241,13 @@ class Trainer:
         return prepare(self.run_dir, reuse_tokenizer=True)
 
     def _latest_checkpoint(self) -> Checkpoint | None:
-        """The checkpoint to resume from: the same one on every rank, of the same world size."""
+        """The checkpoint to resume from: the newest intact one, the same on every rank, of the
+        same world size. What a crash left mid-save is tidied up first; a newer checkpoint that
+        is unusable (a file missing, corrupt or cut short) is skipped with a warning naming the
+        file and set aside as ``NAME.corrupt``, so that pruning never counts it."""
+        if self.dist.is_main:
+            tidy_checkpoints(self.run_dir / "checkpoints")
+        dist.barrier()
         checkpoints = list_checkpoints(self.run_dir)
         seen = dist.all_gather_object(checkpoints[-1].name if checkpoints else None)
         if len(set(seen)) > 1:
@@ -210,7 +258,7 @@ class Trainer:
         if not checkpoints:
             log(f"resume: no checkpoint in {self.run_dir}; starting from scratch")
             return None
-        ckpt = load_checkpoint(checkpoints[-1], map_location=self.device, expect=nn.Module)
+        ckpt = self._newest_intact(checkpoints)
         if ckpt.config != self.model_config:
             raise UserError(f"{ckpt.path}: its model config differs from this run's config")
         saved, world = int(ckpt.state.get("world_size", 1)), self.dist.world_size
@@ -223,18 +271,52 @@ class Trainer:
             )
         return ckpt
 
+    def _newest_intact(self, checkpoints: list[Path]) -> Checkpoint:
+        """The newest of ``checkpoints`` whose files all check out (weights, state, tokenizer
+        and optimizer), the same on every rank; the newer unusable ones are reported and (rank
+        0) set aside. Raises a :class:`UserError` listing every problem when none is intact."""
+        found: Checkpoint | None = None
+        unusable: list[tuple[Path, CheckpointError]] = []
+        for path in reversed(checkpoints):
+            try:
+                found = load_checkpoint(path, map_location=self.device, expect=nn.Module)
+                _ = found.optimizer_state  # read and checked now: a corrupt one falls back too
+                break
+            except CheckpointError as error:
+                found = None
+                unusable.append((path, error))
+        chosen = dist.all_gather_object(None if found is None else found.path.name)
+        if len(set(chosen)) > 1:
+            raise UserError(
+                f"the ranks find different intact checkpoints in {self.run_dir} ({chosen}): "
+                "with several machines, run_dir must be on a shared file system"
+            )
+        if found is None:
+            problems = "; ".join(str(error) for _, error in unusable)
+            raise UserError(f"no intact checkpoint to resume from in {self.run_dir}: {problems}")
+        for path, problem in unusable:
+            log(
+                f"resume: warning: {path.name} is unusable ({problem}); resuming from "
+                f"{found.path.name} instead, and {path.name} is kept as {path.name}{CORRUPT}"
+            )
+            if self.dist.is_main:
+                set_aside(path)
+        return found
+
     def _restore(self, ckpt: Checkpoint) -> None:
         """Optimizer, loss scaler, data position and RNG state from ``ckpt`` (weights: done)."""
         if self.sharded:
-            full = read_optimizer_state(ckpt.path, ckpt.state)
-            dist.load_full_optimizer_state_dict(self.model, self.optimizer, full)
+            dist.load_full_optimizer_state_dict(self.model, self.optimizer, ckpt.optimizer_state)
         else:
-            load_optimizer(ckpt.path, self.optimizer, ckpt.state)
+            load_optimizer_state(ckpt.path, self.optimizer, ckpt.optimizer_state)
         s = ckpt.state
-        if "grad_scaler" in s:
+        if s.get("grad_scaler"):  # {}: written without fp16 loss scaling
             self.scaler.load_state_dict(s["grad_scaler"])
         self.step, self.epoch, self.batch_index = s["step"], s["epoch"], s["batch_index"]
         self.best = s.get(self.task.criterion.state_key, self.task.criterion.worst)
+        self._last_saved = ckpt.path
+        if s.get("metrics"):  # validated at this step: the end need not validate it again
+            self._validated_at, self._last_valid = self.step, dict(s["metrics"])
         set_rng_state(s["rng_per_rank"][self.dist.rank] if self.dist.distributed else s["rng"])
         log(
             f"resume: from {ckpt.path.name} at step {self.step}, epoch {self.epoch}, "
@@ -371,25 +453,97 @@ class Trainer:
         """One optimizer step over the micro-batches (gradient accumulation), eq. (3) lr.
 
         ``total_tokens``: target tokens of the step over all ranks (from :meth:`_micro_batches`);
-        None = the micro-batches are the whole step (one process).
+        None = the micro-batches are the whole step (one process). A step whose loss or
+        gradient norm is not finite (on any rank: all ranks agree) is skipped: no weight, Adam
+        moment, step count or schedule position changes, and its batches stay passed over; see
+        :meth:`_skip`. The returned stats say so (``skipped``).
         """
         batches = [self._to_device(self.data.train.collate(ids)) for ids in micro]
         if total_tokens is None:
             total_tokens = sum(b.num_tgt_tokens for b in batches)
         loss_sum, nll_sum = self.accumulate_gradients(batches, total_tokens)
-        if self.cfg.clip_norm is not None:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
-        self.step += 1
+        self.scaler.unscale_(self.optimizer)  # fp16: the true gradients, for the norm and clip
+        skip = self._nonfinite(loss_sum)
         lr = transformer_lr(
-            self.step, self.model_config.d_model, self.cfg.warmup_steps, self.cfg.lr_scale
+            self.step + 1, self.model_config.d_model, self.cfg.warmup_steps, self.cfg.lr_scale
         )
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.scaler.step(self.optimizer)  # = optimizer.step() unless fp16
-        self.scaler.update()
+        if skip is None:
+            self.step += 1
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.scaler.step(self.optimizer)  # = optimizer.step() unless fp16
+        self.scaler.update()  # fp16: after a non-finite gradient, a lower loss scale
         self.optimizer.zero_grad(set_to_none=True)
-        return StepStats(loss_sum, nll_sum, total_tokens, lr, self.task.padding(batches))
+        if skip is None:
+            self.bad_steps = 0
+        else:
+            self._skip(skip)
+        padding = self.task.padding(batches)
+        reason = None if skip is None else skip.reason
+        return StepStats(loss_sum, nll_sum, total_tokens, lr, padding, reason)
+
+    def _grad_norm(self) -> Tensor:
+        """The global norm of the (unscaled) gradients, which are clipped to ``train.clip_norm``
+        when set; under FSDP gathered over the shards (collective). After DDP's reduction the
+        gradients, and so their norm, are the same on every rank."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.cfg.clip_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.clip_norm)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        if self.sharded:
+            from torch.distributed.tensor import DTensor
+
+            if isinstance(norm, DTensor):
+                norm = norm.full_tensor()
+        return norm
+
+    def _nonfinite(self, loss_sum: Tensor) -> SkippedStep | None:
+        """Why this step must be skipped (its loss summed over the ranks, or its gradient norm,
+        is not finite), else None: one all-reduce and one host sync per step.
+
+        With fp16 loss scaling, a non-finite gradient under a finite loss is an overflow of the
+        scaled gradient while the scale is above 1: the scaler's business (it lowers the scale),
+        not counted as a bad step.
+        """
+        norm = self._grad_norm()
+        loss = dist.all_reduce_sum(loss_sum.detach().float().clone())
+        loss_value, norm_value = torch.stack([loss, norm.float().to(loss.device)]).tolist()
+        reasons = [f"the loss was {loss_value}"] if not math.isfinite(loss_value) else []
+        if not math.isfinite(norm_value):
+            reasons.append(f"the gradient norm was {norm_value}")
+        if not reasons:
+            return None
+        # a finite loss here means a non-finite gradient norm
+        overflow = self.scaler.is_enabled() and math.isfinite(loss_value)
+        overflow = overflow and self.scaler.get_scale() > 1.0
+        return SkippedStep(" and ".join(reasons), counted=not overflow)
+
+    def _skip(self, skip: SkippedStep) -> None:
+        """Report a skipped step; stop the run (:class:`TrainingDiverged`) after
+        ``train.max_bad_steps`` counted ones in a row. Nothing is saved after them, so the
+        newest checkpoint is from before them."""
+        step, limit = self.step + 1, self.cfg.max_bad_steps
+        if not skip.counted:
+            scale = self.scaler.get_scale()
+            log(f"step {step}: fp16 gradient overflow, update skipped; loss scale now {scale:g}")
+            return
+        self.bad_steps += 1
+        log(
+            f"warning: step {step} skipped ({self.bad_steps} of train.max_bad_steps={limit} in a "
+            f"row): {skip.reason}; no weight changed, and its batches are passed over"
+        )
+        if self.bad_steps < limit:
+            return
+        if self._last_saved is None:
+            where = "no checkpoint was saved before them; start again"
+        else:
+            where = f"the newest checkpoint, {self._last_saved.name}, is from before them: resume"
+        raise TrainingDiverged(
+            f"training stopped: {limit} steps in a row had a non-finite loss or gradient norm, "
+            f"the last at step {step} ({skip.reason}); {where} with a lower train.lr_scale or "
+            "a train.clip_norm, or check the data"
+        )
 
     # -- evaluation ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -412,14 +566,16 @@ class Trainer:
         )
         self._validated_at = self.step
         self._record({"kind": "valid", "step": self.step, **metrics})
-        path = self.save(metrics, model)
         criterion = self.task.criterion
         if criterion.better(metrics[criterion.metric], self.best):
+            # best first, and the step's checkpoint records the new best: a run resumed from an
+            # older checkpoint replays this validation and writes the same best again
             self.best = metrics[criterion.metric]
             state = self._state(metrics)
             if self.dist.is_main:
                 best = self.run_dir / "checkpoints" / "best"
                 save_checkpoint(best, model, state, self.data.tokenizer_file)
+        path = self.save(metrics, model)
         log(f"valid step {self.step}: {self.task.metrics_line(metrics)} -> {path.name}")
         if self.dist.is_main:
             curves = self.run_dir / "curves.png"
@@ -430,14 +586,37 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------------
     def fit(self) -> TrainResult:
-        """Train until max_steps / max_epochs / max_minutes, then validate and save."""
+        """Train until max_steps / max_epochs / max_minutes, then validate and save.
+
+        Raises :class:`TrainingDiverged` after ``train.max_bad_steps`` skipped steps in a row,
+        with nothing saved after them (no final, ``best`` or averaged checkpoint)."""
         cfg = self.cfg
         self._log_setup()
         progress = _Progress(cfg, self.step, enabled=cfg.progress and self.dist.is_main)
-        bar = progress.bar
-        started = window_start = time.perf_counter()
+        started = time.perf_counter()
+        try:
+            last_valid = self._train_loop(progress, started)
+        finally:
+            progress.close()
+        minutes = (time.perf_counter() - started) / 60
+        if self.window is not None and self.window.saved_at != self.step:  # the window's last
+            self._save_for_averaging()
+        if last_valid is None or self._validated_at != self.step:
+            last_valid = self._validate_and_save()
+        assert self._last_saved is not None
+        result = TrainResult(
+            self.run_dir, self.step, self.epoch, minutes, self._last_saved, last_valid
+        )
+        self._finish(result)
+        return dist.broadcast_object(result)  # rank 0's, with the averaged/test scores
+
+    def _train_loop(self, progress: _Progress, started: float) -> dict[str, float] | None:
+        """The steps, with their logs, validations and checkpoints; returns the last
+        validation's metrics (None: none since the start or the resumed checkpoint)."""
+        cfg, bar = self.cfg, progress.bar
+        window_start = time.perf_counter()
         window: list[StepStats] = []
-        last_valid: dict[str, float] | None = None
+        last_valid = self._last_valid
         while self.step < cfg.max_steps:
             if cfg.max_minutes is not None and dist.any_rank(
                 time.perf_counter() - started > 60 * cfg.max_minutes, self.device
@@ -451,27 +630,23 @@ class Trainer:
                     log(f"stop: {cfg.max_epochs} epochs done")
                     break
                 continue
-            window.append(self.train_step(*step))
+            stats = self.train_step(*step)
+            if stats.skipped is not None:  # no new step: nothing to log, validate or save
+                continue
+            window.append(stats)
             if self.step % cfg.log_every == 0:
                 self._log_window(window, time.perf_counter() - window_start, bar)
                 window, window_start = [], time.perf_counter()
             progress.advance(self.step)
+            if self._averaging_due(started):
+                self._save_for_averaging()
             if cfg.eval_every and self.step % cfg.eval_every == 0:
                 last_valid = self._validate_and_save()
             elif cfg.save_every and self.step % cfg.save_every == 0:
                 self.save()
         if window:  # the steps since the last line, however the loop stopped
             self._log_window(window, time.perf_counter() - window_start, bar)
-        progress.close()
-        minutes = (time.perf_counter() - started) / 60
-        if last_valid is None or self._validated_at != self.step:
-            last_valid = self._validate_and_save()
-        assert self._last_saved is not None
-        result = TrainResult(
-            self.run_dir, self.step, self.epoch, minutes, self._last_saved, last_valid
-        )
-        self._finish(result)
-        return dist.broadcast_object(result)  # rank 0's, with the averaged/test scores
+        return last_valid
 
     def _log_setup(self) -> None:
         cfg = self.cfg
@@ -495,6 +670,8 @@ class Trainer:
             f"max_tokens {cfg.max_tokens} (x{cfg.accum_steps} accumulation); padding "
             f"{100 * self.sampler.padding_fraction(self.epoch):.1f}%"
         )
+        if self.window is not None:
+            log(self.window.plan.describe())
 
     def _log_window(self, window: list[StepStats], seconds: float, bar: Any) -> None:
         """Record the mean training loss since the last line: one host sync, one all-reduce."""
@@ -519,37 +696,105 @@ class Trainer:
         self._record(entry)
         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{window[-1].lr:.2e}", tok_s=f"{rate:.0f}")
 
-    def _finish(self, result: TrainResult) -> None:
-        """Average the last checkpoints (§6.1), then the task's end (test set, samples), on
-        rank 0 with the averaged model if any, else the final one."""
+    # -- averaging (§6.1) -----------------------------------------------------------------------
+    def _averaging_window(self, resume: bool) -> AveragingWindow | None:
+        """The run's averaging checkpoints (:mod:`~aiayn.training.averaging`; None when
+        ``average_last`` < 2). A resumed run deletes those written after its checkpoint: it
+        writes them again."""
         cfg = self.cfg
+        if cfg.average_last < 2:
+            return None
+        epoch = steps_per_epoch(len(self.sampler), self.dist.world_size, cfg.accum_steps)
+        budget = step_budget(cfg.max_steps, cfg.max_epochs, epoch)
+        plan = AveragingPlan.of(cfg.average_last, cfg.average_window, budget, cfg.max_minutes)
+        window = AveragingWindow(self.run_dir / "checkpoints" / WINDOW_DIR, plan)
+        if resume and self.dist.is_main:
+            gone = window.forget_after(self.step)
+            if gone:
+                log(
+                    f"resume: deleted the averaging checkpoints of steps {describe_steps(gone)} "
+                    f"(after step {self.step}); they are written again"
+                )
+        return window
+
+    def _averaging_due(self, started: float) -> bool:
+        """Whether this step's averaging checkpoint is due (the same answer on every rank)."""
+        if self.window is None:
+            return False
+        elapsed = time.perf_counter() - started
+        time_due = self.window.time_due(elapsed)
+        if self.window.plan.seconds:  # elapsed time differs between ranks: rank-wide answer
+            time_due = dist.any_rank(time_due, self.device)
+        return self.window.due(self.step, elapsed, time_due)
+
+    def _save_for_averaging(self) -> None:
+        """Write this step's averaging checkpoint, weights only (every rank calls; rank 0
+        writes). Before the step's regular checkpoint: a run resumed from that one never lacks
+        the averaging checkpoints of its steps."""
+        assert self.window is not None
+        model = self._full_model()
+        state = self._state()
+        if self.dist.is_main:
+            save_checkpoint(self.window.path(self.step), model, state, self.data.tokenizer_file)
+        dist.barrier()
+        self.window.saved_at = self.step
+
+    def _average(self, result: TrainResult) -> nn.Module | None:
+        """Average the checkpoints of the window (rank 0) into ``checkpoints/averaged``,
+        validate it against the last checkpoint, and make it ``best`` when it beats the best
+        validation so far; records it all. Returns the averaged model if it validates at least
+        as well as the last checkpoint, else None."""
+        assert self.window is not None
+        chosen = self.window.selection(self.step)
+        if len(chosen) < 2:
+            log(
+                f"averaging: only {len(chosen)} checkpoint in the last "
+                f"{self.cfg.average_window:.0%} of the run, nothing averaged (raise "
+                "train.average_window or lower train.average_last)"
+            )
+            return None
+        steps = [s for s, _ in chosen]
+        out = self.run_dir / "checkpoints" / "averaged"
+        result.averaged_checkpoint = average_checkpoints([p for _, p in chosen], out)
+        averaged = load_checkpoint(out, map_location=self.device, expect=nn.Module)
+        result.averaged_valid = valid = self.evaluate(model=averaged.model)
+        criterion = self.task.criterion
+        value, last = valid[criterion.metric], result.valid[criterion.metric]
+        new_best = criterion.better(value, self.best)
+        if new_best:
+            self.best = value
+            state = {**averaged.state, "metrics": valid, criterion.state_key: value}
+            best = self.run_dir / "checkpoints" / "best"
+            save_checkpoint(best, averaged.model, state, self.data.tokenizer_file)
+        use = not criterion.better(last, value)
+        self._record(
+            {
+                "kind": "valid_averaged",
+                "step": self.step,
+                "checkpoints": len(chosen),
+                "averaged_steps": steps,
+                **valid,
+                f"last_{criterion.metric}": last,
+                "best": "averaged" if new_best else "kept",
+            }
+        )
+        log(
+            f"averaged {len(chosen)} checkpoints (steps {describe_steps(steps)}): "
+            f"{criterion.label} {value:.2f} against {last:.2f} for the last checkpoint; "
+            + ("the averaged one is now best" if new_best else "best stays as it was")
+            + ("" if use else "; the last checkpoint is used for the test set")
+        )
+        return averaged.model if use else None
+
+    def _finish(self, result: TrainResult) -> None:
+        """Average the window's checkpoints (§6.1), then the task's end (test set, samples),
+        on rank 0 with the averaged model if it validates at least as well as the last
+        checkpoint, else the last one."""
         model = self._full_model()  # collective under FSDP
         if not self.dist.is_main:
             return
-        if cfg.average_last > 1 and len(list_checkpoints(self.run_dir)) > 1:
-            paths = list_checkpoints(self.run_dir)[-cfg.average_last :]
-            result.averaged_checkpoint = average_checkpoints(
-                paths, self.run_dir / "checkpoints" / "averaged"
-            )
-            averaged = load_checkpoint(
-                result.averaged_checkpoint, map_location=self.device, expect=nn.Module
-            )
-            model = averaged.model
-            result.averaged_valid = self.evaluate(model=model)
-            self._record(
-                {
-                    "kind": "valid_averaged",
-                    "step": self.step,
-                    "checkpoints": len(paths),
-                    **result.averaged_valid,
-                }
-            )
-            metric, label = self.task.criterion.metric, self.task.criterion.label
-            log(
-                f"averaged last {len(paths)} checkpoints -> "
-                f"{label} {result.averaged_valid[metric]:.2f}"
-                f" (last checkpoint: {result.valid[metric]:.2f})"
-            )
+        averaged = None if self.window is None else self._average(result)
+        model = model if averaged is None else averaged
         was_training = model.training
         model.eval()
         try:
@@ -561,16 +806,28 @@ class Trainer:
         result.test, result.samples = final.test, final.samples
 
 
-def train(run: RunConfig, *, resume: bool = False) -> TrainResult:
+def train(run: RunConfig, *, resume: bool = False, force: bool = False) -> TrainResult:
     """Train the model ``run`` describes (under torchrun: this process's part); see
-    :class:`Trainer`. Every rank returns rank 0's result."""
-    trainer = Trainer(run, resume=resume)
-    result = trainer.fit()
+    :class:`Trainer` (``force``: delete the run already in ``run_dir`` first). Every rank
+    returns rank 0's result, or raises :class:`TrainingDiverged` with the others."""
+    trainer = Trainer(run, resume=resume, force=force)
+    outcome = _fit(trainer)
     if trainer.dist.distributed:
         del trainer  # DDP/FSDP hold the process group: free them before leaving it
         gc.collect()
         dist.cleanup()
-    return result
+    if isinstance(outcome, TrainingDiverged):
+        raise outcome
+    return outcome
+
+
+def _fit(trainer: Trainer) -> TrainResult | TrainingDiverged:
+    """``trainer.fit()``, or the :class:`TrainingDiverged` every rank raised at the same step
+    (without its traceback, which would keep the trainer and its process group alive)."""
+    try:
+        return trainer.fit()
+    except TrainingDiverged as error:
+        return error.with_traceback(None)
 
 
 def _rank_seed(seed: int, rank: int) -> int:

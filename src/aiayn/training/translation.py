@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from aiayn.config import ModelConfig, TransformerConfig
 from aiayn.data import (
     Batch,
+    FilterReport,
     ParallelDataset,
     TokenBatchSampler,
     Tokenizer,
@@ -28,6 +29,7 @@ from aiayn.data import (
     read_parallel,
 )
 from aiayn.data.batching import batches_padding_fraction
+from aiayn.data.hf_datasets import HFCorpus, hf_pairs, read_eval_source
 from aiayn.decoding.translate import DecodeOptions, translate_ids, translate_texts
 from aiayn.errors import UserError
 from aiayn.evaluation import corpus_bleu, corpus_chrf
@@ -64,11 +66,8 @@ def prepare_data(run: RunConfig, *, reuse_tokenizer: bool, log: Log = print_main
     d = run.data
     assert isinstance(d, DataConfig)
     train_pairs, valid_pairs = _read_pairs(d, run.train.seed, log)
-    test_pairs: list[tuple[str, str]] = []
-    if d.test_src is not None:
-        test_pairs, _ = filter_pairs(
-            read_parallel(d.test_src, d.test_tgt), max_words=10**6, max_ratio=1e9
-        )
+    test = _eval_pairs(d, d.test, d.test_src, d.test_tgt)
+    test_pairs = test[0] if test is not None else []
 
     tokenizer_file = Path(run.run_dir) / "tokenizer.json"
     if reuse_tokenizer and tokenizer_file.is_file():
@@ -96,8 +95,14 @@ def prepare_data(run: RunConfig, *, reuse_tokenizer: bool, log: Log = print_main
 def _read_pairs(
     d: DataConfig, seed: int, log: Log
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """The cleaned training pairs and the validation pairs (a file, or a seeded held-out slice)."""
-    if d.train_src is None:
+    """The cleaned training pairs and the validation pairs (a file, a sacreBLEU test set, a split
+    of the Hugging Face corpus, or a seeded held-out slice)."""
+    train_pairs: Iterable[tuple[str, str]]
+    if d.hf_dataset is not None:
+        train_pairs = hf_pairs(_hf_corpus(d), d.hf_split)
+        config = f" ({d.hf_config})" if d.hf_config else ""
+        log(f"data: {d.hf_dataset}{config} [{d.hf_split}], {d.src_lang} -> {d.tgt_lang}")
+    elif d.train_src is None:
         train_pairs = read_parallel(demo_corpus_path())
         log(
             f"data: built-in demo corpus {demo_corpus_path().name} "
@@ -106,22 +111,42 @@ def _read_pairs(
     else:
         train_pairs = read_parallel(d.train_src, d.train_tgt)
     if d.lowercase:
-        train_pairs = [(s.lower(), t.lower()) for s, t in train_pairs]
-    train_pairs, report = filter_pairs(train_pairs, max_words=d.max_words, max_ratio=d.max_ratio)
+        train_pairs = ((s.lower(), t.lower()) for s, t in train_pairs)
+    kept, report = filter_pairs(train_pairs, max_words=d.max_words, max_ratio=d.max_ratio)
     log(f"data: train {report}")
-    if d.valid_src is not None:
-        valid_pairs, vreport = filter_pairs(
-            read_parallel(d.valid_src, d.valid_tgt), max_words=10**6, max_ratio=1e9
-        )
-        log(f"data: valid {vreport}")
-        return train_pairs, valid_pairs
+    valid = _eval_pairs(d, d.valid, d.valid_src, d.valid_tgt)
+    if valid is not None:
+        log(f"data: valid {valid[1]}")
+        return kept, valid[0]
     # hold out a seeded random slice
-    order = np.random.default_rng(seed).permutation(len(train_pairs))
+    order = np.random.default_rng(seed).permutation(len(kept))
     held = set(order[: d.valid_size].tolist())
-    valid_pairs = [train_pairs[i] for i in sorted(held)]
-    train_pairs = [p for i, p in enumerate(train_pairs) if i not in held]
+    valid_pairs = [kept[i] for i in sorted(held)]
+    kept = [p for i, p in enumerate(kept) if i not in held]
     log(f"data: held out {len(valid_pairs)} training pairs for validation")
-    return train_pairs, valid_pairs
+    return kept, valid_pairs
+
+
+def _hf_corpus(d: DataConfig) -> HFCorpus:
+    """The run's Hugging Face corpus (the config checked that it has both languages)."""
+    assert d.hf_dataset is not None and d.src_lang is not None and d.tgt_lang is not None
+    return HFCorpus(d.hf_dataset, d.hf_config, d.src_lang, d.tgt_lang)
+
+
+def _eval_pairs(
+    d: DataConfig, source: str | None, src_file: str | None, tgt_file: str | None
+) -> tuple[list[tuple[str, str]], FilterReport] | None:
+    """Validation or test pairs, whitespace-normalised (none dropped for length): from
+    ``source`` (``sacrebleu:NAME`` or ``split:NAME``), else from files; None = neither given."""
+    if source is not None:
+        assert d.src_lang is not None and d.tgt_lang is not None
+        corpus = _hf_corpus(d) if d.hf_dataset is not None else None
+        pairs = read_eval_source(source, corpus, d.src_lang, d.tgt_lang)
+    elif src_file is not None:
+        pairs = read_parallel(src_file, tgt_file)
+    else:
+        return None
+    return filter_pairs(pairs, max_words=10**6, max_ratio=1e9)
 
 
 TRANSLATION_LABEL_SMOOTHING = 0.1
@@ -271,7 +296,7 @@ class TranslationTask:
                 f"averaged checkpoint: BLEU {result.averaged_valid['bleu']:.2f} "
                 f"({result.averaged_checkpoint})"
             )
-        if self.data_cfg.train_src is None:  # the built-in demo: show it works
+        if self.data_cfg.train_src is None and self.data_cfg.hf_dataset is None:  # the demo
             self._demo_translations(result.averaged_checkpoint or result.final_checkpoint)
             print(
                 f"\nBLEU on {int(best['bleu_sentences'])} held-out pairs: {best['bleu']:.2f} "

@@ -1,0 +1,422 @@
+"""The peer system of the benchmarks: plain PyTorch neural machine translation around
+``torch.nn.Transformer``, written here and not imported from aiayn, with the standard recipe of
+Vaswani et al. (2017):
+
+- a joint BPE from Hugging Face ``tokenizers`` trained the usual way
+  (``SentencePieceBPETokenizer``: NFKC, "▁" word boundaries, so decoding restores the spacing);
+- token-budget batches (§5.1): pairs sorted by length, cut so that a batch's padded tokens stay
+  within the budget on each side, the batch order shuffled every epoch;
+- :class:`TorchReference`: ``nn.Transformer`` with the embeddings ×√D, sinusoidal positions
+  (§3.5) and the output layer tied to the shared embedding (§3.4);
+- label-smoothed cross-entropy (ε_ls = 0.1, §5.4), Adam (0.9, 0.98, 1e-9) with the learning rate
+  of eq. (3) (§5.3);
+- greedy search and beam search with GNMT's length penalty (§6.1: beam 4, α = 0.6, output at most
+  the source length + 50).
+
+``benchmarks/train_vs_torch.py`` times :class:`TorchReference` against aiayn's training step;
+``benchmarks/train_multi30k.py`` trains this whole system against ``aiayn train``.
+
+Shape legend:
+    B sentences   S source length   T target length   D d_model   V vocabulary   K beam size
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
+PAD, UNK, BOS, EOS = range(4)
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """Layer sizes of :class:`TorchReference` (the paper's names in Table 3)."""
+
+    vocab_size: int
+    d_model: int = 256
+    num_heads: int = 4
+    num_encoder_layers: int = 3
+    num_decoder_layers: int = 3
+    d_ff: int = 1024
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    norm_first: bool = False
+    max_len: int = 1024
+    pad_id: int = PAD
+
+
+def sinusoids(length: int, d_model: int) -> Tensor:
+    """(length, D): PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(…) (§3.5)."""
+    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)  # (L, 1)
+    rate = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
+    table = torch.zeros(length, d_model)
+    table[:, 0::2] = torch.sin(position * rate)  # (L, 1) * (D/2,) -> (L, D/2)
+    table[:, 1::2] = torch.cos(position * rate)[:, : d_model // 2]
+    return table
+
+
+class TorchReference(nn.Module):
+    """``torch.nn.Transformer`` with what it leaves out: embeddings ×√D, sinusoidal positions,
+    the tied output layer. Attention-weight dropout is ``attention_dropout`` (0: as aiayn)."""
+
+    def __init__(self, c: PeerConfig):
+        super().__init__()
+        self.config = c
+        self.embedding = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        nn.init.normal_(self.embedding.weight, std=c.d_model**-0.5)
+        self.register_buffer("pe", sinusoids(c.max_len, c.d_model), persistent=False)
+        self.transformer = nn.Transformer(
+            c.d_model,
+            c.num_heads,
+            c.num_encoder_layers,
+            c.num_decoder_layers,
+            c.d_ff,
+            c.dropout,
+            batch_first=True,
+            norm_first=c.norm_first,
+        )
+        for module in self.modules():
+            if isinstance(module, nn.MultiheadAttention):
+                module.dropout = c.attention_dropout
+        self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.output.weight = self.embedding.weight
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """(B, L) -> (B, L, D)."""
+        x = self.embedding(tokens) * math.sqrt(self.config.d_model) + self.pe[: tokens.size(1)]
+        return F.dropout(x, self.config.dropout, self.training)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """(B, S), (B, T) -> (B, T, V) logits (teacher forcing)."""
+        pad, t = self.config.pad_id, tgt_in.size(1)
+        causal = torch.ones(t, t, dtype=torch.bool, device=src.device).triu(1)  # True = blocked
+        hidden = self.transformer(
+            self.embed(src),
+            self.embed(tgt_in),
+            tgt_mask=causal,
+            src_key_padding_mask=src == pad,
+            tgt_key_padding_mask=tgt_in == pad,
+            memory_key_padding_mask=src == pad,
+            tgt_is_causal=True,
+        )  # (B, T, D)
+        return self.output(hidden)  # (B, T, D) @ (D, V) -> (B, T, V)
+
+    def encode(self, src: Tensor) -> Tensor:
+        """(B, S) -> (B, S, D) memory."""
+        return self.transformer.encoder(
+            self.embed(src), src_key_padding_mask=src == self.config.pad_id
+        )
+
+    def next_log_probs(self, prefix: Tensor, memory: Tensor, src_pad: Tensor) -> Tensor:
+        """Log-probabilities of the token after each prefix: (B, t), (B, S, D), (B, S) -> (B, V).
+        The prefix is decoded again in full at every step (no cache: plain nn.Transformer)."""
+        t = prefix.size(1)
+        causal = torch.ones(t, t, dtype=torch.bool, device=prefix.device).triu(1)
+        hidden = self.transformer.decoder(
+            self.embed(prefix),
+            memory,
+            tgt_mask=causal,
+            memory_key_padding_mask=src_pad,
+            tgt_is_causal=True,
+        )  # (B, t, D)
+        logits = self.output(hidden[:, -1])  # (B, D) @ (D, V) -> (B, V)
+        logits[:, PAD] = logits[:, BOS] = -math.inf
+        return logits.float().log_softmax(-1)
+
+
+# -- data --------------------------------------------------------------------------------------
+def train_bpe(texts: Sequence[str], vocab_size: int) -> Any:
+    """A joint BPE over both languages (``tokenizers.SentencePieceBPETokenizer``)."""
+    from tokenizers import SentencePieceBPETokenizer
+
+    tokenizer = SentencePieceBPETokenizer(unk_token="<unk>")
+    tokenizer.train_from_iterator(
+        texts,
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIALS),
+        show_progress=False,
+    )
+    assert [tokenizer.token_to_id(s) for s in SPECIALS] == [PAD, UNK, BOS, EOS]
+    return tokenizer
+
+
+@dataclass
+class Encoded:
+    """Token ids of the pairs (no BOS/EOS); lengths for batching."""
+
+    src: list[list[int]]
+    tgt: list[list[int]]
+
+    @classmethod
+    def of(cls, tokenizer: Any, pairs: Sequence[tuple[str, str]], max_len: int) -> Encoded:
+        """Encode; drop pairs longer than ``max_len`` subwords on a side."""
+        src = [e.ids for e in tokenizer.encode_batch([s for s, _ in pairs])]
+        tgt = [e.ids for e in tokenizer.encode_batch([t for _, t in pairs])]
+        keep = [
+            i
+            for i, (s, t) in enumerate(zip(src, tgt, strict=True))
+            if 0 < len(s) <= max_len and 0 < len(t) <= max_len
+        ]
+        return cls([src[i] for i in keep], [tgt[i] for i in keep])
+
+
+def pad_batch(rows: Sequence[Sequence[int]]) -> Tensor:
+    """(B, L) int64, right-padded with PAD."""
+    out = torch.full((len(rows), max(map(len, rows))), PAD, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
+def token_batches(data: Encoded, max_tokens: int, rng: np.random.Generator) -> list[list[int]]:
+    """Pair indices in batches whose padded size, (longest + 1) × count, stays within
+    ``max_tokens`` on each side (+1: the EOS/BOS each side gets); sorted by length with random
+    ties, the batch order shuffled."""
+    src_len = np.array([len(s) + 1 for s in data.src])
+    tgt_len = np.array([len(t) + 1 for t in data.tgt])
+    order = np.lexsort((rng.random(len(src_len)), src_len, tgt_len))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0  # of the current batch, either side
+    for i in order.tolist():
+        need = max(int(src_len[i]), int(tgt_len[i]))
+        if current and max(longest, need) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, need)
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+# -- training ----------------------------------------------------------------------------------
+def transformer_lr(step: int, d_model: int, warmup: int) -> float:
+    """Eq. (3): d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)."""
+    return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+@dataclass
+class TrainLog:
+    """What a timed training run did."""
+
+    steps: int = 0
+    epochs: int = 0
+    seconds: float = 0.0
+    tgt_tokens: int = 0
+    window_rates: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+
+def train_for(
+    model: TorchReference,
+    data: Encoded,
+    *,
+    minutes: float,
+    max_tokens: int,
+    warmup: int,
+    label_smoothing: float = 0.1,
+    seed: int = 1,
+    device: torch.device,
+    amp: torch.dtype | None = None,
+    log_every: int = 100,
+) -> TrainLog:
+    """Train until ``minutes`` of wall-clock time have passed (checked before each step)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    rng, log = np.random.default_rng(seed), TrainLog()
+    model.train()
+    started = window_start = time.perf_counter()
+    window_tokens, window_loss = 0, torch.zeros((), device=device)
+    while True:
+        for ids in token_batches(data, max_tokens, rng):
+            if time.perf_counter() - started > 60 * minutes:
+                now = time.perf_counter()
+                if window_tokens:  # the last, shorter window counts too
+                    log.window_rates.append(window_tokens / (now - window_start))
+                log.seconds = now - started
+                return log
+            log.steps += 1
+            lr = transformer_lr(log.steps, model.config.d_model, warmup)
+            tokens = sum(len(data.tgt[i]) + 1 for i in ids)  # + EOS
+            batch = make_batch(data, ids, device)
+            loss = train_step(model, optimizer, batch, tokens, lr, label_smoothing, amp)
+            log.tgt_tokens += tokens
+            window_tokens, window_loss = window_tokens + tokens, window_loss + loss
+            if log.steps % log_every == 0:  # the one host sync of a window
+                now = time.perf_counter()
+                log.window_rates.append(window_tokens / (now - window_start))
+                log.losses.append(window_loss.item() / window_tokens)
+                print(
+                    f"peer: step {log.steps} loss {log.losses[-1]:.3f} "
+                    f"{log.window_rates[-1]:,.0f} target tokens/s",
+                    flush=True,
+                )
+                window_start, window_tokens, window_loss = now, 0, torch.zeros_like(loss)
+        log.epochs += 1
+
+
+def make_batch(data: Encoded, ids: list[int], device: torch.device) -> tuple[Tensor, ...]:
+    """(src + EOS, BOS + tgt, tgt + EOS): (B, S), (B, T), (B, T) on ``device``."""
+    src = pad_batch([data.src[i] + [EOS] for i in ids])
+    tgt_in = pad_batch([[BOS, *data.tgt[i]] for i in ids])
+    tgt_out = pad_batch([[*data.tgt[i], EOS] for i in ids])
+    return src.to(device), tgt_in.to(device), tgt_out.to(device)
+
+
+def train_step(
+    model: TorchReference,
+    optimizer: torch.optim.Optimizer,
+    batch: tuple[Tensor, ...],
+    tokens: int,
+    lr: float,
+    label_smoothing: float,
+    amp: torch.dtype | None,
+) -> Tensor:
+    """One optimizer step on one batch of ``tokens`` targets (the loss per target token); the
+    summed loss, detached (no host sync)."""
+    src, tgt_in, tgt_out = batch
+    device_type = src.device.type
+    with torch.autocast(device_type, dtype=amp or torch.float32, enabled=amp is not None):
+        logits = model(src, tgt_in)  # (B, T, V)
+    loss = F.cross_entropy(
+        logits.flatten(0, 1).float(),  # (B·T, V)
+        tgt_out.flatten(),
+        ignore_index=PAD,
+        label_smoothing=label_smoothing,
+        reduction="sum",
+    )
+    (loss / tokens).backward()
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+# -- decoding ----------------------------------------------------------------------------------
+def gnmt_penalty(length: int, alpha: float) -> float:
+    """lp(Y) = ((5 + |Y|) / 6)^α, |Y| counting the EOS (Wu et al. 2016, eq. 14)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@torch.inference_mode()
+def translate(
+    model: TorchReference,
+    tokenizer: Any,
+    sources: Sequence[str],
+    *,
+    beam_size: int = 1,
+    alpha: float = 0.6,
+    extra_len: int = 50,
+    batch_sentences: int = 64,
+    device: torch.device,
+) -> list[str]:
+    """Detokenized translations, greedy (``beam_size`` 1) or beam search, in input order."""
+    model.eval()
+    ids = [e.ids[: model.config.max_len - extra_len - 2] for e in tokenizer.encode_batch(sources)]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    outputs: list[list[int]] = [[] for _ in ids]
+    for start in range(0, len(order), batch_sentences):
+        chunk = order[start : start + batch_sentences]
+        src = pad_batch([ids[i] + [EOS] for i in chunk]).to(device)  # (B, S)
+        limits = [len(ids[i]) + extra_len for i in chunk]
+        search = greedy if beam_size == 1 else _beam
+        found = search(model, src, limits, beam_size=beam_size, alpha=alpha)
+        for i, tokens in zip(chunk, found, strict=True):
+            outputs[i] = tokens
+    return list(tokenizer.decode_batch(outputs))
+
+
+def greedy(model: TorchReference, src: Tensor, limits: list[int], **_: Any) -> list[list[int]]:
+    """The most probable next token until EOS; EOS forced after ``limits[b]`` tokens."""
+    memory, src_pad = model.encode(src), src == PAD  # (B, S, D), (B, S)
+    b = src.size(0)
+    prefix = torch.full((b, 1), BOS, dtype=torch.long, device=src.device)  # (B, 1)
+    done = torch.zeros(b, dtype=torch.bool, device=src.device)
+    limit = torch.tensor(limits, device=src.device)
+    for t in range(max(limits) + 1):
+        token = model.next_log_probs(prefix, memory, src_pad).argmax(-1)  # (B,)
+        token = torch.where(limit <= t, torch.full_like(token, EOS), token)
+        token = torch.where(done, torch.full_like(token, PAD), token)
+        prefix = torch.cat([prefix, token[:, None]], dim=1)  # (B, t + 2)
+        done |= token == EOS
+        if bool(done.all()):
+            break
+    rows = prefix[:, 1:].tolist()
+    return [row[: row.index(EOS)] if EOS in row else row for row in rows]
+
+
+def _beam(
+    model: TorchReference, src: Tensor, limits: list[int], *, beam_size: int, alpha: float
+) -> list[list[int]]:
+    """Beam search, GNMT style: a candidate ending in EOS among a sentence's K best is finished
+    (scored log P / lp); the K best others live on; a sentence is done with K finished; EOS is
+    forced after ``limits[b]`` tokens."""
+    b, k = src.size(0), beam_size
+    memory = model.encode(src).repeat_interleave(k, dim=0)  # (B·K, S, D)
+    src_pad = (src == PAD).repeat_interleave(k, dim=0)  # (B·K, S)
+    prefix = torch.full((b * k, 1), BOS, dtype=torch.long, device=src.device)  # (B·K, 1)
+    scores = torch.full((b, k), -math.inf, device=src.device)
+    scores[:, 0] = 0.0  # one live beam at the start
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+    for t in range(1, max(limits) + 2):
+        logp = model.next_log_probs(prefix, memory, src_pad).view(b, k, -1)  # (B, K, V)
+        at_limit = torch.tensor([t > lim for lim in limits], device=src.device)
+        forced = torch.full_like(logp, -math.inf)
+        forced[..., EOS] = logp[..., EOS]
+        logp = torch.where(at_limit[:, None, None], forced, logp)
+        vocab = logp.size(-1)
+        cand = (scores[:, :, None] + logp).view(b, k * vocab)  # (B, K·V)
+        top, index = cand.topk(2 * k, dim=1)  # (B, 2K)
+        rows, tokens, scores = _select(top, index, vocab, k, t, alpha, prefix, finished)
+        prefix = torch.cat([prefix[rows], tokens[:, None]], dim=1)  # (B·K, t + 1)
+        if all(len(f) >= k for f in finished):
+            break
+    return [max(f)[1] if f else [] for f in finished]
+
+
+def _select(
+    top: Tensor,
+    index: Tensor,
+    vocab: int,
+    k: int,
+    t: int,
+    alpha: float,
+    prefix: Tensor,
+    finished: list[list[tuple[float, list[int]]]],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Sort a step's 2K candidates per sentence into finished hypotheses and K live beams:
+    (source rows (B·K,), next tokens (B·K,), live scores (B, K))."""
+    b = top.size(0)
+    rows, tokens = [], []
+    scores = torch.full((b, k), -math.inf, device=top.device)
+    for s, (values, ids) in enumerate(zip(top.tolist(), index.tolist(), strict=True)):
+        live = 0
+        for rank, (value, flat) in enumerate(zip(values, ids, strict=True)):
+            if value == -math.inf or live == k or len(finished[s]) >= k:
+                break
+            beam, token = divmod(flat, vocab)
+            if token == EOS:
+                if rank < k:
+                    path = prefix[s * k + beam, 1:].tolist()
+                    finished[s].append((value / gnmt_penalty(t, alpha), path))
+                continue
+            rows.append(s * k + beam)
+            tokens.append(token)
+            scores[s, live] = value
+            live += 1
+        rows += [s * k] * (k - live)  # empty slots: any row, score -inf
+        tokens += [PAD] * (k - live)
+    device = prefix.device
+    return torch.tensor(rows, device=device), torch.tensor(tokens, device=device), scores

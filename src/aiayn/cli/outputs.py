@@ -1,0 +1,383 @@
+"""Where the commands write: checked before any work, written atomically, never clobbered.
+
+Every command that writes files uses this module for its output paths, in two steps:
+
+1. Before any work (loading a model, translating), :func:`check_file`, :func:`check_folder` or
+   :func:`check_tree` refuses an output that cannot be written — its folder is read-only or
+   missing under a file, the path is a folder where a file goes or the reverse — and one that
+   exists, unless ``--force``. ``--force`` replaces only what the command itself writes: a file,
+   the files a folder output would hold, or a folder of the kind written (an aiayn checkpoint,
+   a Hugging Face folder) or an empty one; never an unrelated folder, which it would delete.
+2. The writes go through :func:`atomic_file`, :func:`staged_files` or :func:`staged_tree`: into a
+   temporary file or folder beside the target (same file system), moved into place with
+   :func:`os.replace` / :func:`os.rename` only when complete. On any error the temporary is
+   removed, so are the folders created for the output, and the old output is untouched; a full
+   disk or a read-only folder is a :class:`~aiayn.errors.UserError` naming the output.
+
+Files are created with mode ``0o666`` less the umask, as :func:`open` creates them (not the
+``0o600`` of :func:`tempfile.mkstemp`); a replaced file keeps its permission bits.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import secrets
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import IO, Any
+
+from aiayn.errors import UserError
+
+# errnos of a write that fails because of where it writes, not because of aiayn
+_WRITE_ERRNOS = {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EROFS,
+    errno.EFBIG,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EIO,
+}
+
+
+def exists(path: Path) -> bool:
+    """Whether anything is at ``path``, a dangling symbolic link included."""
+    return path.exists() or path.is_symlink()
+
+
+# -- 1. checks before any work -----------------------------------------------------------------
+
+
+def check_file(path: str | Path, *, force: bool, flag: str) -> Path:
+    """Check a file output: not a folder, absent unless ``force``, its folder writable (or
+    creatable). Returns the path.
+
+    Raises:
+        UserError: naming ``flag`` and the path.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is a folder: give a file name")
+    if exists(path) and not force:
+        raise UserError(f"{path} exists: pass --force to replace it")
+    check_writable(path.parent, flag=flag, target=path)
+    return path
+
+
+def check_folder(
+    path: str | Path,
+    *,
+    force: bool,
+    flag: str,
+    names: Iterable[str] = (),
+    patterns: Iterable[str] = (),
+) -> Path:
+    """Check a folder that receives files: not a file, writable (or creatable), and holding none
+    of the files the command writes (``names``, or names matching the glob ``patterns``) unless
+    ``force``. Other files in it are left alone. Returns the path.
+
+    Raises:
+        UserError: naming ``flag``, the path and the files in the way.
+    """
+    path = Path(path)
+    if exists(path) and not path.is_dir():
+        raise UserError(f"{flag} {path} exists and is not a folder")
+    check_writable(path, flag=flag, target=path)
+    if not path.is_dir():
+        return path
+    names, patterns = set(names), tuple(patterns)
+    clash = sorted(
+        p.name
+        for p in path.iterdir()
+        if p.name in names or any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)
+    )
+    if clash and not force:
+        raise UserError(
+            f"{flag} {path} already holds {_some(clash)}: pass --force to replace them, or "
+            "choose another folder"
+        )
+    folders = [name for name in clash if (path / name).is_dir()]
+    if folders:
+        raise UserError(f"{flag} {path / folders[0]} is a folder where a file goes: remove it")
+    return path
+
+
+def check_tree(
+    path: str | Path,
+    *,
+    force: bool,
+    flag: str,
+    what: str,
+    is_what: Callable[[Path], bool],
+    reserved: str | None = None,
+) -> Path:
+    """Check a folder written as a whole (a checkpoint, a Hugging Face folder): absent, or with
+    ``force`` a folder that ``is_what`` accepts or an empty one — never another folder or a file,
+    which replacing would delete. ``reserved``: a reason to refuse ``path`` without ``force`` even
+    when it does not exist yet. Returns the path.
+
+    Raises:
+        UserError: naming ``flag``, the path and ``what`` it would have to be.
+    """
+    path = Path(path)
+    if reserved is not None and not force:
+        raise UserError(f"{flag} {path}: {reserved}: choose another folder, or pass --force")
+    if exists(path):
+        if not force:
+            raise UserError(f"{path} exists: pass --force to replace it")
+        if not path.is_dir():
+            raise UserError(f"{flag} {path} is a file, not {what}: --force replaces only {what}")
+        if any(path.iterdir()) and not is_what(path):
+            raise UserError(
+                f"{flag} {path} is a folder that is not {what}: --force replaces only {what} "
+                "or an empty folder; choose another folder"
+            )
+    check_writable(path.parent, flag=flag, target=path)
+    return path
+
+
+TRAINING_NAMES = ("step_*", "best", "averaged")
+"""The names training gives the folders in a run's ``checkpoints/``."""
+
+
+def check_checkpoint_out(path: str | Path, *, force: bool, flag: str) -> Path:
+    """:func:`check_tree` for an aiayn checkpoint folder: ``force`` replaces only a checkpoint
+    (a folder with ``state.json``) or an empty folder, and a name training writes in a run's
+    ``checkpoints/`` (``step_*``, ``best``, ``averaged``) needs ``force`` even when free — resume
+    and pruning would take the folder for training's own."""
+    from aiayn.training.checkpoint import STATE_FILE
+
+    path = Path(path)
+    reserved = None
+    if path.parent.name == "checkpoints" and any(
+        fnmatch.fnmatchcase(path.name, pattern) for pattern in TRAINING_NAMES
+    ):
+        reserved = (
+            f"{path.name} is a name training gives its own checkpoints in a run's "
+            "checkpoints/ folder (resume and pruning would take it for one)"
+        )
+    return check_tree(
+        path,
+        force=force,
+        flag=flag,
+        what="an aiayn checkpoint",
+        is_what=lambda folder: (folder / STATE_FILE).is_file(),
+        reserved=reserved,
+    )
+
+
+def check_writable(folder: Path, *, flag: str, target: Path) -> None:
+    """``folder`` is a writable folder, or can be created (its nearest existing ancestor is a
+    writable folder).
+
+    Raises:
+        UserError: naming ``flag``, ``target`` and the folder in the way.
+    """
+    ancestor = Path(folder)
+    while not exists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"{flag} {target}: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {target}: cannot write in {ancestor} ({_why_not(ancestor)})")
+
+
+def _why_not(folder: Path) -> str:
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    return "read-only file system" if read_only else "permission denied"
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+# -- 2. atomic writes ----------------------------------------------------------------------------
+
+
+@contextmanager
+def atomic_file(
+    path: str | Path, mode: str = "w", *, encoding: str | None = "utf-8", newline: str | None = None
+) -> Iterator[IO[Any]]:
+    """An open file whose contents replace ``path`` only when the ``with`` block completes.
+
+    The data go to a hidden temporary file in the same folder (created with the umask's mode,
+    synced to disk), renamed over ``path`` at the end; on any error it is removed and ``path``
+    keeps its old contents. ``mode``: ``"w"`` (text) or ``"wb"``.
+
+    Raises:
+        UserError: the disk is full, the folder is read-only… (naming ``path``).
+    """
+    path = Path(path)
+    if mode not in ("w", "wb"):
+        raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
+    created = _make_folders(path.parent, path)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        binary = mode == "wb"
+        with os.fdopen(
+            fd, mode, encoding=None if binary else encoding, newline=None if binary else newline
+        ) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        _keep_mode(path, tmp)
+        os.replace(tmp, path)
+    except BaseException as error:
+        _remove(tmp)
+        _remove_empty(created)
+        converted = _write_error(error, path, tmp)
+        if converted is None:
+            raise
+        raise converted from None
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write UTF-8 ``text`` to ``path`` atomically (:func:`atomic_file`); returns ``path``."""
+    with atomic_file(path) as handle:
+        handle.write(text)
+    return Path(path)
+
+
+@contextmanager
+def staged_files(folder: str | Path) -> Iterator[Path]:
+    """A temporary folder inside ``folder`` (created) to write files into; when the ``with``
+    block completes, each file is synced and moved into ``folder`` with :func:`os.replace`.
+
+    On any error the temporary folder and the folders created for ``folder`` are removed and
+    ``folder`` is as it was.
+
+    Raises:
+        UserError: the disk is full, the folder is read-only… (naming ``folder``).
+    """
+    folder = Path(folder)
+    created = _make_folders(folder, folder)
+    stage = folder
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=".aiayn-", suffix=".tmp", dir=folder))
+        yield stage
+        entries = sorted(stage.iterdir())
+        for entry in entries:
+            _sync(entry)
+        for entry in entries:
+            os.replace(entry, folder / entry.name)
+        stage.rmdir()
+    except BaseException as error:
+        if stage != folder:
+            shutil.rmtree(stage, ignore_errors=True)
+        _remove_empty(created)
+        converted = _write_error(error, folder, stage)
+        if converted is None:
+            raise
+        raise converted from None
+
+
+@contextmanager
+def staged_tree(path: str | Path) -> Iterator[Path]:
+    """A path to write the folder ``path`` into as a whole, inside a temporary folder beside it;
+    when the ``with`` block completes it is renamed to ``path``, replacing an old folder there
+    (checked by :func:`check_tree`), which is deleted only then.
+
+    On any error the temporary folder is removed and ``path`` is as it was.
+
+    Raises:
+        UserError: the disk is full, the folder is read-only… (naming ``path``).
+    """
+    path = Path(path)
+    created = _make_folders(path.parent, path)
+    stage = path.parent
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        new = stage / path.name
+        yield new
+        if not new.is_dir():
+            raise RuntimeError(f"nothing was written to {new}")
+        if exists(path):
+            old = stage / ".replaced"
+            os.rename(path, old)
+            try:
+                os.rename(new, path)
+            except BaseException:
+                os.rename(old, path)
+                raise
+        else:
+            os.rename(new, path)
+        shutil.rmtree(stage, ignore_errors=True)
+    except BaseException as error:
+        if stage != path.parent:
+            shutil.rmtree(stage, ignore_errors=True)
+        _remove_empty(created)
+        converted = _write_error(error, path, stage)
+        if converted is None:
+            raise
+        raise converted from None
+
+
+def _make_folders(folder: Path, target: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns those created, deepest first."""
+    missing = []
+    while not exists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for index, item in enumerate(reversed(missing)):
+        try:
+            item.mkdir(exist_ok=True)
+        except OSError as error:
+            _remove_empty(missing[len(missing) - index :])
+            what = item if item == target else f"{item} for {target}"
+            raise UserError(f"cannot create {what}: {error.strerror}") from None
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:  # deepest first
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def _remove(path: Path) -> None:
+    with suppress(OSError):  # absent, or on a file system that refuses even this
+        path.unlink()
+
+
+def _keep_mode(path: Path, tmp: Path) -> None:
+    """Give a replacing file the permission bits of the file it replaces."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return
+    os.chmod(tmp, mode)
+
+
+def _sync(path: Path) -> None:
+    if path.is_file():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_error(error: BaseException, target: Path, temporary: Path) -> UserError | None:
+    """A :class:`UserError` naming ``target`` for a write that the file system refused: any
+    :class:`OSError` on the temporary file or folder, or one naming no file whose errno says
+    full, read-only or no permission; else None (the error stays as it is)."""
+    if not isinstance(error, OSError):
+        return None
+    if error.filename is None:
+        ours = error.errno in _WRITE_ERRNOS
+    else:
+        ours = Path(os.fsdecode(error.filename)).is_relative_to(temporary)
+    return UserError(f"cannot write {target}: {error.strerror or error}") if ours else None

@@ -1,0 +1,294 @@
+"""Masked-LM pre-training of BERT (Devlin et al. 2019, §3.1 "Task #1: Masked LM"; family
+``bert``, ``data.task: masked-lm``) with the same trainer as the other tasks.
+
+* data: a plain text file, one example per non-blank line: ``[CLS] line [SEP]``, truncated to
+  ``data.max_length`` tokens (default: the model's positions). Lines are not packed together:
+  put a document on one line for a longer context. The tokenizer is a WordPiece vocabulary
+  learnt from the training text, or ``model.init_from``'s (:mod:`~aiayn.training.bert_start`);
+* batches: examples of similar length under ``train.max_tokens`` (padding included), padded on
+  the right, the attention mask marking the real positions (:mod:`aiayn.data.bert_data`);
+* objective: BERT's corruption (:func:`~aiayn.data.masking.mask_tokens`: 15% of the positions
+  that are neither special nor padding are targets; 80% of them ``[MASK]``, 10% a random token,
+  10% unchanged), drawn anew each epoch from the seed, the epoch and the batch's examples (so a
+  resumed run draws the same); cross-entropy of the masked-LM head's logits at the targets only
+  (``train.label_smoothing``, 0 by default) (:class:`MaskedLMObjective`). No next-sentence
+  prediction: the model has no pooler (the masked LM does not train it);
+* validation: loss, perplexity and accuracy over the targets of the validation text, drawn once
+  with a fixed seed (:data:`~aiayn.data.bert_data.VALID_MASK_SEED`), so that validations compare;
+  the best checkpoint has the lowest perplexity; at the end, the test text's (if any).
+
+Shape legend:  B examples in a batch   S positions   N targets in a batch   D d_model
+V vocabulary
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.config import ModelConfig
+from aiayn.data.bert_data import (
+    VALID_MASK_SEED,
+    EncoderBatchSampler,
+    MaskedLMBatch,
+    MaskedLMSet,
+    encode_texts,
+    padding_of,
+    read_texts,
+)
+from aiayn.data.bert_tokenizer import BertTokenizer
+from aiayn.data.masking import IGNORE_INDEX
+from aiayn.errors import UserError
+from aiayn.models.bert import BERT, BertConfig
+from aiayn.training.bert_start import (
+    load_start_weights,
+    max_length,
+    run_tokenizer,
+    silent,
+    sized_config,
+)
+from aiayn.training.config import BertDataConfig, RunConfig
+from aiayn.training.loss import LossSums, label_smoothed_nll
+from aiayn.training.task import Criterion, FinalOutputs, Log, TaskData, print_main
+
+
+@dataclass
+class MaskedLMData:
+    """The tokenizer and the three texts' examples (training: masks drawn per batch;
+    validation and test: drawn once)."""
+
+    tokenizer: BertTokenizer
+    train: MaskedLMSet
+    valid: MaskedLMSet
+    test: MaskedLMSet | None = None
+
+    @property
+    def tokenizer_file(self) -> BertTokenizer:
+        """What every checkpoint saves beside its weights: the BERT tokenizer."""
+        return self.tokenizer
+
+
+def masked_lm_sums(
+    model: BERT, inputs: Tensor, attention_mask: Tensor, labels: Tensor, epsilon: float
+) -> tuple[LossSums, Tensor, Tensor]:
+    """(Σ loss and NLL over the targets, the targets' (N, V) logits, their (N,) gold ids).
+
+    Args:
+        inputs: (B, S) corrupted tokens.
+        attention_mask: (B, S) True at real positions.
+        labels: (B, S) gold ids at the targets, IGNORE_INDEX elsewhere.
+    """
+    hidden = model(inputs, None, attention_mask).hidden  # (B, S, D)
+    targets = labels != IGNORE_INDEX  # (B, S)
+    gold = labels[targets]  # (N,)
+    logits = model.mlm_logits(hidden[targets])  # (N, D) -> (N, V): the head at the targets only
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (N, V), fp32 under autocast too
+    # the targets as one row of N positions: (N, V) -> (1, N, V); none is excluded
+    sums = label_smoothed_nll(log_probs[None], gold[None], epsilon, pad_id=IGNORE_INDEX)
+    return sums, logits, gold
+
+
+class MaskedLMObjective(nn.Module):
+    """Σ (label-smoothed) cross-entropy of the masked-LM head at the targets of a batch.
+
+    Args:
+        model: the BERT being trained (its parameters are this module's); it needs its
+            masked-LM head.
+        label_smoothing: ε_ls of the loss (0 by default).
+    """
+
+    def __init__(self, model: BERT, label_smoothing: float = 0.0):
+        super().__init__()
+        if model.mlm_head is None:
+            raise ValueError(f"the BERT has no masked-LM head (head {model.config.head!r})")
+        self.model = model
+        self.label_smoothing = label_smoothing
+
+    def forward(self, inputs: Tensor, attention_mask: Tensor, labels: Tensor) -> LossSums:
+        """Args as :func:`masked_lm_sums`."""
+        return masked_lm_sums(self.model, inputs, attention_mask, labels, self.label_smoothing)[0]
+
+
+class MaskedLMTask:
+    """Masked-LM pre-training of BERT (see the module docstring and :mod:`aiayn.training.task`).
+
+    Args:
+        run: the run config (family ``bert``, ``data.task: masked-lm``).
+        log: prints the data reports and the final results.
+    """
+
+    criterion = Criterion(
+        "ppl", "perplexity", higher_is_better=False, plot_title="validation perplexity (masked)"
+    )
+
+    def __init__(self, run: RunConfig, log: Log = print_main):
+        assert isinstance(run.model, BertConfig) and isinstance(run.data, BertDataConfig)
+        self.run, self.data_cfg, self.log = run, run.data, log
+        self.label_smoothing = run.train.label_smoothing or 0.0
+        self._start_log: Log = log
+
+    # -- data ------------------------------------------------------------------------------------
+    def prepare_data(self, run_dir: Path, *, reuse_tokenizer: bool) -> MaskedLMData:
+        """Read the texts, get the tokenizer, encode; validation masks drawn once."""
+        d = self.data_cfg
+        assert d.train is not None and d.valid is not None  # the config requires them
+        files = [f for f in (d.train, d.valid, d.test) if f is not None]
+        train_lines, valid_lines, *test_lines = [read_texts(f) for f in files]
+        for lines, file in zip([train_lines, valid_lines, *test_lines], files, strict=True):
+            if not lines:  # checked before anything is written
+                raise UserError(f"{file}: no text lines")
+        tokenizer = run_tokenizer(
+            self.run, run_dir, lambda: train_lines, reuse=reuse_tokenizer, log=self.log
+        )
+        train = self._examples(tokenizer, train_lines, seed=self.run.train.seed, fixed=False)
+        valid = self._examples(tokenizer, valid_lines, seed=VALID_MASK_SEED, fixed=True)
+        test = None
+        if test_lines:
+            test = self._examples(tokenizer, test_lines[0], seed=VALID_MASK_SEED, fixed=True)
+        if train.num_targets == 0 or valid.num_targets == 0:
+            raise UserError(
+                f"{d.train if train.num_targets == 0 else d.valid}: no token to mask (every "
+                "line is empty or special tokens)"
+            )
+        self.log(
+            f"data: {len(train)} training lines ({train.texts.ids.size} tokens, "
+            f"{train.num_targets} targets an epoch), {len(valid)} validation lines "
+            f"({valid.num_targets} targets); {train.texts.full} training lines fill "
+            f"max_length {max_length(self.run)} (longer ones are cut)"
+        )
+        return MaskedLMData(tokenizer, train, valid, test)
+
+    def _examples(
+        self, tokenizer: BertTokenizer, lines: list[str], *, seed: int, fixed: bool
+    ) -> MaskedLMSet:
+        texts = encode_texts(tokenizer, lines, max_length=max_length(self.run))
+        p = self.data_cfg.mlm_probability
+        return MaskedLMSet(texts, tokenizer, seed=seed, probability=p, fixed=fixed)
+
+    # -- model and steps -------------------------------------------------------------------------
+    def model_config(self, data: TaskData) -> BertConfig:
+        """The run's BERT (head ``mlm``, no pooler) sized to the vocabulary."""
+        return sized_config(self.run, _mlm_data(data).tokenizer)
+
+    def new_model(self, config: ModelConfig) -> BERT:
+        """A freshly initialised BERT, or one holding the init_from checkpoint's weights."""
+        assert isinstance(config, BertConfig)
+        model = BERT(config)
+        if self.run.init_from is not None:  # said once (FSDP builds more models to fill)
+            load_start_weights(model, self.run.init_from, self._start_log)
+            self._start_log = silent
+        return model
+
+    def objective(self, model: nn.Module) -> MaskedLMObjective:
+        """Cross-entropy at the targets."""
+        assert isinstance(model, BERT)
+        return MaskedLMObjective(model, self.label_smoothing)
+
+    def sampler(self, data: TaskData, max_tokens: int, seed: int) -> EncoderBatchSampler:
+        """Length-bucketed batches under ``max_tokens``; draw ids (each epoch its masks)."""
+        lengths = _mlm_data(data).train.texts.lengths
+        return EncoderBatchSampler(lengths, max_tokens, seed=seed, draw_ids=True)
+
+    def step_inputs(self, batch: MaskedLMBatch) -> tuple[Tensor, Tensor, Tensor]:
+        """(inputs, attention mask, labels) for :class:`MaskedLMObjective`."""
+        return batch.inputs, batch.attention_mask, batch.labels
+
+    def padding(self, batches: Sequence[MaskedLMBatch]) -> float:
+        """Fraction of padded positions."""
+        return padding_of(b.attention_mask for b in batches)
+
+    def describe(self, data: TaskData) -> str:
+        """The training lines."""
+        return f"{len(_mlm_data(data).train)} lines"
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def evaluate(
+        self, model: nn.Module, data: TaskData, *, max_tokens: int, **options: Any
+    ) -> dict[str, float]:
+        """Loss, NLL, perplexity and accuracy (%) over the validation targets."""
+        if options:
+            raise TypeError(f"unknown evaluation option(s): {', '.join(sorted(options))}")
+        assert isinstance(model, BERT)
+        return masked_lm_metrics(model, _mlm_data(data).valid, max_tokens, self.label_smoothing)
+
+    def metrics_line(self, metrics: dict[str, float]) -> str:
+        """Loss, perplexity and accuracy at the targets."""
+        return (
+            f"loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} accuracy "
+            f"{metrics['accuracy']:.1f}% ({int(metrics['tokens'])} masked tokens)"
+        )
+
+    def finish(self, model: nn.Module, data: TaskData, run_dir: Path) -> FinalOutputs:
+        """The test text's perplexity (when there is one)."""
+        assert isinstance(model, BERT)
+        mlm_data, out = _mlm_data(data), FinalOutputs()
+        if mlm_data.test is not None:
+            out.test = masked_lm_metrics(model, mlm_data.test, self.run.train.max_tokens)
+            self.log(
+                f"test: perplexity {out.test['ppl']:.2f}, accuracy {out.test['accuracy']:.1f}% "
+                f"over {int(out.test['tokens'])} masked tokens"
+            )
+        return out
+
+    def report(self, result: Any) -> None:
+        """Validation perplexity of the last, best and averaged checkpoints, then the test's."""
+        print(
+            f"validation: perplexity {result.valid['ppl']:.2f}, loss {result.valid['loss']:.3f}, "
+            f"accuracy {result.valid['accuracy']:.1f}% at the masked tokens "
+            f"({result.final_checkpoint.name})"
+        )
+        best = Path(result.run_dir) / "checkpoints" / "best" / "state.json"
+        if best.is_file():
+            state = json.loads(best.read_text(encoding="utf-8"))
+            print(
+                f"best checkpoint: perplexity {state['metrics']['ppl']:.2f} at step "
+                f"{state['step']} ({best.parent})"
+            )
+        if result.averaged_valid is not None and result.averaged_checkpoint is not None:
+            print(
+                f"averaged checkpoint: perplexity {result.averaged_valid['ppl']:.2f} "
+                f"({result.averaged_checkpoint})"
+            )
+        if result.test is not None:
+            print(f"test: perplexity {result.test['ppl']:.2f}")
+
+
+@torch.no_grad()
+def masked_lm_metrics(
+    model: BERT, examples: MaskedLMSet, max_tokens: int, label_smoothing: float = 0.0
+) -> dict[str, float]:
+    """Loss, NLL per target, perplexity and accuracy (%, the gold token most probable) of
+    ``model`` (eval mode) over all targets of ``examples`` (masks drawn once: ``fixed``), in
+    length-bucketed batches under ``max_tokens``."""
+    device = model.encoder.embedder.embedding.weight.device
+    sampler = EncoderBatchSampler(examples.texts.lengths, max_tokens, seed=0, shuffle=False)
+    loss = nll = 0.0
+    correct = 0
+    for ids in sampler.batches(0):
+        batch = examples.collate(ids).to(device)
+        sums, logits, gold = masked_lm_sums(
+            model, batch.inputs, batch.attention_mask, batch.labels, label_smoothing
+        )
+        loss, nll = loss + sums.loss.item(), nll + sums.nll.item()
+        correct += int((logits.argmax(dim=-1) == gold).sum().item())
+    n = max(examples.num_targets, 1)
+    return {
+        "loss": loss / n,
+        "nll": nll / n,
+        "ppl": math.exp(min(nll / n, 700.0)),
+        "accuracy": 100.0 * correct / n,
+        "tokens": examples.num_targets,
+    }
+
+
+def _mlm_data(data: TaskData) -> MaskedLMData:
+    assert isinstance(data, MaskedLMData)
+    return data

@@ -1,0 +1,196 @@
+"""A run folder belongs to one run: what the trainer checks before it writes into ``run_dir``.
+
+* A fresh run refuses a folder that already holds a run's files (:data:`RUN_FILES`), unless
+  told to delete them first (``aiayn train --force``): two runs never mix their tokenizer,
+  checkpoints and metrics.
+* ``--resume`` refuses a run config that differs from the one the folder's newest checkpoint
+  was trained with (its ``state.json`` ``run_config``) in anything but the options of
+  :data:`RESUMABLE`, naming every difference.
+* A resumed run drops the ``metrics.jsonl`` entries written after its checkpoint (atomically)
+  before it appends, so that no step is recorded twice.
+
+docs/reliability.md states these rules and names the tests that prove them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from aiayn.errors import UserError
+from aiayn.training.checkpoint import STATE_FILE, list_checkpoints
+from aiayn.training.config import RunConfig, run_config_from_dict
+
+RUN_FILES = ("checkpoints", "tokenizer.json", "metrics.jsonl", "curves.png", "test.hyp.txt")
+"""What a training run writes into its ``run_dir`` (``--force`` deletes these, nothing else)."""
+
+METRICS_FILE = "metrics.jsonl"
+
+RESUMABLE = frozenset(
+    {
+        "run_dir",  # the folder may have moved
+        # how long: a resume that trains further
+        "train.max_steps",
+        "train.max_epochs",
+        "train.max_minutes",
+        # bookkeeping: what is logged, validated and kept, not what is learnt
+        "train.log_every",
+        "train.eval_every",
+        "train.save_every",
+        "train.keep_last",
+        "train.average_last",
+        "train.average_window",
+        # where and how fast it runs, not what it computes
+        "train.device",
+        "train.precision",
+        "train.threads",
+        "train.progress",
+        "train.distributed",
+        "train.compile",
+        "train.keep_freed_memory",
+        # the remedies after a run stopped on non-finite steps
+        "train.max_bad_steps",
+        "train.lr_scale",
+        "train.clip_norm",
+    }
+)
+"""The run-config keys ``--resume`` may change; any other difference is refused."""
+
+
+def run_files(run_dir: Path) -> list[str]:
+    """The :data:`RUN_FILES` present in ``run_dir`` (``checkpoints`` when not empty)."""
+    found = []
+    for name in RUN_FILES:
+        path = run_dir / name
+        if (path.is_dir() and any(path.iterdir())) or path.is_file():
+            found.append(name)
+    return found
+
+
+def claim_fresh(run_dir: Path, *, force: bool, is_main: bool, log: Callable[[str], None]) -> None:
+    """Make ``run_dir`` ready for a new run: refuse another run's files, or (``force``) delete
+    them first (on rank 0, ``is_main``: the other ranks only wait for it)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"run_dir {run_dir} exists and is not a folder")
+    found = run_files(run_dir) if run_dir.is_dir() else []
+    if not found:
+        return
+    if not force:
+        raise UserError(
+            f"{run_dir} already holds a run ({', '.join(found)}): pass --resume to continue "
+            "it, --force to delete it and start over, or choose another run_dir"
+        )
+    if is_main:
+        for name in found:
+            path = run_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        log(f"--force: deleted the previous run's {', '.join(found)} from {run_dir}")
+
+
+def check_resume(run_dir: Path, run: RunConfig) -> None:
+    """Refuse to resume the run in ``run_dir`` with ``run`` if their configs differ in anything
+    but :data:`RESUMABLE` (compared with the newest checkpoint whose state can be read)."""
+    saved = _saved_run_config(run_dir)
+    if saved is None:
+        return
+    name, values = saved
+    changes = config_changes(values, run)
+    if changes:
+        raise UserError(
+            f"cannot resume the run in {run_dir}: its config differs from the one {name} was "
+            f"trained with: {'; '.join(changes)} (a resume may change only "
+            f"{', '.join(sorted(RESUMABLE))}); to train with this config, choose another "
+            "run_dir, or pass --force instead of --resume to delete this run and start over"
+        )
+
+
+def config_changes(saved: Mapping[str, Any], run: RunConfig) -> list[str]:
+    """``"key: old -> new"`` for each key outside :data:`RESUMABLE` in which ``run`` differs
+    from ``saved`` (a :meth:`RunConfig.to_dict`), compared field by field (the model's fields
+    in full, however its preset is spelt)."""
+    new = flat_run_config(run)
+    try:
+        old = flat_run_config(run_config_from_dict(saved))
+    except UserError:  # a key this version no longer reads: compare what both still name
+        old = {f"{s}.{k}": v for s in ("data", "train") for k, v in (saved.get(s) or {}).items()}
+    keys = sorted(k for k in old.keys() & new.keys() if k not in RESUMABLE and old[k] != new[k])
+    return [f"{key}: {_show(old[key])} -> {_show(new[key])}" for key in keys]
+
+
+def flat_run_config(run: RunConfig) -> dict[str, Any]:
+    """``run`` as one flat mapping ``section.key -> value`` (``run_dir`` alone)."""
+    sections = run.to_dict()
+    flat: dict[str, Any] = {
+        "run_dir": run.run_dir,
+        "model.family": run.family,
+        "model.init_from": run.init_from,
+    }
+    flat.update((f"model.{k}", v) for k, v in run.model.to_dict().items())
+    for name in ("data", "train"):
+        flat.update((f"{name}.{k}", v) for k, v in sections[name].items())
+    return flat
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (list, tuple)) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _saved_run_config(run_dir: Path) -> tuple[str, dict[str, Any]] | None:
+    """(name, run config) of the newest checkpoint whose ``state.json`` can be read."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # unreadable: the checkpoint loader reports it (or falls back)
+        if isinstance(state, dict) and isinstance(state.get("run_config"), dict):
+            return path.name, state["run_config"]
+    return None
+
+
+def resume_metrics(run_dir: Path, step: int, *, validated: bool) -> list[dict[str, Any]]:
+    """The ``metrics.jsonl`` entries a run resumed at ``step`` keeps, the file rewritten
+    atomically without the others (those written after the checkpoint, and a last line cut
+    short by a crash).
+
+    Kept: every entry of an earlier step, and of ``step`` itself the ones written before its
+    checkpoint: ``train`` and (``validated``: the checkpoint holds validation metrics)
+    ``valid``. The end of a run (``valid_averaged``, ``test``) comes after its last checkpoint,
+    and the resumed run writes its own.
+    """
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [e for e in map(_entry, lines) if e is not None and _before(e, step, validated)]
+    if len(kept) < len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(e) + "\n" for e in kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return kept
+
+
+def _entry(line: str) -> dict[str, Any] | None:
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    return entry if isinstance(entry, dict) else None
+
+
+def _before(entry: dict[str, Any], step: int, validated: bool) -> bool:
+    """The entry was written before the checkpoint of ``step``."""
+    at, kind = entry.get("step"), entry.get("kind")
+    if not isinstance(at, int) or at > step:
+        return False
+    return at < step or kind == "train" or (validated and kind == "valid")

@@ -1,0 +1,700 @@
+"""The catalogue of bad inputs: every command, run through the real entry point
+(:func:`aiayn.cli.main.main`), answers a missing, unreadable, truncated or malformed file, a
+folder where a file goes (and the reverse), an existing output, or a degenerate input with exit
+status 2 and one line ``aiayn CMD: error: …`` naming the problem — never a traceback. argparse's
+own errors come after its usage synopsis; the error is then the last line.
+
+Then, per command that writes: an existing output is refused without ``--force`` and replaced
+with it, a full disk leaves the old output whole and no temporary behind; and the main entry's
+mapping of operating-system errors and of bugs (traceback kept, exit status 1).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models
+
+from aiayn.cli.main import main
+from aiayn.config import preset
+from aiayn.data import Tokenizer
+from aiayn.data.bert_tokenizer import BertTokenizer
+from aiayn.data.images import ImagePreprocessor
+from aiayn.models import Transformer
+from aiayn.models.bert import BERT, BertConfig
+from aiayn.models.gpt2 import GPT2, GPT2Config
+from aiayn.models.vit import ViT, ViTConfig
+from aiayn.training.checkpoint import save_checkpoint
+
+TEXTS = ["a small dog runs", "the cat sleeps on the mat", "two men play chess", "hello world"]
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "."]
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random checkpoints of four families: mt (the paper's), gpt2, bert (MLM), vit."""
+    root = tmp_path_factory.mktemp("ckpts")
+    tokenizer = Tokenizer.train(TEXTS * 20, 300, min_frequency=1)
+    tokenizer.save(root / "tok.json")
+    torch.manual_seed(0)
+    mt = preset(
+        "tiny", vocab_size=tokenizer.vocab_size, d_model=32, d_ff=64, num_heads=4, max_len=12
+    )
+    gpt2 = GPT2Config(
+        vocab_size=tokenizer.vocab_size, max_len=40, d_model=32, num_heads=4, num_layers=2,
+        bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+    )  # fmt: skip
+    bert = BertConfig(
+        vocab_size=len(WORDS), max_len=32, d_model=32, num_heads=4, num_layers=1, d_ff=64,
+        head="mlm",
+    )  # fmt: skip
+    vit = ViTConfig(
+        image_size=16, patch_size=8, d_model=32, num_heads=4, num_layers=1, d_ff=64,
+        num_labels=3, id2label=("a", "b", "c"),
+    )  # fmt: skip
+    vocab = HFTokenizer(models.WordPiece({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    return {
+        "mt": save_checkpoint(root / "mt", Transformer(mt), {"step": 1}, root / "tok.json"),
+        "gpt2": save_checkpoint(root / "gpt2", GPT2(gpt2), {"step": 1}, root / "tok.json"),
+        "bert": save_checkpoint(root / "bert", BERT(bert), {}, BertTokenizer(vocab)),
+        "vit": save_checkpoint(root / "vit", ViT(vit), {}, ImagePreprocessor(size=(16, 16))),
+    }
+
+
+def _bad_files(tmp: Path, ckpts: dict[str, Path]) -> None:
+    """The bad (and a few good) inputs every case may name, in ``tmp``."""
+    (tmp / "one.txt").write_text("hello world\n")
+    (tmp / "two.txt").write_text("a\nb\n")
+    (tmp / "empty.txt").write_bytes(b"")
+    (tmp / "empty2.txt").write_bytes(b"")
+    (tmp / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    (tmp / "adir").mkdir()
+    (tmp / "bad.json").write_text('{"W_Q": [[1, 2]')
+    (tmp / "bad.yaml").write_text("model:\n  d_model: [1\n")
+    (tmp / "typo.yaml").write_text("model:\n  d_modle: 3\n")
+    (tmp / "zero_heads.yaml").write_text("model:\n  num_heads: 0\n")
+    (tmp / "not_an_image.png").write_text("not a PNG")
+    Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(tmp / "img.png")
+    (tmp / "maps").mkdir()
+    (tmp / "maps" / "attention.html").write_text("mine")
+    (tmp / "nohf").mkdir()
+    (tmp / "nohf" / "notes.txt").write_text("mine")
+    for name, damage in (
+        ("truncated", lambda c: _truncate(c / "model.safetensors")),
+        ("bad_state", lambda c: (c / "state.json").write_text("{")),
+        ("no_tokenizer", lambda c: (c / "tokenizer.json").unlink()),
+    ):
+        shutil.copytree(ckpts["mt"], tmp / name)
+        damage(tmp / name)
+    (tmp / "run" / "checkpoints").mkdir(parents=True)
+
+
+def _truncate(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[:200])
+
+
+def _read_only(folder: str) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    """Make ``tmp/folder`` read-only as the output checks see it (tests may run as root, for
+    whom a chmod changes nothing)."""
+
+    def setup(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        target = tmp / folder
+        target.mkdir(exist_ok=True)
+        real = os.access
+
+        def access(path: Any, mode: int, **kwargs: Any) -> bool:
+            if Path(path) == target and mode & os.W_OK:
+                return False
+            return real(path, mode, **kwargs)
+
+        monkeypatch.setattr("aiayn.cli.outputs.os.access", access)
+
+    return setup
+
+
+@dataclass(frozen=True)
+class Case:
+    """``argv`` ({mt}, {gpt2}, {bert}, {vit}: the checkpoints; {tmp}: the bad inputs), the exit
+    status and a fragment of the message; ``setup`` prepares more."""
+
+    argv: str
+    status: int
+    fragment: str
+    setup: Callable[[Path, pytest.MonkeyPatch], None] | None = None
+
+
+CASES = {
+    # -- train: run configs ---------------------------------------------------------------------
+    "train/missing config": Case("train --config {tmp}/nope.yaml", 2, "config file not found"),
+    "train/config is a folder": Case("train --config {tmp}/adir", 2, "{tmp}/adir"),
+    "train/malformed YAML": Case("train --config {tmp}/bad.yaml", 2, "not valid YAML"),
+    "train/config not UTF-8": Case("train --config {tmp}/latin1.txt", 2, "not valid UTF-8"),
+    "train/empty config": Case("train --config {tmp}/empty.txt", 2, "expected a mapping"),
+    "train/unknown key": Case("train --config {tmp}/typo.yaml", 2, "d_modle"),
+    "train/bad value": Case("train --config {tmp}/zero_heads.yaml", 2, "num_heads"),
+    "train/--set without =": Case("train --set foo", 2, "--set expects section.key=value"),
+    "train/--set wrong type": Case("train --set train.max_steps=abc", 2, "train.max_steps"),
+    "train/--set unknown": Case("train --set nope.key=1", 2, "unknown top-level config key"),
+    "train/config and demo": Case("train --config {tmp}/one.txt --demo lm", 2, "not both"),
+    "train/unknown demo": Case("train --demo nope", 2, "invalid choice: 'nope'"),
+    # -- translate ------------------------------------------------------------------------------
+    "translate/missing checkpoint": Case(
+        "translate --checkpoint {tmp}/nope -i {tmp}/one.txt", 2, "no checkpoint found"
+    ),
+    "translate/checkpoint is a file": Case(
+        "translate --checkpoint {tmp}/one.txt -i {tmp}/one.txt", 2, "no checkpoint found"
+    ),
+    "translate/truncated weights": Case(
+        "translate --checkpoint {tmp}/truncated -i {tmp}/one.txt", 2, "model.safetensors"
+    ),
+    "translate/malformed state.json": Case(
+        "translate --checkpoint {tmp}/bad_state -i {tmp}/one.txt", 2, "state.json"
+    ),
+    "translate/no tokenizer": Case(
+        "translate --checkpoint {tmp}/no_tokenizer -i {tmp}/one.txt", 2, "tokenizer.json"
+    ),
+    "translate/language model": Case(
+        "translate --checkpoint {gpt2} -i {tmp}/one.txt", 2, "holds a gpt2 model"
+    ),
+    "translate/missing input": Case(
+        "translate --checkpoint {mt} -i {tmp}/nope.txt", 2, "not found: {tmp}/nope.txt"
+    ),
+    "translate/input is a folder": Case(
+        "translate --checkpoint {mt} -i {tmp}/adir", 2, "not a file: {tmp}/adir"
+    ),
+    "translate/input not UTF-8": Case(
+        "translate --checkpoint {mt} -i {tmp}/latin1.txt", 2, "line 1: not valid UTF-8"
+    ),
+    "translate/output is a folder": Case(
+        "translate --checkpoint {mt} -i {tmp}/one.txt -o {tmp}/adir", 2, "is a folder"
+    ),
+    "translate/output exists": Case(
+        "translate --checkpoint {mt} -i {tmp}/one.txt -o {tmp}/two.txt", 2, "pass --force"
+    ),
+    "translate/output under a file": Case(
+        "translate --checkpoint {mt} -i {tmp}/one.txt -o {tmp}/one.txt/out.txt",
+        2,
+        "{tmp}/one.txt is not a folder",
+    ),
+    "translate/read-only output folder": Case(
+        "translate --checkpoint {mt} -i {tmp}/one.txt -o {tmp}/ro/out.txt",
+        2,
+        "cannot write in {tmp}/ro",
+        _read_only("ro"),
+    ),
+    "translate/beam 0": Case("translate --checkpoint {mt} --beam 0", 2, "must be >= 1, got 0"),
+    "translate/unknown device": Case(
+        "translate --checkpoint {mt} --device foo", 2, "unknown device 'foo'"
+    ),
+    # -- evaluate -------------------------------------------------------------------------------
+    "evaluate/two empty files": Case(
+        "evaluate --hyp {tmp}/empty.txt --ref {tmp}/empty2.txt", 2, "no references"
+    ),
+    "evaluate/line counts differ": Case(
+        "evaluate --hyp {tmp}/one.txt --ref {tmp}/two.txt", 2, "1 hypotheses but 2 references"
+    ),
+    "evaluate/missing hypotheses": Case(
+        "evaluate --hyp {tmp}/nope.txt --ref {tmp}/one.txt", 2, "not found"
+    ),
+    "evaluate/references not UTF-8": Case(
+        "evaluate --hyp {tmp}/one.txt --ref {tmp}/latin1.txt", 2, "not valid UTF-8"
+    ),
+    "evaluate/hypotheses are a folder": Case(
+        "evaluate --hyp {tmp}/adir --ref {tmp}/one.txt", 2, "not a file"
+    ),
+    "evaluate/no references": Case("evaluate --hyp {tmp}/one.txt", 2, "give --ref FILE"),
+    "evaluate/hyp and checkpoint": Case(
+        "evaluate --hyp {tmp}/one.txt --ref {tmp}/one.txt --checkpoint {mt}", 2, "not both"
+    ),
+    "evaluate/sources and references differ": Case(
+        "evaluate --checkpoint {mt} --src {tmp}/two.txt --ref {tmp}/one.txt",
+        2,
+        "2 source lines",
+    ),
+    "evaluate/hypotheses file exists": Case(
+        "evaluate --checkpoint {mt} --src {tmp}/one.txt --ref {tmp}/one.txt --hyp-out "
+        "{tmp}/two.txt",
+        2,
+        "{tmp}/two.txt exists: pass --force",
+    ),
+    "evaluate/perplexity of a translation model": Case(
+        "evaluate --checkpoint {mt} --text {tmp}/one.txt", 2, "holds a transformer model"
+    ),
+    "evaluate/perplexity of an empty text": Case(
+        "evaluate --checkpoint {gpt2} --text {tmp}/empty.txt", 2, "empty"
+    ),
+    "evaluate/text and references": Case(
+        "evaluate --checkpoint {gpt2} --text {tmp}/one.txt --ref {tmp}/one.txt", 2, "--ref"
+    ),
+    "evaluate/block size without text": Case(
+        "evaluate --hyp {tmp}/one.txt --ref {tmp}/one.txt --block-size 4", 2, "--block-size"
+    ),
+    # -- average --------------------------------------------------------------------------------
+    "average/no checkpoints": Case("average --out {tmp}/avg", 2, "give checkpoint folders"),
+    "average/empty run": Case(
+        "average --run-dir {tmp}/run --out {tmp}/avg", 2, "no checkpoints under"
+    ),
+    "average/different models": Case(
+        "average {mt} {gpt2} --out {tmp}/avg", 2, "different model config"
+    ),
+    "average/truncated weights": Case(
+        "average {tmp}/truncated {mt} --out {tmp}/avg", 2, "model.safetensors"
+    ),
+    "average/missing checkpoint": Case(
+        "average {tmp}/nope {mt} --out {tmp}/avg", 2, "no checkpoint found"
+    ),
+    "average/output exists": Case("average {mt} --out {gpt2}", 2, "exists: pass --force"),
+    "average/force over a folder of other files": Case(
+        "average {mt} --out {tmp}/nohf --force", 2, "not an aiayn checkpoint"
+    ),
+    "average/force over a file": Case(
+        "average {mt} --out {tmp}/one.txt --force", 2, "is a file, not an aiayn checkpoint"
+    ),
+    "average/into a run's checkpoints": Case(
+        "average {mt} --out {tmp}/run/checkpoints/step_00000009", 2, "pass --force"
+    ),
+    "average/read-only folder": Case(
+        "average {mt} --out {tmp}/ro/avg", 2, "cannot write in {tmp}/ro", _read_only("ro")
+    ),
+    # -- attention ------------------------------------------------------------------------------
+    "attention/missing checkpoint": Case(
+        "attention --checkpoint {tmp}/nope --src hi", 2, "checkpoint not found"
+    ),
+    "attention/empty sentence": Case(
+        "attention --checkpoint {mt} --src '  ' --out {tmp}/m", 2, "--src is empty"
+    ),
+    "attention/image for a translation model": Case(
+        "attention --checkpoint {mt} --image {tmp}/img.png", 2, "--image needs a ViT"
+    ),
+    "attention/sentence for a ViT": Case(
+        "attention --checkpoint {vit} --src hi", 2, "--src is for translation models"
+    ),
+    "attention/ViT without image": Case("attention --checkpoint {vit}", 2, "give --image"),
+    "attention/missing image": Case(
+        "attention --checkpoint {vit} --image {tmp}/nope.png --out {tmp}/m",
+        2,
+        "cannot read the image",
+    ),
+    "attention/not an image": Case(
+        "attention --checkpoint {vit} --image {tmp}/not_an_image.png --out {tmp}/m",
+        2,
+        "cannot read the image",
+    ),
+    "attention/out is a file": Case(
+        "attention --checkpoint {mt} --src hi --out {tmp}/one.txt", 2, "is not a folder"
+    ),
+    "attention/out holds maps": Case(
+        "attention --checkpoint {mt} --src hi --out {tmp}/maps", 2, "already holds attention.html"
+    ),
+    "attention/language model": Case(
+        "attention --checkpoint {gpt2} --src hi --out {tmp}/m", 2, "holds a gpt2 model"
+    ),
+    # -- explain --------------------------------------------------------------------------------
+    "explain/missing weights": Case(
+        "explain --weights {tmp}/nope.json", 2, "cannot read weights file"
+    ),
+    "explain/malformed JSON": Case("explain --weights {tmp}/bad.json", 2, "not valid JSON"),
+    "explain/weights not UTF-8": Case(
+        "explain --weights {tmp}/latin1.txt", 2, "cannot read weights file"
+    ),
+    "explain/weights are a folder": Case("explain --weights {tmp}/adir", 2, "Is a directory"),
+    "explain/no tokens": Case("explain --tokens ''", 2, "no tokens"),
+    "explain/heads do not divide": Case("explain --heads 3", 2, "does not divide d_model"),
+    # -- generate, fill-mask, embed, classify-image ----------------------------------------------
+    "generate/translation model": Case(
+        "generate --checkpoint {mt} hi", 2, "holds a transformer model"
+    ),
+    "generate/missing prompts file": Case(
+        "generate --checkpoint {gpt2} -i {tmp}/nope.txt", 2, "not found"
+    ),
+    "generate/prompts twice": Case(
+        "generate --checkpoint {gpt2} -i {tmp}/one.txt hi", 2, "not both"
+    ),
+    "generate/sampling option without sampling": Case(
+        "generate --checkpoint {gpt2} --top-p 0.5 hi", 2, "--top-p applies to --sample only"
+    ),
+    "fill-mask/language model": Case(
+        "fill-mask --checkpoint {gpt2} 'the [MASK]'", 2, "holds a gpt2 model"
+    ),
+    "fill-mask/no mask": Case("fill-mask --checkpoint {bert} 'the cat'", 2, "no [MASK]"),
+    "fill-mask/input not UTF-8": Case(
+        "fill-mask --checkpoint {bert} -i {tmp}/latin1.txt", 2, "not valid UTF-8"
+    ),
+    "embed/similarity and input": Case(
+        "embed --checkpoint {bert} --similarity {tmp}/one.txt {tmp}/one.txt -i {tmp}/one.txt",
+        2,
+        "--similarity reads its two files",
+    ),
+    "embed/output exists": Case(
+        "embed --checkpoint {bert} -i {tmp}/one.txt --out {tmp}/two.txt", 2, "pass --force"
+    ),
+    "embed/output is a folder": Case(
+        "embed --checkpoint {bert} -i {tmp}/one.txt --out {tmp}/adir", 2, "is a folder"
+    ),
+    "embed/unknown device": Case(
+        "embed --checkpoint {bert} -i {tmp}/one.txt --device gpu", 2, "unknown device 'gpu'"
+    ),
+    "embed/similarity of unequal files": Case(
+        "embed --checkpoint {bert} --similarity {tmp}/one.txt {tmp}/two.txt",
+        2,
+        "need as many texts",
+    ),
+    "classify-image/missing image": Case(
+        "classify-image --checkpoint {vit} {tmp}/nope.png", 2, "cannot read the image"
+    ),
+    "classify-image/not an image": Case(
+        "classify-image --checkpoint {vit} {tmp}/not_an_image.png", 2, "cannot read the image"
+    ),
+    "classify-image/translation model": Case(
+        "classify-image --checkpoint {mt} {tmp}/img.png", 2, "holds a transformer model"
+    ),
+    "classify-image/top-k above the labels": Case(
+        "classify-image --checkpoint {vit} {tmp}/img.png --top-k 9", 2, "--top-k"
+    ),
+    # -- convert, params, experiment ------------------------------------------------------------
+    "convert/no direction": Case("convert --from-hf {tmp}/adir", 2, "give --from-hf"),
+    "convert/missing folder": Case(
+        "convert --from-hf {tmp}/nope --to {tmp}/c", 2, "{tmp}/nope: no such folder"
+    ),
+    "convert/a file": Case(
+        "convert --from-hf {tmp}/one.txt --to {tmp}/c", 2, "not a Hugging Face model folder"
+    ),
+    "convert/folder without config.json": Case(
+        "convert --from-hf {tmp}/adir --to {tmp}/c", 2, "config.json"
+    ),
+    "convert/destination exists": Case(
+        "convert --from-hf {tmp}/adir --to {tmp}/nohf", 2, "exists: pass --force"
+    ),
+    "convert/family without a way back": Case(
+        "convert --checkpoint {mt} --to-hf {tmp}/c", 2, "cannot be written as a Hugging Face"
+    ),
+    "convert/force over a folder of other files": Case(
+        "convert --checkpoint {gpt2} --to-hf {tmp}/nohf --force",
+        2,
+        "not a Hugging Face model folder",
+    ),
+    "params/unknown preset": Case("params --preset nope", 2, "invalid choice: 'nope'"),
+    "params/vocabulary of 0": Case("params --vocab-size 0", 2, "vocab"),
+    "experiment/unknown": Case("experiment nope", 2, "unknown experiment 'nope'"),
+    "experiment/no name": Case("experiment", 2, "name an experiment"),
+    "experiment/out is a file": Case(
+        "experiment scaling --out {tmp}/one.txt", 2, "exists and is not a folder"
+    ),
+    "experiment/out holds its files": Case(
+        "experiment scaling --out {tmp}/exp",
+        2,
+        "already holds scaling.md",
+        lambda tmp, _: (tmp / "exp").mkdir() or (tmp / "exp" / "scaling.md").write_text("x"),
+    ),
+}
+
+
+def _argv(template: str, tmp: Path, ckpts: dict[str, Path]) -> list[str]:
+    import shlex
+
+    return [a.format(tmp=tmp, **ckpts) for a in shlex.split(template)]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``main(argv)``; argparse's exits included."""
+    capsys.readouterr()
+    try:
+        status = main(argv)
+    except SystemExit as exit_:
+        status = exit_.code if isinstance(exit_.code, int) else 1
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def assert_one_line_error(err: str, command: str, fragment: str) -> None:
+    """One error line ``aiayn COMMAND: error: …`` holding ``fragment``, no traceback; before it
+    only argparse's usage synopsis, if anything."""
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert lines, "nothing on stderr"
+    if len(lines) > 1:
+        assert lines[0].startswith("usage: "), err
+    assert lines[-1].startswith(f"aiayn {command}: error: "), err
+    assert fragment in lines[-1], err
+
+
+def test_the_catalogue_covers_every_command() -> None:
+    commands = {name.split("/")[0] for name in CASES}
+    assert len(CASES) >= 40
+    assert commands >= {
+        "train", "translate", "evaluate", "average", "attention", "explain", "generate",
+        "fill-mask", "embed", "classify-image", "convert", "params", "experiment",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input(
+    name: str,
+    ckpts: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    case = CASES[name]
+    _bad_files(tmp_path, ckpts)
+    if case.setup is not None:
+        case.setup(tmp_path, monkeypatch)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    monkeypatch.chdir(tmp_path)  # the default output folders land here, if anywhere
+    argv = _argv(case.argv, tmp_path, ckpts)
+    status, _, err = run_cli(capsys, argv)
+    assert status == case.status, err
+    assert_one_line_error(err, argv[0], case.fragment.format(tmp=tmp_path))
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert after == before  # nothing written, nothing left behind
+
+
+# -- reading errors the operating system raises, and bugs ------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes regardless of permissions")
+def test_unreadable_input_and_read_only_folder_for_real(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    locked = tmp_path / "locked.txt"
+    locked.write_text("hello\n")
+    locked.chmod(0)
+    status, _, err = run_cli(capsys, ["evaluate", "--hyp", str(locked), "--ref", str(locked)])
+    assert status == 2
+    assert_one_line_error(err, "evaluate", str(locked))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    (tmp_path / "in.txt").write_text("hello\n")
+    argv = ["translate", "--checkpoint", str(ckpts["mt"]), "-i", str(tmp_path / "in.txt")]
+    status, _, err = run_cli(capsys, [*argv, "-o", str(ro / "out.txt")])
+    assert status == 2
+    assert_one_line_error(err, "translate", f"cannot write in {ro}")
+
+
+@pytest.mark.parametrize(
+    ("error", "fragment"),
+    [
+        (PermissionError(errno.EACCES, "Permission denied", "/data/w.json"), "/data/w.json: Per"),
+        (IsADirectoryError(errno.EISDIR, "Is a directory", "/data"), "/data: Is a directory"),
+        (OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),
+        (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), "not valid UTF-8"),
+        (MemoryError(), "out of memory"),
+    ],
+)
+def test_operating_system_errors_are_one_line(
+    error: BaseException,
+    fragment: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    monkeypatch.setattr("aiayn.cli.explain.load_weights", fail)
+    status, _, err = run_cli(capsys, ["explain", "--weights", "w.json"])
+    assert status == 2
+    assert_one_line_error(err, "explain", fragment)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), OSError(errno.EBADF, "Bad fd")])
+def test_a_bug_keeps_its_traceback_and_asks_for_a_report(
+    error: BaseException, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    monkeypatch.setattr("aiayn.cli.explain.build_trace", fail)
+    status, _, err = run_cli(capsys, ["explain"])
+    assert status == 1
+    lines = err.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert str(error) in err and "please report it" in lines[-1]
+    assert lines[-1].startswith("aiayn: internal error")
+
+
+def test_a_closed_pipe_ends_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr("aiayn.cli.explain.format_trace", fail)
+    status, _, err = run_cli(capsys, ["explain"])
+    assert status == 141 and err == ""
+
+
+def test_a_multi_line_message_is_printed_on_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiayn.errors import UserError
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise UserError("not valid YAML: while parsing\n  in line 2:\n    [1\n    ^\nexpected ]")
+
+    monkeypatch.setattr("aiayn.cli.explain.build_trace", fail)
+    status, _, err = run_cli(capsys, ["explain"])
+    assert status == 2
+    assert err == "aiayn explain: error: not valid YAML: while parsing in line 2: [1 expected ]\n"
+
+
+# -- no clobbering, per command ------------------------------------------------------------------
+
+
+def _hidden(folder: Path) -> list[str]:
+    """Temporary files or folders (all hidden) left in ``folder``."""
+    return sorted(p.name for p in folder.rglob(".*"))
+
+
+def test_translate_output_needs_force(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "in.txt").write_text("hello world\nthe cat\n")
+    out = tmp_path / "out.txt"
+    out.write_text("mine\n")
+    out.chmod(0o640)
+    argv = ["translate", "--checkpoint", str(ckpts["mt"]), "-i", str(tmp_path / "in.txt")]
+    argv += ["--beam", "1", "-o", str(out)]
+    status, _, err = run_cli(capsys, argv)
+    assert status == 2 and out.read_text() == "mine\n"
+    assert_one_line_error(err, "translate", f"{out} exists: pass --force to replace it")
+    assert run_cli(capsys, [*argv, "--force"])[0] == 0
+    assert out.read_text().count("\n") == 2 and out.stat().st_mode & 0o777 == 0o640
+    assert _hidden(tmp_path) == []
+
+
+def test_evaluate_hypotheses_need_force(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("hello world\n")
+    ref.write_text("Hallo Welt\n")
+    hyp = tmp_path / "src.txt.hyp"
+    hyp.write_text("mine\n")
+    argv = ["evaluate", "--checkpoint", str(ckpts["mt"]), "--src", str(src), "--ref", str(ref)]
+    argv += ["--beam", "1"]
+    status, _, err = run_cli(capsys, argv)
+    assert status == 2 and hyp.read_text() == "mine\n"
+    assert_one_line_error(err, "evaluate", f"{hyp} exists: pass --force")
+    status, out, _ = run_cli(capsys, [*argv, "--force"])
+    assert status == 0 and "BLEU = " in out and hyp.read_text() != "mine\n"
+    elsewhere = tmp_path / "hyps" / "out.txt"
+    assert run_cli(capsys, [*argv, "--hyp-out", str(elsewhere)])[0] == 0
+    assert elsewhere.read_text() == hyp.read_text()
+    assert _hidden(tmp_path) == []
+
+
+def test_embed_writes_exactly_out_and_needs_force(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "in.txt").write_text("the cat\nthe mat\n")
+    out = tmp_path / "vectors"  # no .npy: written as named, not as vectors.npy
+    argv = ["embed", "--checkpoint", str(ckpts["bert"]), "-i", str(tmp_path / "in.txt")]
+    assert run_cli(capsys, [*argv, "--out", str(out)])[0] == 0
+    first = np.load(out)
+    assert first.shape == (2, 32) and not (tmp_path / "vectors.npy").exists()
+    status, _, err = run_cli(capsys, [*argv, "--out", str(out)])
+    assert status == 2
+    assert_one_line_error(err, "embed", "pass --force")
+    assert run_cli(capsys, [*argv, "--out", str(out), "--force"])[0] == 0
+    np.testing.assert_array_equal(np.load(out), first)
+    assert _hidden(tmp_path) == []
+
+
+def test_average_replaces_only_with_force_and_survives_a_full_disk(
+    ckpts: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = tmp_path / "run" / "checkpoints"
+    for step in (1, 2):
+        shutil.copytree(ckpts["mt"], run / f"step_0000000{step}")
+    training = sorted(p.name for p in (run / "step_00000002").iterdir())
+    argv = ["average", "--run-dir", str(tmp_path / "run"), "--last", "2", "--out"]
+    # a training checkpoint is refused, existing or not, without --force
+    for name in ("step_00000002", "step_00000003", "best", "averaged"):
+        status, _, err = run_cli(capsys, [*argv, str(run / name)])
+        assert status == 2
+        assert_one_line_error(err, "average", "pass --force")
+    assert sorted(p.name for p in (run / "step_00000002").iterdir()) == training
+    assert sorted(p.name for p in run.iterdir()) == ["step_00000001", "step_00000002"]
+
+    out = tmp_path / "avg"
+    assert run_cli(capsys, [*argv, str(out)])[0] == 0
+    status, _, err = run_cli(capsys, [*argv, str(out)])
+    assert status == 2
+    assert_one_line_error(err, "average", f"{out} exists: pass --force")
+    marker = out / "state.json"
+    before = marker.read_bytes()
+
+    def full_disk(paths: list[Path], staged: Path) -> Path:
+        staged.mkdir()
+        (staged / "model.safetensors").write_bytes(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("aiayn.training.checkpoint.average_checkpoints", full_disk)
+    status, _, err = run_cli(capsys, [*argv, str(out), "--force"])
+    assert status == 2
+    assert_one_line_error(err, "average", f"cannot write {out}: No space left on device")
+    assert marker.read_bytes() == before and (out / "model.safetensors").stat().st_size > 100
+    assert _hidden(tmp_path) == []
+    monkeypatch.undo()
+    assert run_cli(capsys, [*argv, str(out), "--force"])[0] == 0
+    assert _hidden(tmp_path) == []
+
+
+def test_attention_maps_need_force_and_other_files_stay(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "maps"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    argv = ["attention", "--checkpoint", str(ckpts["mt"]), "--src", "hello world", "--out"]
+    assert run_cli(capsys, [*argv, str(out), "--no-png"])[0] == 0
+    status, _, err = run_cli(capsys, [*argv, str(out), "--no-png"])
+    assert status == 2
+    assert_one_line_error(err, "attention", "already holds attention.html")
+    (out / "attention.html").write_text("old")
+    assert run_cli(capsys, [*argv, str(out), "--no-png", "--force"])[0] == 0
+    assert "<html" in (out / "attention.html").read_text()
+
+    argv = ["attention", "--checkpoint", str(ckpts["vit"]), "--image", str(tmp_path / "i.png")]
+    Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(tmp_path / "i.png")
+    (out / "attention.html").unlink()
+    assert run_cli(capsys, [*argv, "--out", str(out)])[0] == 0
+    assert {"attention.html", "cls_L1_H4.png", "rollout.png"} <= {p.name for p in out.iterdir()}
+    (out / "attention.html").unlink()  # the PNGs alone are in the way too
+    status, _, err = run_cli(capsys, [*argv, "--out", str(out)])
+    assert status == 2
+    assert_one_line_error(err, "attention", "already holds cls_L1_H1.png")
+    assert run_cli(capsys, [*argv, "--out", str(out), "--force"])[0] == 0
+    assert (out / "notes.txt").read_text() == "mine" and (out / "attention.html").is_file()
+    assert _hidden(tmp_path) == []
+
+
+def test_convert_back_replaces_only_a_hugging_face_folder(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "hf"
+    argv = ["convert", "--checkpoint", str(ckpts["gpt2"]), "--to-hf", str(out)]
+    assert run_cli(capsys, argv)[0] == 0
+    assert (out / "config.json").is_file()
+    status, _, err = run_cli(capsys, argv)
+    assert status == 2
+    assert_one_line_error(err, "convert", f"{out} exists: pass --force")
+    (out / "stale.txt").write_text("old")
+    assert run_cli(capsys, [*argv, "--force"])[0] == 0
+    assert not (out / "stale.txt").exists() and (out / "config.json").is_file()
+    assert _hidden(tmp_path) == []
