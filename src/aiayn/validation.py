@@ -239,8 +239,8 @@ def check_value(value: Any, hint: Any, where: str) -> Any:
         value = _check_tuple(value, base, where)
     elif not fits(value, base):
         raise _wrong_type(where, value, base)
-    elif base is float:
-        rules = rules or (Bounds(),)  # every float is finite unless a Bounds allows inf
+    elif base is float and not any(isinstance(r, Bounds) for r in rules):
+        rules = (*rules, Bounds())  # every float is finite unless a Bounds allows inf
     for rule in rules:
         _apply(rule, value, where, number=base is float)
     return value
