@@ -211,7 +211,7 @@ def test_vit_digits_yaml_equals_builtin_and_loads() -> None:
         ({"data": {"block_size": 64}}, r"data\.block_size is a language model key"),
         ({"data": {"train_src": "x.tsv"}}, r"data\.train_src is a translation key"),
         ({"data": {"images": 5}}, r"unknown data config key\(s\): images"),
-        ({"data": {"dataset": "mnist"}}, r"data\.dataset must be one of digits, got 'mnist'"),
+        ({"data": {"dataset": "mnist"}}, r"data\.dataset must be one of 'digits', got 'mnist'"),
         ({"data": {"valid_size": 0}}, r"data\.valid_size must be >= 1"),
         ({"data": {"shift": -1}}, r"data\.shift must be >= 0"),
         ({"data": {"test_size": 1700}}, r"data\.valid_size=180 and data\.test_size=1700 leave"),

@@ -216,7 +216,7 @@ def test_lm_demo_yaml_equals_builtin_and_loads() -> None:
         ({"data": {"block_size": 0}}, r"data\.block_size must be >= 1"),
         ({"data": {"block_size": 64}}, r"data\.block_size=64 exceeds the model's max_len=32"),
         ({"data": {"tokens": 5}}, r"unknown data config key\(s\): tokens"),
-        ({"data": {"demo_side": "fr"}}, r"data\.demo_side must be en, de or both"),
+        ({"data": {"demo_side": "fr"}}, r"data\.demo_side must be one of 'en', 'de', 'both'"),
         ({"model": {"family": "t5"}}, r"unknown model\.family 't5'"),
         (
             {"model": {"num_encoder_layers": 2}},
