@@ -24,6 +24,9 @@ preparation, BPE learning and the final scoring come on top; aiayn's periodic va
 (detokenized, cased) and chrF, greedy and beam 4 (α 0.6, output ≤ source + 50 tokens), with the
 brevity penalty and the hypothesis/reference length ratio; plus the steps and median target
 tokens/s (over log windows of 100 steps) each got, and aiayn's BLEU minus and over the peer's.
+aiayn's final checkpoint (averaged, else last) is also decoded with beam 4 at the α that scored
+best on the validation set (``--alphas``; ``aiayn tune-alpha``'s rule: tuned on validation,
+never on the test set), compared with the peer's beam 4.
 
 Writes docs/results/multi30k_<direction>.{json,md} for each direction. ``--smoke`` checks the
 whole path quickly (0.3 minutes each, the first 100 test sentences) and writes its report under
@@ -39,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +55,7 @@ from _common import ROOT, command_line, machine, write_report
 
 DIRECTIONS = ("en-de", "de-en")
 SEARCHES = (("greedy", 1), ("beam 4, α 0.6", 4))
+TUNED = "beam 4, α tuned on validation"
 SMOKE_MINUTES, SMOKE_TEST_SENTENCES = 0.3, 100
 
 
@@ -67,6 +72,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--run-dir", help="keep the runs here (default: a temporary folder)")
     p.add_argument("--force", action="store_true", help="replace aiayn runs already in --run-dir")
     p.add_argument("--results-dir", help="where the reports go (default: docs/results)")
+    p.add_argument(
+        "--alphas",
+        type=lambda text: tuple(float(x) for x in text.split(",")),
+        default=(0.6, 1.0, 1.5, 2.0),
+        help="aiayn's α grid, tuned on the validation set (default 0.6,1,1.5,2)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda, for both systems")
     p.add_argument("--threads", type=int, help="torch CPU threads for both (default: torch's)")
     p.add_argument("--peer-warmup", type=int, default=4000, help="warm-up steps of eq. (3)")
@@ -177,6 +188,8 @@ def run_aiayn(args: argparse.Namespace, direction: str, run_dir: Path) -> dict[s
             rows[f"{label}, {search}"] = score(
                 translate_texts(ckpt.model, tokenizer, sources, options), refs
             )
+    if path is not None:  # the averaged checkpoint, else the last: α tuned on validation
+        rows.update(tuned_rows(args, direction, ckpt.model, tokenizer, label, sources, refs))
     metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
     rates = [m["tgt_tokens_per_s"] for m in metrics if m["kind"] == "train"]
     return {
@@ -187,6 +200,35 @@ def run_aiayn(args: argparse.Namespace, direction: str, run_dir: Path) -> dict[s
         "scores": rows,
         "recipe": {**config.to_dict(), "parameters": parameters, "config_file": args.config},
     }
+
+
+def tuned_rows(
+    args: argparse.Namespace,
+    direction: str,
+    model: Any,
+    tokenizer: Any,
+    label: str,
+    sources: list[str],
+    refs: list[str],
+) -> dict[str, dict[str, Any]]:
+    """Beam 4 with α chosen on the validation set (``aiayn tune-alpha``'s rule, never the test
+    set), then scored on the test set; the row records the α and the validation table."""
+    from aiayn.data import normalize, read_parallel
+    from aiayn.decoding.translate import DecodeOptions, translate_texts
+    from aiayn.evaluation.tuning import tune_alpha
+
+    pairs = read_parallel(*files(args, direction, "val"))[: args.test_sentences]
+    val_src, val_ref = [normalize(s) for s, _ in pairs], [normalize(t) for _, t in pairs]
+    options = DecodeOptions(beam_size=4)
+
+    def decode(alpha: float) -> list[str]:
+        return translate_texts(model, tokenizer, val_src, replace(options, alpha=alpha))
+
+    alpha, table = tune_alpha(decode, val_ref, args.alphas)
+    row = score(translate_texts(model, tokenizer, sources, replace(options, alpha=alpha)), refs)
+    row["alpha"] = alpha
+    row["validation"] = {f"{a:g}": asdict(s) for a, s in table.items()}
+    return {f"{label}, {TUNED}": row}
 
 
 # -- the peer worker -----------------------------------------------------------------------------
@@ -288,8 +330,9 @@ def spawn(system: str, direction: str, run_dir: Path) -> dict[str, Any]:
 def compare(aiayn: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
     """aiayn's BLEU minus and over the peer's, per search, for each aiayn checkpoint."""
     rows = []
-    for search, _ in SEARCHES:
-        theirs = peer["scores"][f"last, {search}"]["bleu"]
+    for search in (*(name for name, _ in SEARCHES), TUNED):
+        peer_search = search if search != TUNED else SEARCHES[-1][0]
+        theirs = peer["scores"][f"last, {peer_search}"]["bleu"]
         for label in ("last", "averaged"):
             ours = aiayn["scores"].get(f"{label}, {search}")
             if ours is None:
@@ -299,7 +342,7 @@ def compare(aiayn: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]
             rows.append(
                 {
                     "aiayn": f"{label}, {search}",
-                    "peer": f"last, {search}",
+                    "peer": f"last, {peer_search}",
                     "bleu_difference": difference,
                     "bleu_ratio": ratio,
                 }
@@ -326,6 +369,7 @@ def markdown(direction: str, report: dict[str, Any]) -> list[str]:
     ]
     for name, result in (("aiayn", a), ("peer", p)):
         for row, s in result["scores"].items():
+            row = f"{row} (α {s['alpha']:g})" if "alpha" in s else row
             lines.append(
                 f"| {name} | {row} | {s['bleu']:.2f} | {s['chrf']:.2f} | "
                 f"{s['brevity_penalty']:.3f} | {s['length_ratio']:.3f} |"

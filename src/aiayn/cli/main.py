@@ -40,6 +40,7 @@ from aiayn.cli import (
     params,
     train,
     translate,
+    tune_alpha,
 )
 from aiayn.errors import UserError
 
@@ -52,6 +53,7 @@ COMMANDS = (
     classify_image,
     classify_text,
     evaluate,
+    tune_alpha,
     average,
     attention,
     experiment,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 
@@ -46,8 +47,10 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = F
     )
     p.add_argument(
         "--alpha",
-        type=flag(DecodeOptions, "alpha"),
-        help="alpha of the length penalty (default: 0.6, or a converted model's length_penalty)",
+        type=_alpha_flag(flag(DecodeOptions, "alpha")),
+        help="alpha of the length penalty (default: 0.6, or a converted model's "
+        "length_penalty), or 'auto': the alpha 'aiayn tune-alpha' chose on the validation set "
+        "for this checkpoint (with its beam and rules unless given)",
     )
     p.add_argument(
         "--length-penalty",
@@ -81,6 +84,15 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = F
     )
 
 
+def _alpha_flag(number: Callable[[str], float]) -> Callable[[str], float | str]:
+    """``--alpha``'s type: ``auto``, or a number by the rule of ``DecodeOptions.alpha``."""
+
+    def parse(text: str) -> float | str:
+        return "auto" if text == "auto" else number(text)
+
+    return parse
+
+
 def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(model, tokenizer, options) from the shared options: an encoder–decoder checkpoint (the
     paper's model, or a converted T5 or Marian), its tokenizer, and the decoding options —
@@ -95,11 +107,19 @@ def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if device.type == "cpu":
         keep_freed_memory()  # beam search reallocates its caches every step: keep them mapped
     ckpt = load_checkpoint(args.checkpoint, map_location=device, expect=EncoderDecoder)
+    beam, alpha, length_penalty = args.beam, args.alpha, args.length_penalty
+    if alpha == "auto":  # tuned on the validation set (aiayn tune-alpha)
+        from aiayn.evaluation.tuning import read_tuned_alpha
+
+        tuned = read_tuned_alpha(ckpt.path)
+        alpha = tuned.alpha
+        beam = tuned.beam_size if beam is None else beam
+        length_penalty = length_penalty or tuned.length_penalty
     options = options_for_checkpoint(
         ckpt.state.get("generation"),
-        beam_size=args.beam,
-        alpha=args.alpha,
-        length_penalty=args.length_penalty,
+        beam_size=beam,
+        alpha=alpha,
+        length_penalty=length_penalty,
         max_tokens=args.max_tokens,
         n_best=getattr(args, "n_best", None),
         pack=args.pack,

@@ -14,10 +14,13 @@ done, so the others run on a smaller batch. Each style fixes, in one class (:cla
 :class:`_HuggingFace`), what happens at the length limit and when a sentence is done:
 
 * "gnmt": ``max_len`` counts output tokens without EOS; at the limit EOS is forced (keeping its
-  log-prob). A sentence is done when it has K finished hypotheses (as in fairseq), or when no live
-  beam can still beat its n-th best finished one: live beams only lose log-probability, so their
-  best possible score is ``best live log-prob / lp(max length)`` (an exact bound, since
-  log-probabilities are ≤ 0 and lp grows with length).
+  log-prob). A sentence is done only when no live beam can still beat its n-th best finished
+  one: live beams only lose log-probability, so their best possible score is ``best live
+  log-prob / lp(max length)`` (an exact bound, since log-probabilities are ≤ 0 and lp grows with
+  length). This is tensor2tensor's rule (the paper's decoder, ``_is_finished``), not fairseq's
+  "done once K hypotheses have finished": the first K to finish are the shortest, and with α > 0
+  a longer live beam may still score higher, so stopping there returns outputs too short for the
+  α asked for (measured in docs/quality.md). The K best finished hypotheses are kept.
 * "hf": ``max_len`` is HF's ``max_new_tokens`` (generated tokens, EOS included); at the limit the
   K best candidates all end as they are (no EOS appended). Only the K best finished hypotheses are
   kept; ``early_stopping`` decides when a sentence with K of them is done (:class:`_HuggingFace`).
@@ -293,8 +296,8 @@ class _Rules(ABC):
 @dataclass(frozen=True)
 class _Gnmt(_Rules):
     """GNMT's penalty (eq. 14); ``max_len`` output tokens, then EOS is forced; a sentence is
-    done with K finished hypotheses or when the exact bound says no live beam can beat its
-    n-th best (module docstring). Every finished hypothesis is kept."""
+    done when the exact bound says no live beam can beat its n-th best (module docstring:
+    tensor2tensor's rule). The K best finished hypotheses are kept."""
 
     def penalty(self, length: int) -> float:
         return gnmt_length_penalty(length, self.alpha)
@@ -309,12 +312,12 @@ class _Gnmt(_Rules):
         return token == self.eos_id
 
     def keep(self, hyps: list[Hypothesis]) -> list[Hypothesis]:
-        return hyps
+        return sorted(hyps, key=lambda h: -h.score)[: self.k]
 
     def done(
         self, hyps: list[Hypothesis], live: list[float], t: int, limit: int, at_limit: bool
     ) -> bool:
-        if at_limit or len(hyps) >= self.k or not any(math.isfinite(x) for x in live):
+        if at_limit or not any(math.isfinite(x) for x in live):
             return True
         if len(hyps) < self.n_best:
             return False

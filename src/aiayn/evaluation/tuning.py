@@ -1,0 +1,173 @@
+"""Tuning the length penalty α of beam search on a validation set (never on a test set).
+
+Beam search ranks finished hypotheses by log P(Y | X) / lp(|Y|) (GNMT's lp, Wu et al. 2016,
+eq. 14; see :mod:`aiayn.decoding.beam`). log P only falls as Y grows, so with a small α the
+beam prefers short outputs; how large α must be depends on the model (the paper tuned α = 0.6
+for its WMT models on the development set, §6.1). :func:`tune_alpha` decodes the validation set
+at each α of a grid and keeps the one with the highest BLEU (:func:`choose_alpha`); the result
+is saved beside the model (``tuned_alpha.json`` in the checkpoint folder) and read back by
+``--alpha auto`` (:func:`read_tuned_alpha`). docs/quality.md has the measurements behind it.
+
+Length figures are sacreBLEU's: ``ratio`` = hypothesis / reference length in 13a tokens, and
+the brevity penalty BP = exp(1 − 1/ratio) when ratio < 1, else 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import sacrebleu
+
+from aiayn.errors import UserError
+
+TUNED_ALPHA_FILE = "tuned_alpha.json"
+"""The file in a checkpoint folder that ``aiayn tune-alpha`` writes and ``--alpha auto`` reads."""
+
+DEFAULT_ALPHAS = (0.0, 0.3, 0.6, 0.9, 1.2, 1.5, 2.0)
+"""The grid ``aiayn tune-alpha`` searches by default."""
+
+
+@dataclass(frozen=True)
+class LengthScore:
+    """Corpus BLEU with its length figures (sacreBLEU, detokenized, cased, 13a).
+
+    Attributes:
+        bleu: the BLEU score.
+        bp: the brevity penalty.
+        ratio: hypothesis length / reference length (13a tokens).
+        hyp_len, ref_len: the two lengths.
+    """
+
+    bleu: float
+    bp: float
+    ratio: float
+    hyp_len: int
+    ref_len: int
+
+
+def length_score(hypotheses: Sequence[str], references: Sequence[str]) -> LengthScore:
+    """BLEU, brevity penalty and length ratio of ``hypotheses`` against ``references``."""
+    if len(hypotheses) != len(references) or not references:
+        raise UserError(
+            f"{len(hypotheses)} hypotheses and {len(references)} references: they must align "
+            "and not be empty"
+        )
+    result = sacrebleu.BLEU().corpus_score(list(hypotheses), [list(references)])
+    ratio = result.sys_len / result.ref_len if result.ref_len else math.nan
+    return LengthScore(float(result.score), float(result.bp), ratio, result.sys_len, result.ref_len)
+
+
+def choose_alpha(scores: Mapping[float, LengthScore]) -> float:
+    """The α of the highest BLEU; among equal BLEU, the length ratio closest to 1 (in log),
+    then the smallest α.
+
+    >>> s = lambda bleu, ratio: LengthScore(bleu, 1.0, ratio, 0, 0)
+    >>> choose_alpha({0.6: s(33.4, 0.94), 1.0: s(33.8, 0.96), 1.5: s(33.8, 0.99)})
+    1.5
+    """
+    if not scores:
+        raise ValueError("no α was scored")
+    return min(scores, key=lambda a: (-scores[a].bleu, _length_distance(scores[a].ratio), a))
+
+
+def _length_distance(ratio: float) -> float:
+    """|log ratio|; infinite for empty output (ratio 0) or no ratio at all.
+
+    >>> _length_distance(1.0), _length_distance(0.0)
+    (0.0, inf)
+    """
+    return abs(math.log(ratio)) if ratio > 0 and math.isfinite(ratio) else math.inf
+
+
+@dataclass(frozen=True)
+class TunedAlpha:
+    """The outcome of :func:`tune_alpha`, as saved in ``tuned_alpha.json``.
+
+    Attributes:
+        alpha: the chosen α.
+        beam_size: the beam it was tuned with.
+        length_penalty: the beam's rules ("gnmt" or "hf").
+        source, reference: the validation files (or sacreBLEU/split names) it was tuned on.
+        sentences: how many sentences.
+        scores: per α of the grid, its :class:`LengthScore` as a dict.
+    """
+
+    alpha: float
+    beam_size: int
+    length_penalty: str
+    source: str
+    reference: str
+    sentences: int
+    scores: dict[str, dict[str, float]]
+
+    def save(self, folder: Path, *, force: bool = False) -> Path:
+        """Write ``folder/tuned_alpha.json`` (an existing one only with ``force``)."""
+        path = folder / TUNED_ALPHA_FILE
+        if path.exists() and not force:
+            raise UserError(f"{path} exists: pass --force to replace it")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+
+def read_tuned_alpha(folder: Path) -> TunedAlpha:
+    """The :class:`TunedAlpha` saved in a checkpoint folder, or a :class:`UserError` saying how
+    to make one."""
+    path = folder / TUNED_ALPHA_FILE
+    if not path.is_file():
+        raise UserError(
+            f"--alpha auto: {folder} has no {TUNED_ALPHA_FILE}; tune α on the validation set "
+            f"first: aiayn tune-alpha --checkpoint {folder}"
+        )
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+        tuned = TunedAlpha(**values)
+    except (ValueError, TypeError) as error:
+        raise UserError(f"{path} is not a tune-alpha result ({error})") from None
+    if not isinstance(tuned.alpha, int | float) or not tuned.alpha >= 0:
+        raise UserError(f"{path}: alpha must be a number >= 0, got {tuned.alpha!r}")
+    return tuned
+
+
+Decode = Callable[[float], list[str]]
+"""α -> the detokenized best hypotheses of the validation sources with that α."""
+
+
+def tune_alpha(
+    decode: Decode,
+    references: Sequence[str],
+    alphas: Sequence[float] = DEFAULT_ALPHAS,
+    *,
+    report: Callable[[float, LengthScore], None] | None = None,
+) -> tuple[float, dict[float, LengthScore]]:
+    """Decode at each α of ``alphas`` (``decode``), score against ``references`` and return
+    (:func:`choose_alpha`'s α, every α's score); ``report`` sees each score as it comes."""
+    if not alphas or any(not (a >= 0 and math.isfinite(a)) for a in alphas):
+        raise UserError(f"the α grid must be finite numbers >= 0, got {list(alphas)}")
+    scores: dict[float, LengthScore] = {}
+    for alpha in sorted(set(alphas)):
+        scores[alpha] = length_score(decode(alpha), references)
+        if report is not None:
+            report(alpha, scores[alpha])
+    return choose_alpha(scores), scores
+
+
+def tuned_record(
+    alpha: float,
+    scores: Mapping[float, LengthScore],
+    *,
+    beam_size: int,
+    length_penalty: str,
+    source: str,
+    reference: str,
+    sentences: int,
+) -> TunedAlpha:
+    """The :class:`TunedAlpha` to save for a :func:`tune_alpha` outcome."""
+    table = {f"{a:g}": asdict(s) for a, s in sorted(scores.items())}
+    return TunedAlpha(alpha, beam_size, length_penalty, source, reference, sentences, table)

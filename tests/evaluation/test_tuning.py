@@ -1,0 +1,91 @@
+"""Tuning α on a validation set: the length figures, the choice rule, the saved record."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from aiayn.errors import UserError
+from aiayn.evaluation.tuning import (
+    TUNED_ALPHA_FILE,
+    LengthScore,
+    choose_alpha,
+    length_score,
+    read_tuned_alpha,
+    tune_alpha,
+    tuned_record,
+)
+
+
+def _score(bleu: float, ratio: float) -> LengthScore:
+    return LengthScore(bleu, 1.0, ratio, 0, 0)
+
+
+def test_length_score_by_hand() -> None:
+    # 3 hypothesis tokens against 4 reference tokens: ratio 3/4, BP = exp(1 - 4/3)
+    s = length_score(["a b c"], ["a b c d"])
+    assert (s.hyp_len, s.ref_len, s.ratio) == (3, 4, 0.75)
+    assert s.bp == pytest.approx(math.exp(1 - 4 / 3), abs=1e-4)
+    longer = length_score(["a b c d e"], ["a b c d"])
+    assert longer.bp == 1.0 and longer.ratio == 1.25
+    with pytest.raises(UserError, match="align"):
+        length_score(["a"], ["a", "b"])
+
+
+def test_choose_alpha_takes_bleu_then_length_then_the_smaller_alpha() -> None:
+    assert choose_alpha({0.6: _score(33.4, 0.94), 1.0: _score(33.8, 0.96)}) == 1.0
+    # equal BLEU: the ratio closer to 1 (in log: 0.8 is farther from 1 than 1.2)
+    assert choose_alpha({0.6: _score(30.0, 0.8), 1.5: _score(30.0, 1.2)}) == 1.5
+    assert choose_alpha({1.0: _score(30.0, 0.9), 0.3: _score(30.0, 0.9)}) == 0.3
+    with pytest.raises(ValueError):
+        choose_alpha({})
+
+
+def test_choose_alpha_with_empty_outputs() -> None:
+    # an untrained model can output nothing at every α: BLEU 0 and ratio 0 everywhere
+    assert choose_alpha({0.6: _score(0.0, 0.0), 1.0: _score(0.0, 0.0)}) == 0.6
+    assert choose_alpha({0.6: _score(0.0, 0.0), 1.0: _score(0.0, 0.5)}) == 1.0
+    empty = length_score(["", ""], ["a b", "c"])
+    assert empty.ratio == 0.0 and empty.bleu == 0.0
+
+
+def test_tune_alpha_decodes_each_alpha_and_picks_the_best() -> None:
+    refs = ["a b c d e f"]
+    lengths = {0.0: 3, 0.5: 5, 1.0: 6, 2.0: 8}  # a longer output as α grows
+    decoded: list[float] = []
+
+    def decode(alpha: float) -> list[str]:
+        decoded.append(alpha)
+        return [" ".join("abcdefgh"[: lengths[alpha]])]
+
+    alpha, scores = tune_alpha(decode, refs, [2.0, 0.0, 1.0, 0.5, 1.0])
+    assert decoded == [0.0, 0.5, 1.0, 2.0]  # sorted, once each
+    assert alpha == 1.0 and scores[1.0].ratio == 1.0 and scores[0.0].ratio == 0.5
+    with pytest.raises(UserError, match="grid"):
+        tune_alpha(decode, refs, [-1.0])
+
+
+def test_tuned_alpha_round_trip_and_refusals(tmp_path: Path) -> None:
+    scores = {0.6: _score(33.4, 0.94), 1.2: _score(33.9, 0.98)}
+    record = tuned_record(
+        1.2,
+        scores,
+        beam_size=4,
+        length_penalty="gnmt",
+        source="val.de",
+        reference="val.en",
+        sentences=1014,
+    )
+    with pytest.raises(UserError, match="aiayn tune-alpha --checkpoint"):
+        read_tuned_alpha(tmp_path)
+    record.save(tmp_path)
+    assert read_tuned_alpha(tmp_path) == record
+    assert set(record.scores) == {"0.6", "1.2"}
+    with pytest.raises(UserError, match="--force"):
+        record.save(tmp_path)
+    record.save(tmp_path, force=True)
+    (tmp_path / TUNED_ALPHA_FILE).write_text('{"alpha": -1}')
+    with pytest.raises(UserError, match="not a tune-alpha result"):
+        read_tuned_alpha(tmp_path)
