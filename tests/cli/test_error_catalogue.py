@@ -84,6 +84,7 @@ def _bad_files(tmp: Path, ckpts: dict[str, Path]) -> None:
     (tmp / "bad.yaml").write_text("model:\n  d_model: [1\n")
     (tmp / "typo.yaml").write_text("model:\n  d_modle: 3\n")
     (tmp / "zero_heads.yaml").write_text("model:\n  num_heads: 0\n")
+    (tmp / "list_section.yaml").write_text("model: [1, 2]\n")
     (tmp / "not_an_image.png").write_text("not a PNG")
     Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(tmp / "img.png")
     (tmp / "maps").mkdir()
@@ -143,6 +144,9 @@ CASES = {
     "train/empty config": Case("train --config {tmp}/empty.txt", 2, "expected a mapping"),
     "train/unknown key": Case("train --config {tmp}/typo.yaml", 2, "d_modle"),
     "train/bad value": Case("train --config {tmp}/zero_heads.yaml", 2, "num_heads"),
+    "train/section not a mapping": Case(
+        "train --config {tmp}/list_section.yaml", 2, "section 'model' must be a mapping"
+    ),
     "train/--set without =": Case("train --set foo", 2, "--set expects section.key=value"),
     "train/--set wrong type": Case("train --set train.max_steps=abc", 2, "train.max_steps"),
     "train/--set unknown": Case("train --set nope.key=1", 2, "unknown top-level config key"),

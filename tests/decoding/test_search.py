@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -300,3 +301,54 @@ def test_beam_state_shares_the_source_and_reorders_like_copies(
     got, grouped = step(tokens[rows, 2:3], grouped)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert grouped.group == (1 if index[:2] == [0, 2] else 2)
+
+
+@dataclass(frozen=True)
+class _Prefixes:
+    """A scripted model's state: each row's output tokens so far, (B, L)."""
+
+    rows: torch.Tensor
+
+    def index_select(self, index: torch.Tensor) -> _Prefixes:
+        return _Prefixes(self.rows.index_select(0, index))
+
+    def repeat_interleave(self, repeats: int) -> _Prefixes:
+        return _Prefixes(self.rows.repeat_interleave(repeats, dim=0))
+
+
+def _scripted_step(tokens: torch.Tensor, state: _Prefixes) -> tuple[torch.Tensor, _Prefixes]:
+    """Vocabulary PAD, BOS, EOS, 3, 4. After nothing: EOS 0.4, 3 0.35, 4 0.25; after 4: EOS 0.9;
+    after 3, 3 goes on with 0.98 until 10 tokens, then EOS with 0.98."""
+    rows = torch.cat([state.rows, tokens], dim=1)  # (B, L + 1), BOS first
+    probs = []
+    for row in rows[:, 1:].tolist():
+        if not row:
+            probs.append([0, 0, 0.4, 0.35, 0.25])
+        elif row[0] == 4:
+            probs.append([0, 0, 0.9, 0.05, 0.05])
+        else:
+            probs.append([0, 0, 0.01, 0.98, 0.01] if len(row) < 10 else [0, 0, 0.98, 0.01, 0.01])
+    return torch.tensor(probs).log(), _Prefixes(rows)  # (B, V)
+
+
+def test_gnmt_beam_does_not_stop_at_k_finished_when_a_live_beam_can_still_win() -> None:
+    """With K = 2, "" and "4" finish within two steps, but with α = 1 the live beam 3 3 … (ten
+    tokens, log P = log 0.35 + 10 log 0.98) scores −1.252 / lp(11) = −0.47 against "" 's −0.92:
+    stopping once K hypotheses finished (fairseq's rule) would return "", too short; the exact
+    bound (tensor2tensor's) keeps searching and finds the best sequence."""
+    found = beam_search(
+        _scripted_step,
+        _Prefixes(torch.empty(1, 0, dtype=torch.long)),
+        batch_size=1,
+        beam_size=2,
+        bos_id=BOS,
+        eos_id=EOS,
+        max_len=12,
+        alpha=1.0,
+        n_best=2,
+    )[0]  # type: ignore[arg-type]
+    assert found[0].tokens == [3] * 10
+    want = (math.log(0.35) + 10 * math.log(0.98)) / gnmt_length_penalty(11, 1.0)
+    assert found[0].score == pytest.approx(want, abs=1e-5)
+    assert found[1].tokens == []  # the K best finished are kept, best first
+    assert found[1].score == pytest.approx(math.log(0.4), abs=1e-5)

@@ -533,6 +533,13 @@ def run_config_from_dict(values: Mapping[str, Any]) -> RunConfig:
             f"unknown top-level config key(s): {', '.join(unknown)} "
             "(valid: run_dir, model, data, train)"
         )
+    for name in ("model", "data", "train"):
+        section = values.get(name)
+        if section is not None and not isinstance(section, Mapping):
+            raise ConfigError(
+                f"config section {name!r} must be a mapping of keys to values, "
+                f"got {type(section).__name__} {section!r}"
+            )
     model_values = dict(values.get("model") or {})
     family = model_values.pop("family", "transformer")
     if not isinstance(family, str) or family not in TRAINABLE:
