@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from aiayn.data.images import ImagePreprocessor
+    from aiayn.decoding.encoder_inference import ViTInference
     from aiayn.errors import UserError
     from aiayn.models.vit import ViT
     from aiayn.training.checkpoint import checkpoint_tokenizer, load_checkpoint
@@ -51,12 +52,14 @@ def run(args: argparse.Namespace) -> int:
     if not isinstance(preprocessor, ImagePreprocessor):
         raise UserError(f"{ckpt.path} has no image preprocessing (preprocessor_config.json)")
     device = next(model.parameters()).device
+    run = ViTInference(model.eval())  # the blocks flattened, held equal to model.forward
     lines = []
     for start in range(0, len(args.images), args.batch_size):
         paths = args.images[start : start + args.batch_size]
         pixels = preprocessor.preprocess_batch(paths).to(device)  # (B, C, H, W)
-        with torch.no_grad():
-            probs = torch.softmax(model(pixels).logits.float(), dim=-1)  # (B, labels)
+        logits = run(pixels).logits
+        assert logits is not None  # num_labels >= 1 was checked
+        probs = torch.softmax(logits.float(), dim=-1)  # (B, labels)
         top = probs.topk(top_k, dim=-1)
         for path, values, indices in zip(paths, top.values, top.indices, strict=True):
             lines.append(str(path))

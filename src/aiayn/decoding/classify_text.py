@@ -1,5 +1,7 @@
 """Sequence classification with a BERT classifier (Devlin et al. 2019, §4.1: softmax(C Wᵀ) on
-the pooled ``[CLS]`` state): the most probable labels of texts or text pairs.
+the pooled ``[CLS]`` state): the most probable labels of texts or text pairs. The encoder runs
+through :class:`~aiayn.decoding.encoder_inference.BertInference` (its blocks on the real tokens
+only), held equal to the model's own forward by tests/decoding/test_encoder_inference.py.
 
 Shape legend:  B texts in a batch   S tokens   C labels   k labels kept
 """
@@ -11,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from aiayn.data.bert_tokenizer import BertTokenizer
+from aiayn.decoding.encoder_inference import BertInference
 from aiayn.errors import UserError
 from aiayn.models.bert import BERT
 
@@ -42,13 +45,16 @@ def classify_texts(
     if pairs is not None and len(pairs) != len(texts):
         raise UserError(f"{len(texts)} texts but {len(pairs)} second texts")
     model.eval()
+    encode, classifier = BertInference(model), model.classifier
     device = next(model.parameters()).device
     results: list[list[tuple[int, float]]] = []
     for start in range(0, len(texts), batch_size):
         chunk = list(texts[start : start + batch_size])
         second = None if pairs is None else list(pairs[start : start + batch_size])
         batch = tokenizer.encode_batch(chunk, second).to(device)
-        logits = model.classify(batch.ids, batch.token_types, batch.attention_mask)  # (B, C)
+        pooled = encode(batch.ids, batch.token_types, batch.attention_mask).pooled  # (B, D)
+        assert pooled is not None  # the config requires the pooler with a classifier
+        logits = classifier(pooled)  # (B, C)
         top = torch.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)  # (B, k)
         for values, indices in zip(top.values.tolist(), top.indices.tolist(), strict=True):
             results.append(list(zip(indices, values, strict=True)))
