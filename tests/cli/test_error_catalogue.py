@@ -139,7 +139,9 @@ CASES = {
     # -- train: run configs ---------------------------------------------------------------------
     "train/missing config": Case("train --config {tmp}/nope.yaml", 2, "config file not found"),
     "train/config is a folder": Case("train --config {tmp}/adir", 2, "{tmp}/adir"),
-    "train/malformed YAML": Case("train --config {tmp}/bad.yaml", 2, "not valid YAML"),
+    "train/malformed YAML": Case(
+        "train --config {tmp}/bad.yaml", 2, "bad.yaml: not valid YAML: line 3, column 1: expected"
+    ),
     "train/config not UTF-8": Case("train --config {tmp}/latin1.txt", 2, "not valid UTF-8"),
     "train/empty config": Case("train --config {tmp}/empty.txt", 2, "expected a mapping"),
     "train/unknown key": Case("train --config {tmp}/typo.yaml", 2, "d_modle"),

@@ -11,7 +11,7 @@ import yaml
 
 from aiayn.cli.main import main
 from aiayn.errors import ConfigError
-from aiayn.training.config import DEMO_CONFIG, load_run_config, run_config_from_dict
+from aiayn.training.config import DEMO_CONFIG, load_run_config, run_config_from_dict, yaml_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,3 +82,22 @@ def test_train_bad_inputs_are_clear_errors(tmp_path: Path) -> None:
 def test_average_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["average", "--run-dir", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "no checkpoints under" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a: b: c\n", "line 1, column 5: mapping values are not allowed here"),
+        (
+            "model:\n  d_model: [1\n",
+            "line 3, column 1: expected ',' or ']', but got '<stream end>' "
+            "(while parsing a flow sequence)",
+        ),
+    ],
+)
+def test_yaml_errors_are_one_line_with_their_position(text: str, expected: str) -> None:
+    """PyYAML's multi-line message becomes one line naming the 1-based line and column."""
+    with pytest.raises(yaml.YAMLError) as error:
+        yaml.safe_load(text)
+    assert "\n" in str(error.value)  # what the function exists to fold
+    assert yaml_problem(error.value) == expected

@@ -673,6 +673,18 @@ def apply_overrides(values: dict[str, Any], overrides: Sequence[str]) -> dict[st
     return result
 
 
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's multi-line message as one line: "line L, column C: problem" (1-based, as editors
+    count), or the message's first line when it carries no position."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None)
+    if mark is None or problem is None:
+        return str(error).splitlines()[0] if str(error) else type(error).__name__
+    context = getattr(error, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    return f"{where}: {problem}" + (f" ({context})" if context else "")
+
+
 def load_run_config(
     path: str | Path | None, overrides: Sequence[str] = (), *, demo: str = "translation"
 ) -> RunConfig:
@@ -688,7 +700,7 @@ def load_run_config(
         try:
             loaded = yaml.load(file.read_text(encoding="utf-8"), _YamlLoader)
         except yaml.YAMLError as error:
-            raise ConfigError(f"{file}: not valid YAML: {error}") from None
+            raise ConfigError(f"{file}: not valid YAML: {yaml_problem(error)}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{file}: expected a mapping with model/data/train sections")
         values = loaded
