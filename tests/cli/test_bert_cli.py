@@ -5,13 +5,13 @@ vocabulary; bad requests are one-line errors."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from tokenizers import BertWordPieceTokenizer
 from transformers import (
     BertConfig,
     BertForMaskedLM,
@@ -20,6 +20,8 @@ from transformers import (
 )
 
 from aiayn.cli.main import main
+
+RunCli = Callable[..., tuple[int, str, str]]  # the run_cli fixture (tests/cli/conftest.py)
 
 CORPUS = [
     "the cat sat on the mat .",
@@ -32,27 +34,6 @@ CORPUS = [
 TEXTS = ["the cat sat on the [MASK] .", "[MASK] is the capital of [MASK] ."]
 
 
-def _folder(root: Path, model: Any) -> Path:
-    """A Hugging Face folder: the random model and a WordPiece vocabulary of :data:`CORPUS`."""
-    trainer = BertWordPieceTokenizer(lowercase=True)
-    trainer.train_from_iterator(CORPUS, vocab_size=120, min_frequency=1)
-    root.mkdir(parents=True)
-    trainer.save_model(str(root))
-    BertTokenizerFast(vocab_file=str(root / "vocab.txt")).save_pretrained(root)
-    model.save_pretrained(root)
-    return root
-
-
-def _random(model: Any) -> Any:
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(
-                1.0 if "LayerNorm.weight" in name else 0.0, 0.2 if "LayerNorm" in name else 0.3
-            )
-    return model.eval()
-
-
 def _config(**extra: Any) -> BertConfig:
     return BertConfig(
         vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -61,26 +42,17 @@ def _config(**extra: Any) -> BertConfig:
 
 
 @pytest.fixture(scope="module")
-def mlm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def mlm(tmp_path_factory: pytest.TempPathFactory, hf_bert_folder: Any) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("bert")
-    hf = _random(BertForMaskedLM(_config()))
-    folder = _folder(root / "hf", hf)
+    hf = BertForMaskedLM(_config())
+    folder = hf_bert_folder(root / "hf", hf, CORPUS, 120)
     assert main(["convert", "--from-hf", str(folder), "--to", str(root / "ckpt")]) == 0
     return {"hf": hf, "tokenizer": BertTokenizerFast.from_pretrained(folder), "ckpt": root / "ckpt"}
 
 
-def _run(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @torch.no_grad()
-def test_fill_mask_equals_transformers(
-    mlm: dict[str, Any], capsys: pytest.CaptureFixture[str]
-) -> None:
-    code, out, err = _run(capsys, "fill-mask", "--checkpoint", mlm["ckpt"], "--top-k", 3, *TEXTS)
+def test_fill_mask_equals_transformers(mlm: dict[str, Any], run_cli: RunCli) -> None:
+    code, out, err = run_cli("fill-mask", "--checkpoint", mlm["ckpt"], "--top-k", 3, *TEXTS)
     assert code == 0, err
     blocks = out.strip("\n").split("\n\n")
     assert len(blocks) == 2
@@ -104,12 +76,12 @@ def test_fill_mask_equals_transformers(
 
 @torch.no_grad()
 def test_embeddings_equal_mean_pooled_transformers(
-    mlm: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    mlm: dict[str, Any], tmp_path: Path, run_cli: RunCli
 ) -> None:
     lines = ["the cat sat on the mat .", "paris is the capital of france .", "a dog"]
     src = tmp_path / "in.txt"
     src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    code, out, err = _run(capsys, "embed", "--checkpoint", mlm["ckpt"], "-i", src)
+    code, out, err = run_cli("embed", "--checkpoint", mlm["ckpt"], "-i", src)
     assert code == 0, err
     ours = torch.tensor([json.loads(line) for line in out.splitlines()])
     enc = mlm["tokenizer"](lines, padding=True, return_tensors="pt")
@@ -118,27 +90,27 @@ def test_embeddings_equal_mean_pooled_transformers(
     want = torch.nn.functional.normalize((hidden * real).sum(1) / real.sum(1), dim=-1)
     assert ours.shape == want.shape and (ours - want).abs().max() < 1e-4
     npy = tmp_path / "e.npy"
-    assert _run(capsys, "embed", "--checkpoint", mlm["ckpt"], "-i", src, "-o", npy)[0] == 0
+    assert run_cli("embed", "--checkpoint", mlm["ckpt"], "-i", src, "-o", npy)[0] == 0
     assert np.allclose(np.load(npy), ours.numpy(), atol=1e-6)
-    code, _, err = _run(capsys, "embed", "--checkpoint", mlm["ckpt"], "-i", src, "-o", npy)
+    code, _, err = run_cli("embed", "--checkpoint", mlm["ckpt"], "-i", src, "-o", npy)
     assert code == 2 and "exists: pass --force" in err and "\n" not in err.strip()
     other = tmp_path / "other.txt"
     other.write_text("the cat sat on the mat .\nberlin is the capital of germany .\na cat\n")
-    code, out, err = _run(capsys, "embed", "--checkpoint", mlm["ckpt"], "--similarity", src, other)
+    code, out, err = run_cli("embed", "--checkpoint", mlm["ckpt"], "--similarity", src, other)
     assert code == 0, err
     sims = [float(x) for x in out.split()]
     assert abs(sims[0] - 1.0) < 1e-5 and all(-1.0 <= s <= 1.0 + 1e-6 for s in sims)
 
 
 def test_refusals_are_one_line(
-    mlm: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    mlm: dict[str, Any], tmp_path: Path, run_cli: RunCli, hf_bert_folder: Any
 ) -> None:
-    code, _, err = _run(capsys, "fill-mask", "--checkpoint", mlm["ckpt"], "no mask here")
+    code, _, err = run_cli("fill-mask", "--checkpoint", mlm["ckpt"], "no mask here")
     assert code == 2 and "no [MASK] in 'no mask here'" in err and "\n" not in err.strip()
-    hf = _random(BertForSequenceClassification(_config(num_labels=3)))
-    folder = _folder(tmp_path / "cls", hf)
-    assert _run(capsys, "convert", "--from-hf", folder, "--to", tmp_path / "c")[0] == 0
-    code, _, err = _run(capsys, "fill-mask", "--checkpoint", tmp_path / "c", "a [MASK]")
+    hf = BertForSequenceClassification(_config(num_labels=3))
+    folder = hf_bert_folder(tmp_path / "cls", hf, CORPUS, 120)
+    assert run_cli("convert", "--from-hf", folder, "--to", tmp_path / "c")[0] == 0
+    code, _, err = run_cli("fill-mask", "--checkpoint", tmp_path / "c", "a [MASK]")
     assert code == 2 and "head 'classification'; this needs 'mlm'" in err
-    code, _, err = _run(capsys, "translate", "--checkpoint", mlm["ckpt"])
+    code, _, err = run_cli("translate", "--checkpoint", mlm["ckpt"])
     assert code == 2 and "holds a bert model" in err

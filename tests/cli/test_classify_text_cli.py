@@ -6,12 +6,12 @@ errors."""
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from tokenizers import BertWordPieceTokenizer
 from transformers import (
     BertConfig,
     BertForMaskedLM,
@@ -23,6 +23,8 @@ from aiayn.cli.main import main
 from aiayn.models.bert import BERT
 from aiayn.training.checkpoint import checkpoint_tokenizer, load_checkpoint, save_checkpoint
 
+RunCli = Callable[..., tuple[int, str, str]]  # the run_cli fixture (tests/cli/conftest.py)
+
 CORPUS = [
     "the cat sat on the mat .",
     "a dog sat on the log .",
@@ -33,23 +35,6 @@ TEXTS = ["the cat sat on the mat .", "paris is a dog", "a book", "she sat on the
 PAIRS = [("the cat sat", "on the mat ."), ("paris is", "the capital"), ("a", "")]
 
 
-def _folder(root: Path, model: Any) -> Path:
-    """A Hugging Face folder: ``model`` with random weights and a WordPiece vocabulary."""
-    trainer = BertWordPieceTokenizer(lowercase=True)
-    trainer.train_from_iterator(CORPUS, vocab_size=100, min_frequency=1)
-    root.mkdir(parents=True)
-    trainer.save_model(str(root))
-    BertTokenizerFast(vocab_file=str(root / "vocab.txt")).save_pretrained(root)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(
-                1.0 if "LayerNorm.weight" in name else 0.0, 0.2 if "LayerNorm" in name else 0.3
-            )
-    model.eval().save_pretrained(root)
-    return root
-
-
 def _config(**extra: Any) -> BertConfig:
     return BertConfig(
         vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -58,19 +43,12 @@ def _config(**extra: Any) -> BertConfig:
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def converted(tmp_path_factory: pytest.TempPathFactory, hf_bert_folder: Any) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("classify_text")
     hf = BertForSequenceClassification(_config(num_labels=3))
-    folder = _folder(root / "hf", hf)
+    folder = hf_bert_folder(root / "hf", hf, CORPUS, 100)
     assert main(["convert", "--from-hf", str(folder), "--to", str(root / "ckpt")]) == 0
     return {"hf": hf, "tokenizer": BertTokenizerFast.from_pretrained(folder), "ckpt": root / "ckpt"}
-
-
-def _run(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 HF_NAMES = ("LABEL_0", "LABEL_1", "LABEL_2")  # what transformers writes for num_labels=3
@@ -90,12 +68,12 @@ def _check(out: str, probs: torch.Tensor, k: int, names: tuple[str, ...]) -> Non
 
 @torch.no_grad()
 def test_labels_equal_transformers(
-    converted: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    converted: dict[str, Any], tmp_path: Path, run_cli: RunCli
 ) -> None:
     src = tmp_path / "texts.txt"
     src.write_text("".join(t + "\n" for t in TEXTS), encoding="utf-8")
-    code, out, err = _run(
-        capsys, "classify-text", "--checkpoint", converted["ckpt"], src, "--top-k", "3",
+    code, out, err = run_cli(
+        "classify-text", "--checkpoint", converted["ckpt"], src, "--top-k", "3",
         "--batch-size", "3",
     )  # fmt: skip
     assert code == 0, err
@@ -106,11 +84,11 @@ def test_labels_equal_transformers(
 
 @torch.no_grad()
 def test_pairs_from_standard_input(
-    converted: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    converted: dict[str, Any], monkeypatch: pytest.MonkeyPatch, run_cli: RunCli
 ) -> None:
     data = "".join(f"{a}\t{b}\n" for a, b in PAIRS).encode()
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
-    code, out, err = _run(capsys, "classify-text", "--checkpoint", converted["ckpt"])
+    code, out, err = run_cli("classify-text", "--checkpoint", converted["ckpt"])
     assert code == 0, err
     first, second = [a for a, _ in PAIRS], [b for _, b in PAIRS]
     enc = converted["tokenizer"](first, second, padding=True, return_tensors="pt")
@@ -120,7 +98,7 @@ def test_pairs_from_standard_input(
 
 @torch.no_grad()
 def test_the_checkpoint_label_names_are_printed(
-    converted: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    converted: dict[str, Any], tmp_path: Path, run_cli: RunCli
 ) -> None:
     ckpt = load_checkpoint(converted["ckpt"], expect=BERT)
     names = ("negative", "neutral", "positive")
@@ -129,14 +107,18 @@ def test_the_checkpoint_label_names_are_printed(
     named = save_checkpoint(tmp_path / "named", model, {}, checkpoint_tokenizer(ckpt.path))
     src = tmp_path / "texts.txt"
     src.write_text("".join(t + "\n" for t in TEXTS), encoding="utf-8")
-    code, out, err = _run(capsys, "classify-text", "--checkpoint", named, src, "--top-k", "2")
+    code, out, err = run_cli("classify-text", "--checkpoint", named, src, "--top-k", "2")
     assert code == 0, err
     enc = converted["tokenizer"](TEXTS, padding=True, return_tensors="pt")
     _check(out, torch.softmax(converted["hf"](**enc).logits, dim=-1), 2, names)
 
 
 def test_refusals_are_one_line(
-    converted: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    converted: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    run_cli: RunCli,
+    hf_bert_folder: Any,
 ) -> None:
     mixed = tmp_path / "mixed.txt"
     mixed.write_text("a text\ntwo\ttexts\n", encoding="utf-8")
@@ -150,11 +132,11 @@ def test_refusals_are_one_line(
         ((tmp_path / "missing.txt",), "missing.txt"),
     ]
     for args, message in cases:
-        code, _, err = _run(capsys, "classify-text", "--checkpoint", ckpt, *args)
+        code, _, err = run_cli("classify-text", "--checkpoint", ckpt, *args)
         assert code == 2 and message in err and "\n" not in err.strip(), err
-    mlm = _folder(tmp_path / "mlm_hf", BertForMaskedLM(_config()))
-    assert _run(capsys, "convert", "--from-hf", mlm, "--to", tmp_path / "mlm")[0] == 0
-    code, _, err = _run(capsys, "classify-text", "--checkpoint", tmp_path / "mlm", mixed)
+    mlm = hf_bert_folder(tmp_path / "mlm_hf", BertForMaskedLM(_config()), CORPUS, 100)
+    assert run_cli("convert", "--from-hf", mlm, "--to", tmp_path / "mlm")[0] == 0
+    code, _, err = run_cli("classify-text", "--checkpoint", tmp_path / "mlm", mixed)
     assert code == 2 and "head 'mlm'; this needs 'classification'" in err
     with pytest.raises(SystemExit) as exit_:  # argparse: its usage, then the error
         main(["classify-text", "--checkpoint", str(ckpt), str(mixed), "--top-k", "0"])

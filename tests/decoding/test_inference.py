@@ -21,6 +21,7 @@ from aiayn.decoding import (
     pack_for_inference,
     packing_available,
 )
+from aiayn.decoding.encoder_inference import EncoderInference
 from aiayn.decoding.translate import DecodeOptions, translate_ids
 from aiayn.layers import CrossAttentionBlock
 from aiayn.models import Transformer
@@ -140,6 +141,33 @@ def test_positions_past_the_precomputed_table_are_computed() -> None:
     for t in range(7):
         log_probs, state = step(tgt[:, t : t + 1], state)
         torch.testing.assert_close(log_probs[:, REAL], full[:, t, REAL], atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_the_source_is_encoded_on_its_real_tokens_unless_a_hook_needs_the_module() -> None:
+    """The encoder runs on the real tokens only (its output at the padding is zero, where the
+    module's is not) and gives the module's states at every real token; with a forward hook on
+    an encoder layer the module encodes, and the hook runs."""
+    model, src = _model(), _sources(3)
+    real = src != PAD  # (B, S)
+    reference = model.encoder(src, real[:, None, None, :]).memory  # (B, S, D)
+    step = InferenceStep(model)
+    assert isinstance(step.encoder, EncoderInference)
+    cross = model.decoder.layers[0].cross_attn
+    keys = step.initial_state(src).cross[0].key.transpose(1, 2)  # (B, S, H, d_k)
+    module_keys = cross.project_key_value(reference).key.transpose(1, 2)  # (B, S, H, d_k)
+    torch.testing.assert_close(keys[real], module_keys[real], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(keys[~real], module_keys[~real])  # padding: W^K's bias vs states
+    seen: list[tuple[int, ...]] = []
+    hook = model.encoder.layers[0].register_forward_hook(
+        lambda m, i, o: seen.append(o.output.shape)
+    )
+    step = InferenceStep(model)
+    assert step.encoder is None
+    keys = step.initial_state(src).cross[0].key.transpose(1, 2)  # (B, S, H, d_k)
+    torch.testing.assert_close(keys, module_keys)
+    assert seen == [(3, 5, 32)]
+    hook.remove()
 
 
 def test_bad_uses_are_refused() -> None:

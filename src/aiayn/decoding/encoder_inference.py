@@ -53,8 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import MultiHeadAttention, SelfAttention, mask_fill_value
-from aiayn.decoding.inference import _Norm
-from aiayn.decoding.packed import LinearKernel, linear_kernel
+from aiayn.decoding.packed import LinearKernel, NormKernel, linear_kernel
 from aiayn.layers import ACTIVATIONS, FeedForward, GatedFeedForward, RMSNorm, SelfAttentionBlock
 from aiayn.layers.relative_position import RelativePositionBias
 from aiayn.layers.transformer_layers import SublayerConnection
@@ -168,8 +167,8 @@ class _Block:
     ff_in: LinearKernel  # W_1, b_1
     ff_gate: LinearKernel | None  # W_0 of a gated network (T5 v1.1), else None
     ff_out: LinearKernel  # W_2, b_2
-    attn_norm: _Norm
-    ff_norm: _Norm
+    attn_norm: NormKernel
+    ff_norm: NormKernel
     activation: str  # a name of _POST_OPS
     norm_first: bool
     heads: int  # H
@@ -187,8 +186,8 @@ class _Block:
             linear_kernel(ff.linear1),
             gate,
             linear_kernel(ff.linear2),
-            _Norm(subs[0].norm),
-            _Norm(subs[1].norm),
+            NormKernel(subs[0].norm),
+            NormKernel(subs[1].norm),
             ff.activation_name,
             subs[0].norm_first,
             attn.num_heads,
@@ -273,7 +272,9 @@ class _Blocks:
         return self._residual(w.ff_out, w.ff_norm, w.norm_first, hidden, x)
 
     @staticmethod
-    def _residual(out: LinearKernel, norm: _Norm, norm_first: bool, y: Tensor, x: Tensor) -> Tensor:
+    def _residual(
+        out: LinearKernel, norm: NormKernel, norm_first: bool, y: Tensor, x: Tensor
+    ) -> Tensor:
         """The output projection and the residual connection (§3.1): post-norm
         Norm(x + y Wᵀ + b), or pre-norm x + y Wᵀ + b."""
         x = out.add(y, x)  # (N, D_in) @ (D_in, D) + (N, D)
@@ -305,7 +306,7 @@ class EncoderInference:
         self.embedder = encoder.embedder  # run as the module: (B, S) -> (B, S, D)
         self.position_bias = bias
         self.blocks = _Blocks(list(encoder.layers))
-        self.final_norm = None if final is None else _Norm(final)
+        self.final_norm = None if final is None else NormKernel(final)
 
     @torch.inference_mode()
     def __call__(
@@ -394,7 +395,7 @@ class ViTInference:
         self.hooks = _root_pre_hooks(model, model.embedder, "ViT inference")
         self.embedder = model.embedder  # eq. 1, run as the module: (B, C, H, W) -> (B, T, D)
         self.blocks = _Blocks(list(model.layers))
-        self.final_norm = _Norm(model.final_norm)
+        self.final_norm = NormKernel(model.final_norm)
         self.pooler = None if model.pooler is None else linear_kernel(model.pooler)
         self.classifier = None if model.classifier is None else linear_kernel(model.classifier)
 

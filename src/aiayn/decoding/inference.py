@@ -7,6 +7,9 @@ decoder and the same arithmetic (up to summation order), written for speed at sm
 where the small operations around a step's matmuls take a large share of it (measured in
 docs/benchmarks.md). It runs on any device; the packed kernels are CPU-only.
 
+- the source is encoded once by :class:`~aiayn.decoding.encoder_inference.EncoderInference`
+  (the encoder on the real tokens only; by the encoder's module where it holds a part or a
+  hook that path refuses);
 - the decoder's weights are gathered once into :class:`~aiayn.decoding.packed.LinearKernel`\\ s
   (oneDNN-packed when the model came through
   :func:`~aiayn.decoding.packed.pack_for_inference`), and each sub-layer is one short function
@@ -40,7 +43,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import CrossAttention, KVCache, SelfAttention, scaled_dot_product_attention
-from aiayn.decoding.packed import LinearKernel, linear_kernel
+from aiayn.decoding.encoder_inference import EncoderInference
+from aiayn.decoding.packed import LinearKernel, NormKernel, linear_kernel
 from aiayn.decoding.step import DecoderState, banned_ids, encode_source, select_source_rows
 from aiayn.layers import CrossAttentionBlock, FeedForward, GatedFeedForward, RMSNorm
 from aiayn.layers.relative_position import RelativePositionBias
@@ -137,28 +141,6 @@ _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor] | None] = {
 after W_1's product (None: the ReLU fused into it; a gated network applies it to the gate)."""
 
 
-class _Norm:
-    """LayerNorm(x) or RMSNorm(x) with a module's weight, bias and eps, applied without a module
-    call (RMSNorm's statistics in fp32, as :class:`~aiayn.layers.norm.RMSNorm`)."""
-
-    __slots__ = ("bias", "eps", "rms", "shape", "weight")
-
-    def __init__(self, norm: nn.Module):
-        assert isinstance(norm, (nn.LayerNorm, RMSNorm))  # checked by _Parts
-        self.rms = isinstance(norm, RMSNorm)
-        self.shape = tuple(norm.weight.shape)
-        self.weight = norm.weight.detach()
-        bias = getattr(norm, "bias", None)
-        self.bias = None if bias is None else bias.detach()
-        self.eps = norm.eps
-
-    def __call__(self, x: Tensor) -> Tensor:
-        if self.rms:
-            normed = F.rms_norm(x.float(), self.shape, None, self.eps)  # (B, D), fp32 statistics
-            return self.weight * normed.to(self.weight.dtype)
-        return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
-
-
 @dataclass(frozen=True, slots=True)
 class _Layer:
     """The weights of one decoder layer (§3.1) as the step uses them."""
@@ -170,9 +152,9 @@ class _Layer:
     ff_in: LinearKernel  # W_1, b_1
     ff_gate: LinearKernel | None  # W_0 of a gated network (T5 v1.1), else None
     ff_out: LinearKernel  # W_2, b_2
-    self_norm: _Norm
-    cross_norm: _Norm
-    ff_norm: _Norm
+    self_norm: NormKernel
+    cross_norm: NormKernel
+    ff_norm: NormKernel
     activation: Callable[[Tensor], Tensor] | None  # after W_1; None: ReLU fused into W_1
 
     @staticmethod
@@ -189,9 +171,9 @@ class _Layer:
             linear_kernel(ff.linear1),
             gate,
             linear_kernel(ff.linear2),
-            _Norm(layer.self_sublayer.norm),
-            _Norm(layer.cross_sublayer.norm),
-            _Norm(layer.ff_sublayer.norm),
+            NormKernel(layer.self_sublayer.norm),
+            NormKernel(layer.cross_sublayer.norm),
+            NormKernel(layer.ff_sublayer.norm),
             _ACTIVATIONS[ff.activation_name],
         )
 
@@ -286,6 +268,16 @@ def inference_step(
     return step, step.initial_state(src, capacity=capacity)
 
 
+def _encoder_runner(model: EncoderDecoder) -> EncoderInference | None:
+    """The model's encoder run on the real tokens only (:class:`EncoderInference`, held equal
+    to the module by its tests), or None where the encoder holds a part or a forward hook that
+    path refuses: its module then encodes, the reference arithmetic, and the hooks run."""
+    try:
+        return EncoderInference(model.encoder)
+    except TypeError:
+        return None
+
+
 class InferenceStep:
     """The decoding step of an encoder–decoder (the paper's, Marian, T5), flattened: (B, 1)
     tokens, state -> (B, V) log-probs, state. Built once per model; inference only (eval mode,
@@ -301,6 +293,7 @@ class InferenceStep:
             raise ValueError("inference_step decodes without dropout: call model.eval() first")
         config, decoder = model.config, model.decoder
         self.model = model
+        self.encoder = _encoder_runner(model)
         self.decoder_layers = _decoder_layers(model)  # checked once: cross K/V come from them
         parts = _Parts.of(self.decoder_layers)
         self.layers = tuple(_Layer.of(layer) for layer in self.decoder_layers)
@@ -312,7 +305,7 @@ class InferenceStep:
             self.positions = self.positional(zeros)[0].detach()  # (P, D)
         self.position_bias = decoder.position_bias  # T5's, or None
         self.bias_table = self._bias_table(config.max_len)  # (H, P), or None
-        self.final_norm = None if decoder.final_norm is None else _Norm(decoder.final_norm)
+        self.final_norm = None if decoder.final_norm is None else NormKernel(decoder.final_norm)
         self.output = linear_kernel(model.output_proj)
         self.output_scale = model.output_scale
         self.norm_first = parts.norm_first
@@ -336,7 +329,7 @@ class InferenceStep:
         """
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
-        memory, src_mask, padded = encode_source(self.model, src)  # (b, S, D), (b, 1, 1, S)
+        memory, src_mask, padded = encode_source(self.model, src, self.encoder)  # (b, S, D), ...
         mask = src_mask if padded else None
         cross = tuple(layer.cross_attn.project_key_value(memory) for layer in self.decoder_layers)
         n = len(self.layers)
@@ -435,7 +428,7 @@ class InferenceStep:
             length = self.bias_table.size(1)
         return self.bias_table[None, :, None, length - 1 - pos :]  # (H, L+1) -> (1, H, 1, L + 1)
 
-    def _residual(self, out: LinearKernel, norm: _Norm, y: Tensor, x: Tensor) -> Tensor:
+    def _residual(self, out: LinearKernel, norm: NormKernel, y: Tensor, x: Tensor) -> Tensor:
         """The sub-layer's output projection and its residual connection (§3.1): post-norm
         LayerNorm(x + y Wᵀ + b), or pre-norm x + y Wᵀ + b (normed before the sub-layer)."""
         x = out.add(y, x)  # (B, D_in) @ (D_in, D) + (B, D)

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import CrossAttention, MultiHeadAttention, SelfAttention
+from aiayn.layers import RMSNorm
 
 M = TypeVar("M", bound=nn.Module)
 _SMALL = 1 << 18  # products of up to this many multiply–adds may keep PyTorch's kernel
@@ -96,6 +97,29 @@ class LinearKernel(NamedTuple):
             return F.linear(x, dense, self.bias).add_(residual)
         linear_add = torch.ops.mkldnn._linear_pointwise.binary
         return linear_add(x, residual, self.packed, self.bias, "add")
+
+
+class NormKernel:
+    """LayerNorm(x) or RMSNorm(x) with a module's weight, bias and eps, applied without a module
+    call (RMSNorm's statistics in fp32, as :class:`~aiayn.layers.norm.RMSNorm`): the norms of
+    the flattened inference paths, beside their :class:`LinearKernel`\\ s."""
+
+    __slots__ = ("bias", "eps", "rms", "shape", "weight")
+
+    def __init__(self, norm: nn.Module):
+        assert isinstance(norm, (nn.LayerNorm, RMSNorm))  # checked by the callers
+        self.rms = isinstance(norm, RMSNorm)
+        self.shape = tuple(norm.weight.shape)
+        self.weight = norm.weight.detach()
+        bias = getattr(norm, "bias", None)
+        self.bias = None if bias is None else bias.detach()
+        self.eps = norm.eps
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.rms:
+            normed = F.rms_norm(x.float(), self.shape, None, self.eps)  # (B, D), fp32 statistics
+            return self.weight * normed.to(self.weight.dtype)
+        return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
 
 
 class PackedLinear(nn.Module):

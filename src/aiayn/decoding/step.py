@@ -43,6 +43,14 @@ class StepFunction(Protocol):
         ...
 
 
+class EncoderRunner(Protocol):
+    """(ids (B, S), real-token mask (B, S) or None = no padding) -> encoder output (B, S, D)."""
+
+    def __call__(self, tokens: Tensor, real: Tensor | None = None) -> Tensor:
+        """The encoder's final states (what its padded positions hold is never read)."""
+        ...
+
+
 @dataclass(frozen=True)
 class Seq2SeqState:
     """Incremental state of the encoder–decoder model.
@@ -124,17 +132,25 @@ def select_source_rows(index: Tensor, sources: int, group: int) -> tuple[Tensor 
     return source, 1
 
 
-def encode_source(model: EncoderDecoder, src: Tensor) -> tuple[Tensor, Tensor, bool]:
+def encode_source(
+    model: EncoderDecoder, src: Tensor, encoder: EncoderRunner | None = None
+) -> tuple[Tensor, Tensor, bool]:
     """Encode (B, S) source ids once for decoding: the encoder output (B, S, D), the (B, 1, 1, S)
     padding mask, and whether any source is padded.
 
     When none is (always at batch 1), no mask is applied at all, here or by the decoder's
     cross-attention: attending everywhere is what the all-True mask means, and it spares every
     cross-attention of every step the mask's work. One host sync per source batch.
+
+    ``encoder``: what runs the model's encoder on (ids, real-token mask or None), such as
+    :class:`~aiayn.decoding.encoder_inference.EncoderInference`; None = its module.
     """
     src_mask = model.source_mask(src)  # (B, 1, 1, S)
     padded = not bool(src_mask.all())
-    memory = model.encoder(src, src_mask if padded else None).memory  # (B, S, D)
+    if encoder is not None:
+        memory = encoder(src, src_mask[:, 0, 0, :] if padded else None)  # (B, S, D)
+    else:
+        memory = model.encoder(src, src_mask if padded else None).memory  # (B, S, D)
     return memory, src_mask, padded
 
 

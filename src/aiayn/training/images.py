@@ -17,7 +17,6 @@ Shape legend:  B images in a batch   C channels   H, W height and width   K labe
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -46,7 +45,15 @@ from aiayn.errors import UserError
 from aiayn.models.vit import ViT, ViTConfig
 from aiayn.training.config import ImageDataConfig, RunConfig
 from aiayn.training.loss import LossSums, label_smoothed_nll
-from aiayn.training.task import Criterion, FinalOutputs, Log, TaskData, print_main
+from aiayn.training.task import (
+    Criterion,
+    FinalOutputs,
+    Log,
+    TaskData,
+    print_checkpoint_report,
+    print_main,
+    refuse_options,
+)
 
 
 @dataclass
@@ -181,8 +188,7 @@ class ImageClassificationTask:
         self, model: nn.Module, data: TaskData, *, max_tokens: int, **options: Any
     ) -> dict[str, float]:
         """Validation loss, NLL, perplexity and accuracy (%)."""
-        if options:
-            raise TypeError(f"unknown evaluation option(s): {', '.join(sorted(options))}")
+        refuse_options(options)
         assert isinstance(model, ViT)
         return image_metrics(model, _image_data(data).valid, max_tokens, self.label_smoothing)
 
@@ -207,25 +213,9 @@ class ImageClassificationTask:
 
     def report(self, result: Any) -> None:
         """Validation accuracy of the last, best and averaged checkpoints, then the test's."""
-        print(
-            f"validation: accuracy {result.valid['accuracy']:.2f}%, loss "
-            f"{result.valid['loss']:.3f} ({result.final_checkpoint.name})"
-        )
-        best = Path(result.run_dir) / "checkpoints" / "best" / "state.json"
-        if best.is_file():
-            state = json.loads(best.read_text(encoding="utf-8"))
-            print(
-                f"best checkpoint: accuracy {state['metrics']['accuracy']:.2f}% at step "
-                f"{state['step']} ({best.parent})"
-            )
-        if result.averaged_valid is not None and result.averaged_checkpoint is not None:
-            print(
-                f"averaged checkpoint: accuracy {result.averaged_valid['accuracy']:.2f}% "
-                f"({result.averaged_checkpoint})"
-            )
-        if result.test is not None:
-            which = "averaged" if result.averaged_checkpoint is not None else "last"
-            print(f"test: accuracy {result.test['accuracy']:.2f}% ({which} checkpoint)")
+        v = result.valid
+        validation = f"accuracy {v['accuracy']:.2f}%, loss {v['loss']:.3f}"
+        print_checkpoint_report(result, validation, lambda m: f"accuracy {m['accuracy']:.2f}%")
 
 
 def image_metrics(

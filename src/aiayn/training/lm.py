@@ -36,7 +36,15 @@ from aiayn.errors import UserError
 from aiayn.models import GPT2, GPT2Config
 from aiayn.training.config import LMDataConfig, RunConfig
 from aiayn.training.objective import LanguageModelObjective
-from aiayn.training.task import Criterion, FinalOutputs, Log, TaskData, print_main
+from aiayn.training.task import (
+    Criterion,
+    FinalOutputs,
+    Log,
+    TaskData,
+    print_checkpoint_report,
+    print_main,
+    refuse_options,
+)
 
 DEMO_PROMPTS = {
     "en": ("I think", "Where is", "Tom said that", "The weather"),
@@ -219,8 +227,7 @@ class LanguageModelTask:
         self, model: nn.Module, data: TaskData, *, max_tokens: int, **options: Any
     ) -> dict[str, float]:
         """Validation loss, NLL and perplexity (every validation token but the first)."""
-        if options:
-            raise TypeError(f"unknown evaluation option(s): {', '.join(sorted(options))}")
+        refuse_options(options)
         assert isinstance(model, GPT2)
         return block_metrics(model, _lm_data(data).valid, max_tokens, self.label_smoothing)
 
@@ -243,18 +250,11 @@ class LanguageModelTask:
         return out
 
     def report(self, result: Any) -> None:
-        """Validation (and test) perplexity, then the samples."""
-        print(
-            f"validation: perplexity {result.valid['ppl']:.2f}, loss {result.valid['loss']:.3f} "
-            f"({result.final_checkpoint.name})"
-        )
-        if result.averaged_valid is not None and result.averaged_checkpoint is not None:
-            print(
-                f"averaged checkpoint: perplexity {result.averaged_valid['ppl']:.2f} "
-                f"({result.averaged_checkpoint})"
-            )
-        if result.test is not None:
-            print(f"test: perplexity {result.test['ppl']:.2f}")
+        """Validation perplexity of the last, best and averaged checkpoints, the test's, then
+        the samples."""
+        v = result.valid
+        validation = f"perplexity {v['ppl']:.2f}, loss {v['loss']:.3f}"
+        print_checkpoint_report(result, validation, lambda m: f"perplexity {m['ppl']:.2f}")
         if result.samples:
             print("\nsamples (greedy continuations of the prompts):")
             for prompt, text in result.samples:

@@ -23,7 +23,6 @@ V vocabulary
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,7 +56,15 @@ from aiayn.training.bert_start import (
 )
 from aiayn.training.config import BertDataConfig, RunConfig
 from aiayn.training.loss import LossSums, label_smoothed_nll
-from aiayn.training.task import Criterion, FinalOutputs, Log, TaskData, print_main
+from aiayn.training.task import (
+    Criterion,
+    FinalOutputs,
+    Log,
+    TaskData,
+    print_checkpoint_report,
+    print_main,
+    refuse_options,
+)
 
 
 @dataclass
@@ -214,8 +221,7 @@ class MaskedLMTask:
         self, model: nn.Module, data: TaskData, *, max_tokens: int, **options: Any
     ) -> dict[str, float]:
         """Loss, NLL, perplexity and accuracy (%) over the validation targets."""
-        if options:
-            raise TypeError(f"unknown evaluation option(s): {', '.join(sorted(options))}")
+        refuse_options(options)
         assert isinstance(model, BERT)
         return masked_lm_metrics(model, _mlm_data(data).valid, max_tokens, self.label_smoothing)
 
@@ -240,25 +246,12 @@ class MaskedLMTask:
 
     def report(self, result: Any) -> None:
         """Validation perplexity of the last, best and averaged checkpoints, then the test's."""
-        print(
-            f"validation: perplexity {result.valid['ppl']:.2f}, loss {result.valid['loss']:.3f}, "
-            f"accuracy {result.valid['accuracy']:.1f}% at the masked tokens "
-            f"({result.final_checkpoint.name})"
+        v = result.valid
+        validation = (
+            f"perplexity {v['ppl']:.2f}, loss {v['loss']:.3f}, accuracy {v['accuracy']:.1f}% "
+            "at the masked tokens"
         )
-        best = Path(result.run_dir) / "checkpoints" / "best" / "state.json"
-        if best.is_file():
-            state = json.loads(best.read_text(encoding="utf-8"))
-            print(
-                f"best checkpoint: perplexity {state['metrics']['ppl']:.2f} at step "
-                f"{state['step']} ({best.parent})"
-            )
-        if result.averaged_valid is not None and result.averaged_checkpoint is not None:
-            print(
-                f"averaged checkpoint: perplexity {result.averaged_valid['ppl']:.2f} "
-                f"({result.averaged_checkpoint})"
-            )
-        if result.test is not None:
-            print(f"test: perplexity {result.test['ppl']:.2f}")
+        print_checkpoint_report(result, validation, lambda m: f"perplexity {m['ppl']:.2f}")
 
 
 @torch.no_grad()

@@ -38,8 +38,9 @@ at the end       test ppl                            test accuracy
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -208,6 +209,36 @@ class Task(Protocol):
     def report(self, result: Any) -> None:
         """Print the end of ``aiayn train``'s output for a finished run (rank 0)."""
         ...
+
+
+def refuse_options(options: Mapping[str, Any]) -> None:
+    """Refuse the validation ``options`` a task's :meth:`Task.evaluate` does not know."""
+    if options:
+        raise TypeError(f"unknown evaluation option(s): {', '.join(sorted(options))}")
+
+
+def print_checkpoint_report(
+    result: Any, validation: str, headline: Callable[[Mapping[str, Any]], str]
+) -> None:
+    """The lines a task's :meth:`Task.report` starts with, for a finished run ``result`` (a
+    :class:`~aiayn.training.trainer.TrainResult`): ``validation`` (the final checkpoint's
+    validation metrics in the task's words), then the ``headline`` metric ("accuracy 97.00%")
+    of the ``best`` checkpoint (read from its state), of the averaged checkpoint, and of the
+    test set, with the checkpoint each came from."""
+    print(f"validation: {validation} ({result.final_checkpoint.name})")
+    best = Path(result.run_dir) / "checkpoints" / "best" / "state.json"
+    if best.is_file():
+        state = json.loads(best.read_text(encoding="utf-8"))
+        print(
+            f"best checkpoint: {headline(state['metrics'])} at step {state['step']} ({best.parent})"
+        )
+    if result.averaged_valid is not None and result.averaged_checkpoint is not None:
+        print(
+            f"averaged checkpoint: {headline(result.averaged_valid)} ({result.averaged_checkpoint})"
+        )
+    if result.test is not None:
+        which = "averaged" if result.averaged_checkpoint is not None else "last"
+        print(f"test: {headline(result.test)} ({which} checkpoint)")
 
 
 def make_task(run: RunConfig, log: Log = print_main) -> Task:

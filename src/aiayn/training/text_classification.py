@@ -25,7 +25,6 @@ Shape legend:  B examples in a batch   S positions   C labels
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -63,7 +62,15 @@ from aiayn.training.bert_start import (
 )
 from aiayn.training.config import BertDataConfig, RunConfig
 from aiayn.training.loss import LossSums, label_smoothed_nll
-from aiayn.training.task import Criterion, FinalOutputs, Log, TaskData, print_main
+from aiayn.training.task import (
+    Criterion,
+    FinalOutputs,
+    Log,
+    TaskData,
+    print_checkpoint_report,
+    print_main,
+    refuse_options,
+)
 
 
 @dataclass
@@ -240,8 +247,7 @@ class TextClassificationTask:
         self, model: nn.Module, data: TaskData, *, max_tokens: int, **options: Any
     ) -> dict[str, float]:
         """Validation loss, NLL, perplexity and accuracy (%)."""
-        if options:
-            raise TypeError(f"unknown evaluation option(s): {', '.join(sorted(options))}")
+        refuse_options(options)
         assert isinstance(model, BERT)
         valid = _classification_data(data).valid
         return classification_metrics(model, valid, max_tokens, self.label_smoothing)
@@ -267,25 +273,9 @@ class TextClassificationTask:
 
     def report(self, result: Any) -> None:
         """Validation accuracy of the last, best and averaged checkpoints, then the test's."""
-        print(
-            f"validation: accuracy {result.valid['accuracy']:.2f}%, loss "
-            f"{result.valid['loss']:.3f} ({result.final_checkpoint.name})"
-        )
-        best = Path(result.run_dir) / "checkpoints" / "best" / "state.json"
-        if best.is_file():
-            state = json.loads(best.read_text(encoding="utf-8"))
-            print(
-                f"best checkpoint: accuracy {state['metrics']['accuracy']:.2f}% at step "
-                f"{state['step']} ({best.parent})"
-            )
-        if result.averaged_valid is not None and result.averaged_checkpoint is not None:
-            print(
-                f"averaged checkpoint: accuracy {result.averaged_valid['accuracy']:.2f}% "
-                f"({result.averaged_checkpoint})"
-            )
-        if result.test is not None:
-            which = "averaged" if result.averaged_checkpoint is not None else "last"
-            print(f"test: accuracy {result.test['accuracy']:.2f}% ({which} checkpoint)")
+        v = result.valid
+        validation = f"accuracy {v['accuracy']:.2f}%, loss {v['loss']:.3f}"
+        print_checkpoint_report(result, validation, lambda m: f"accuracy {m['accuracy']:.2f}%")
 
 
 @torch.no_grad()

@@ -36,7 +36,7 @@ from aiayn.evaluation import corpus_bleu, corpus_chrf
 from aiayn.models import Transformer
 from aiayn.training.config import DataConfig, RunConfig
 from aiayn.training.objective import TranslationObjective
-from aiayn.training.task import Criterion, FinalOutputs, Log, TaskData, print_main
+from aiayn.training.task import Criterion, FinalOutputs, Log, TaskData, print_main, refuse_options
 
 DEMO_SENTENCES = (
     "I love you.",
@@ -220,8 +220,7 @@ class TranslationTask:
     ) -> dict[str, float]:
         """Validation loss, NLL, perplexity and greedy BLEU on ``bleu_sentences`` sentences
         (default: ``data.bleu_sentences``; 0 = all)."""
-        if options:
-            raise TypeError(f"unknown evaluation option(s): {', '.join(sorted(options))}")
+        refuse_options(options)
         assert isinstance(model, Transformer)
         prepared = _prepared(data)
         loss, nll, tokens = self._valid_loss(model, prepared, max_tokens)
