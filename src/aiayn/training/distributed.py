@@ -15,11 +15,11 @@ micro-batch of a step), small collectives that are no-ops in a one-process world
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,8 @@ from torch import nn
 
 from aiayn.errors import UserError
 from aiayn.layers import CrossAttentionBlock, SelfAttentionBlock
+
+T = TypeVar("T")
 
 STRATEGIES = ("ddp", "fsdp")
 # Rank 0 validates (greedy BLEU) and writes checkpoints while the other ranks wait in a
@@ -146,6 +148,42 @@ def barrier() -> None:
     """Wait for every rank (no-op with one process)."""
     if _active():
         dist.barrier()
+
+
+class RankZeroFailed(UserError):
+    """What rank 0 failed at in :func:`on_main`, raised on every rank with the same message
+    (rank 0's :class:`~aiayn.errors.UserError`, e.g. a checkpoint it cannot write)."""
+
+
+def on_main(work: Callable[[], T]) -> T | None:
+    """Run ``work`` on rank 0 only, while the other ranks wait; then every rank learns how it
+    went. Returns ``work``'s value on rank 0 and None on the others (one process: its value).
+
+    If ``work`` raises on rank 0, every rank raises together, instead of the others finding out
+    in their next collective (a peer-lost error there, or a wait for the group's timeout): a
+    :class:`~aiayn.errors.UserError` becomes :class:`RankZeroFailed` with its message on every
+    rank; any other exception keeps its traceback on rank 0, and the others raise a
+    ``RuntimeError`` naming it.
+    """
+    if not _active():
+        return work()
+    value: T | None = None
+    error: BaseException | None = None
+    if dist.get_rank() == 0:
+        try:
+            value = work()
+        except BaseException as caught:  # re-raised below, once the others know
+            error = caught
+    user = isinstance(error, UserError)
+    failure = broadcast_object(None if error is None else (user, str(error)))
+    if failure is None:
+        return value
+    user, message = failure
+    if user:
+        raise RankZeroFailed(message if error is not None else f"rank 0 stopped: {message}")
+    if error is not None:
+        raise error
+    raise RuntimeError(f"rank 0 failed ({message}); see its error above")
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

@@ -218,9 +218,12 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         if checkpoint is not None:
             self._restore(checkpoint)
-        if resume and self.dist.is_main:  # metrics.jsonl as of the checkpoint (none: empty)
+        if resume:  # metrics.jsonl as of the checkpoint (none: empty); rank 0 keeps it
             validated = self._last_valid is not None
-            self.history = resume_metrics(self.run_dir, self.step, validated=validated)
+            history = dist.on_main(
+                lambda: resume_metrics(self.run_dir, self.step, validated=validated)
+            )
+            self.history = history or []
         self.window = self._averaging_window(resume)
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -229,8 +232,7 @@ class Trainer:
         prepare = self.task.prepare_data
         if not self.dist.distributed:
             return prepare(self.run_dir, reuse_tokenizer=resume)
-        data = prepare(self.run_dir, reuse_tokenizer=resume) if self.dist.is_main else None
-        dist.barrier()
+        data = dist.on_main(lambda: prepare(self.run_dir, reuse_tokenizer=resume))
         if data is not None:
             return data
         if not (self.run_dir / "tokenizer.json").is_file():
@@ -245,9 +247,7 @@ class Trainer:
         same world size. What a crash left mid-save is tidied up first; a newer checkpoint that
         is unusable (a file missing, corrupt or cut short) is skipped with a warning naming the
         file and set aside as ``NAME.corrupt``, so that pruning never counts it."""
-        if self.dist.is_main:
-            tidy_checkpoints(self.run_dir / "checkpoints")
-        dist.barrier()
+        dist.on_main(lambda: tidy_checkpoints(self.run_dir / "checkpoints"))
         checkpoints = list_checkpoints(self.run_dir)
         seen = dist.all_gather_object(checkpoints[-1].name if checkpoints else None)
         if len(set(seen)) > 1:
@@ -299,8 +299,7 @@ class Trainer:
                 f"resume: warning: {path.name} is unusable ({problem}); resuming from "
                 f"{found.path.name} instead, and {path.name} is kept as {path.name}{CORRUPT}"
             )
-            if self.dist.is_main:
-                set_aside(path)
+        dist.on_main(lambda: [set_aside(path) for path, _ in unusable])
         return found
 
     def _restore(self, ckpt: Checkpoint) -> None:
@@ -366,7 +365,8 @@ class Trainer:
             dist.full_optimizer_state_dict(self.model, self.optimizer) if self.sharded else None
         )
         state = self._state(metrics)
-        if self.dist.is_main:
+
+        def write() -> None:
             save_checkpoint(
                 path,
                 model,
@@ -376,13 +376,17 @@ class Trainer:
                 optimizer_state=optimizer_state,
             )
             prune_checkpoints(self.run_dir, self.cfg.keep_last)
-        dist.barrier()
+
+        dist.on_main(write)
         self._last_saved = path
         return path
 
     def _record(self, entry: dict[str, Any]) -> None:
-        if not self.dist.is_main:
-            return
+        """Append ``entry`` to the history and metrics.jsonl (every rank calls; rank 0 writes)."""
+        dist.on_main(lambda: self._append(entry))
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        """:meth:`_record` on rank 0 alone (in its rank-0-only work)."""
         self.history.append(entry)
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
@@ -562,7 +566,7 @@ class Trainer:
         """Validate (rank 0; the others wait for its metrics) and save (every rank calls)."""
         model = self._full_model()
         metrics: dict[str, float] = dist.broadcast_object(
-            self.evaluate(model=model) if self.dist.is_main else None
+            dist.on_main(lambda: self.evaluate(model=model))
         )
         self._validated_at = self.step
         self._record({"kind": "valid", "step": self.step, **metrics})
@@ -572,16 +576,16 @@ class Trainer:
             # older checkpoint replays this validation and writes the same best again
             self.best = metrics[criterion.metric]
             state = self._state(metrics)
-            if self.dist.is_main:
-                best = self.run_dir / "checkpoints" / "best"
-                save_checkpoint(best, model, state, self.data.tokenizer_file)
+            best = self.run_dir / "checkpoints" / "best"
+            dist.on_main(lambda: save_checkpoint(best, model, state, self.data.tokenizer_file))
         path = self.save(metrics, model)
         log(f"valid step {self.step}: {self.task.metrics_line(metrics)} -> {path.name}")
-        if self.dist.is_main:
-            curves = self.run_dir / "curves.png"
-            plot_curves(
+        curves = self.run_dir / "curves.png"
+        dist.on_main(
+            lambda: plot_curves(
                 self.history, curves, criterion.metric, criterion.label, criterion.plot_title
             )
+        )
         return metrics
 
     # -- the loop --------------------------------------------------------------------------------
@@ -708,8 +712,8 @@ class Trainer:
         budget = step_budget(cfg.max_steps, cfg.max_epochs, epoch)
         plan = AveragingPlan.of(cfg.average_last, cfg.average_window, budget, cfg.max_minutes)
         window = AveragingWindow(self.run_dir / "checkpoints" / WINDOW_DIR, plan)
-        if resume and self.dist.is_main:
-            gone = window.forget_after(self.step)
+        if resume:
+            gone = dist.on_main(lambda: window.forget_after(self.step))
             if gone:
                 log(
                     f"resume: deleted the averaging checkpoints of steps {describe_steps(gone)} "
@@ -734,9 +738,8 @@ class Trainer:
         assert self.window is not None
         model = self._full_model()
         state = self._state()
-        if self.dist.is_main:
-            save_checkpoint(self.window.path(self.step), model, state, self.data.tokenizer_file)
-        dist.barrier()
+        path = self.window.path(self.step)
+        dist.on_main(lambda: save_checkpoint(path, model, state, self.data.tokenizer_file))
         self.window.saved_at = self.step
 
     def _average(self, result: TrainResult) -> nn.Module | None:
@@ -767,7 +770,7 @@ class Trainer:
             best = self.run_dir / "checkpoints" / "best"
             save_checkpoint(best, averaged.model, state, self.data.tokenizer_file)
         use = not criterion.better(last, value)
-        self._record(
+        self._append(
             {
                 "kind": "valid_averaged",
                 "step": self.step,
@@ -791,8 +794,10 @@ class Trainer:
         on rank 0 with the averaged model if it validates at least as well as the last
         checkpoint, else the last one."""
         model = self._full_model()  # collective under FSDP
-        if not self.dist.is_main:
-            return
+        dist.on_main(lambda: self._finish_on_main(result, model))
+
+    def _finish_on_main(self, result: TrainResult, model: nn.Module) -> None:
+        """:meth:`_finish`'s work on rank 0, with the full ``model``."""
         averaged = None if self.window is None else self._average(result)
         model = model if averaged is None else averaged
         was_training = model.training
@@ -802,31 +807,43 @@ class Trainer:
         finally:
             model.train(was_training)
         if final.test is not None:
-            self._record({"kind": "test", "step": self.step, **final.test})
+            self._append({"kind": "test", "step": self.step, **final.test})
         result.test, result.samples = final.test, final.samples
 
 
 def train(run: RunConfig, *, resume: bool = False, force: bool = False) -> TrainResult:
     """Train the model ``run`` describes (under torchrun: this process's part); see
     :class:`Trainer` (``force``: delete the run already in ``run_dir`` first). Every rank
-    returns rank 0's result, or raises :class:`TrainingDiverged` with the others."""
-    trainer = Trainer(run, resume=resume, force=force)
-    outcome = _fit(trainer)
-    if trainer.dist.distributed:
+    returns rank 0's result, or raises with the others: :class:`TrainingDiverged`, or the
+    :class:`~aiayn.training.distributed.RankZeroFailed` of what rank 0 failed at (a file it
+    could not write…), having left the process group together."""
+    failed: UserError
+    try:
+        trainer = Trainer(run, resume=resume, force=force)
+    except dist.RankZeroFailed as error:
+        failed = error.with_traceback(None)  # its frames hold the half-built trainer
+    else:
+        outcome = _fit(trainer)
+        distributed = trainer.dist.distributed
         del trainer  # DDP/FSDP hold the process group: free them before leaving it
-        gc.collect()
-        dist.cleanup()
-    if isinstance(outcome, TrainingDiverged):
-        raise outcome
-    return outcome
+        if not isinstance(outcome, UserError):
+            if distributed:
+                gc.collect()
+                dist.cleanup()
+            return outcome
+        failed = outcome
+    gc.collect()
+    dist.cleanup()
+    raise failed
 
 
-def _fit(trainer: Trainer) -> TrainResult | TrainingDiverged:
-    """``trainer.fit()``, or the :class:`TrainingDiverged` every rank raised at the same step
-    (without its traceback, which would keep the trainer and its process group alive)."""
+def _fit(trainer: Trainer) -> TrainResult | UserError:
+    """``trainer.fit()``, or the error every rank raised at the same step
+    (:class:`TrainingDiverged`, :class:`~aiayn.training.distributed.RankZeroFailed`), without
+    its traceback, which would keep the trainer and its process group alive."""
     try:
         return trainer.fit()
-    except TrainingDiverged as error:
+    except (TrainingDiverged, dist.RankZeroFailed) as error:
         return error.with_traceback(None)
 
 
