@@ -17,7 +17,6 @@ Shape legend:  B images in a batch   C channels   H, W height and width   K labe
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,10 +46,13 @@ from aiayn.training.config import ImageDataConfig, RunConfig
 from aiayn.training.loss import LossSums, label_smoothed_nll
 from aiayn.training.task import (
     Criterion,
+    EvalTally,
     FinalOutputs,
     Log,
     TaskData,
-    print_checkpoint_report,
+    accuracy_line,
+    accuracy_on_test,
+    print_accuracy_report,
     print_main,
     refuse_options,
 )
@@ -194,10 +196,7 @@ class ImageClassificationTask:
 
     def metrics_line(self, metrics: dict[str, float]) -> str:
         """Loss and accuracy."""
-        return (
-            f"loss {metrics['loss']:.3f} accuracy {metrics['accuracy']:.2f}% "
-            f"({int(metrics['images'])} images)"
-        )
+        return accuracy_line(metrics, "images")
 
     def finish(self, model: nn.Module, data: TaskData, run_dir: Path) -> FinalOutputs:
         """The test images' accuracy (when there are any)."""
@@ -205,17 +204,12 @@ class ImageClassificationTask:
         image_data, out = _image_data(data), FinalOutputs()
         if image_data.test is not None:
             out.test = image_metrics(model, image_data.test, self.run.train.max_tokens)
-            self.log(
-                f"test: accuracy {out.test['accuracy']:.2f}% "
-                f"({int(out.test['correct'])}/{int(out.test['images'])} images)"
-            )
+            self.log(accuracy_on_test(out.test, "images"))
         return out
 
     def report(self, result: Any) -> None:
         """Validation accuracy of the last, best and averaged checkpoints, then the test's."""
-        v = result.valid
-        validation = f"accuracy {v['accuracy']:.2f}%, loss {v['loss']:.3f}"
-        print_checkpoint_report(result, validation, lambda m: f"accuracy {m['accuracy']:.2f}%")
+        print_accuracy_report(result)
 
 
 def image_metrics(
@@ -225,8 +219,7 @@ def image_metrics(
     ``images`` (unshifted), in batches of ``max_tokens`` images."""
     device = model.embedder.projection.weight.device
     sampler = ImageBatchSampler(len(images), max_tokens, seed=0, shuffle=False)
-    loss = nll = 0.0
-    correct = 0
+    tally = EvalTally()
     with torch.no_grad():
         for ids in sampler.batches(0):
             batch = _unshifted(images, ids).to(device)
@@ -234,17 +227,8 @@ def image_metrics(
             assert logits is not None
             log_probs = F.log_softmax(logits.float(), dim=-1)
             sums = label_smoothed_nll(log_probs[None], batch.labels[None], label_smoothing, -1)
-            loss, nll = loss + sums.loss.item(), nll + sums.nll.item()
-            correct += int((logits.argmax(dim=-1) == batch.labels).sum().item())
-    n = len(images)
-    return {
-        "loss": loss / n,
-        "nll": nll / n,
-        "ppl": math.exp(min(nll / n, 700.0)),
-        "accuracy": 100.0 * correct / n,
-        "correct": correct,
-        "images": n,
-    }
+            tally.add(sums, (logits.argmax(dim=-1) == batch.labels).sum())
+    return tally.metrics(len(images), "images", accuracy=True)
 
 
 def _unshifted(images: ImageSet, ids: Sequence[int]) -> ImageBatch:

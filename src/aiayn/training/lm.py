@@ -15,7 +15,6 @@ Shape legend:  B blocks in a batch   T block length
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from aiayn.training.config import LMDataConfig, RunConfig
 from aiayn.training.objective import LanguageModelObjective
 from aiayn.training.task import (
     Criterion,
+    EvalTally,
     FinalOutputs,
     Log,
     TaskData,
@@ -273,19 +273,12 @@ def block_metrics(
     objective = LanguageModelObjective(model, label_smoothing)
     device = model.output_proj.weight.device
     sampler = BlockBatchSampler(blocks, max_tokens, seed=0, shuffle=False)
-    loss = nll = 0.0
+    tally = EvalTally()
     with torch.no_grad():
         for ids in sampler.batches(0):
             batch = blocks.collate(ids).to(device)
-            sums = objective(batch.inputs, batch.targets)
-            loss, nll = loss + sums.loss.item(), nll + sums.nll.item()
-    tokens = blocks.num_targets
-    return {
-        "loss": loss / tokens,
-        "nll": nll / tokens,
-        "ppl": math.exp(min(nll / tokens, 700.0)),
-        "tokens": tokens,
-    }
+            tally.add(objective(batch.inputs, batch.targets))
+    return tally.metrics(blocks.num_targets, "tokens")
 
 
 def greedy_samples(

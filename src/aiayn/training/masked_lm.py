@@ -23,7 +23,6 @@ V vocabulary
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +57,7 @@ from aiayn.training.config import BertDataConfig, RunConfig
 from aiayn.training.loss import LossSums, label_smoothed_nll
 from aiayn.training.task import (
     Criterion,
+    EvalTally,
     FinalOutputs,
     Log,
     TaskData,
@@ -263,23 +263,14 @@ def masked_lm_metrics(
     length-bucketed batches under ``max_tokens``."""
     device = model.encoder.embedder.embedding.weight.device
     sampler = EncoderBatchSampler(examples.texts.lengths, max_tokens, seed=0, shuffle=False)
-    loss = nll = 0.0
-    correct = 0
+    tally = EvalTally()
     for ids in sampler.batches(0):
         batch = examples.collate(ids).to(device)
         sums, logits, gold = masked_lm_sums(
             model, batch.inputs, batch.attention_mask, batch.labels, label_smoothing
         )
-        loss, nll = loss + sums.loss.item(), nll + sums.nll.item()
-        correct += int((logits.argmax(dim=-1) == gold).sum().item())
-    n = max(examples.num_targets, 1)
-    return {
-        "loss": loss / n,
-        "nll": nll / n,
-        "ppl": math.exp(min(nll / n, 700.0)),
-        "accuracy": 100.0 * correct / n,
-        "tokens": examples.num_targets,
-    }
+        tally.add(sums, (logits.argmax(dim=-1) == gold).sum())
+    return tally.metrics(examples.num_targets, "tokens", accuracy=True)
 
 
 def _mlm_data(data: TaskData) -> MaskedLMData:

@@ -25,7 +25,6 @@ Shape legend:  B examples in a batch   S positions   C labels
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,10 +63,13 @@ from aiayn.training.config import BertDataConfig, RunConfig
 from aiayn.training.loss import LossSums, label_smoothed_nll
 from aiayn.training.task import (
     Criterion,
+    EvalTally,
     FinalOutputs,
     Log,
     TaskData,
-    print_checkpoint_report,
+    accuracy_line,
+    accuracy_on_test,
+    print_accuracy_report,
     print_main,
     refuse_options,
 )
@@ -254,10 +256,7 @@ class TextClassificationTask:
 
     def metrics_line(self, metrics: dict[str, float]) -> str:
         """Loss and accuracy."""
-        return (
-            f"loss {metrics['loss']:.3f} accuracy {metrics['accuracy']:.2f}% "
-            f"({int(metrics['examples'])} examples)"
-        )
+        return accuracy_line(metrics, "examples")
 
     def finish(self, model: nn.Module, data: TaskData, run_dir: Path) -> FinalOutputs:
         """The test file's accuracy (when there is one)."""
@@ -265,17 +264,12 @@ class TextClassificationTask:
         cls_data, out = _classification_data(data), FinalOutputs()
         if cls_data.test is not None:
             out.test = classification_metrics(model, cls_data.test, self.run.train.max_tokens)
-            self.log(
-                f"test: accuracy {out.test['accuracy']:.2f}% "
-                f"({int(out.test['correct'])}/{int(out.test['examples'])} examples)"
-            )
+            self.log(accuracy_on_test(out.test, "examples"))
         return out
 
     def report(self, result: Any) -> None:
         """Validation accuracy of the last, best and averaged checkpoints, then the test's."""
-        v = result.valid
-        validation = f"accuracy {v['accuracy']:.2f}%, loss {v['loss']:.3f}"
-        print_checkpoint_report(result, validation, lambda m: f"accuracy {m['accuracy']:.2f}%")
+        print_accuracy_report(result)
 
 
 @torch.no_grad()
@@ -286,22 +280,12 @@ def classification_metrics(
     ``examples``, in length-bucketed batches under ``max_tokens``."""
     device = model.encoder.embedder.embedding.weight.device
     sampler = EncoderBatchSampler(examples.texts.lengths, max_tokens, seed=0, shuffle=False)
-    loss = nll = 0.0
-    correct = 0
+    tally = EvalTally()
     for ids in sampler.batches(0):
         batch = examples.collate(ids).to(device)
         sums, logits = classification_sums(model, batch, label_smoothing)
-        loss, nll = loss + sums.loss.item(), nll + sums.nll.item()
-        correct += int((logits.argmax(dim=-1) == batch.labels).sum().item())
-    n = len(examples)
-    return {
-        "loss": loss / n,
-        "nll": nll / n,
-        "ppl": math.exp(min(nll / n, 700.0)),
-        "accuracy": 100.0 * correct / n,
-        "correct": correct,
-        "examples": n,
-    }
+        tally.add(sums, (logits.argmax(dim=-1) == batch.labels).sum())
+    return tally.metrics(len(examples), "examples", accuracy=True)
 
 
 def _classification_data(data: TaskData) -> ClassificationData:

@@ -58,7 +58,7 @@ from aiayn.training.performance import configure_device, keep_freed_memory
 from aiayn.training.plot import plot_curves
 from aiayn.training.run_folder import check_resume, claim_fresh, resume_metrics
 from aiayn.training.schedule import transformer_lr
-from aiayn.training.task import Task, TaskData, make_task
+from aiayn.training.task import Task, TaskData, make_task, perplexity
 from aiayn.training.translation import PreparedData as PreparedData
 from aiayn.training.translation import prepare_data as prepare_data
 from aiayn.validation import resolve_device as resolve_device
@@ -692,7 +692,7 @@ class Trainer:
             "epoch": self.epoch,
             "loss": loss,
             "nll": nll,
-            "ppl": math.exp(min(nll, 50)),
+            "ppl": perplexity(nll),
             "lr": window[-1].lr,
             "tgt_tokens_per_s": rate,
             "padding": sum(o.padding for o in window) / len(window),

@@ -7,7 +7,6 @@ Shape legend:  B sentences in a batch   S source length   T target length
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,15 @@ from aiayn.evaluation import corpus_bleu, corpus_chrf
 from aiayn.models import Transformer
 from aiayn.training.config import DataConfig, RunConfig
 from aiayn.training.objective import TranslationObjective
-from aiayn.training.task import Criterion, FinalOutputs, Log, TaskData, print_main, refuse_options
+from aiayn.training.task import (
+    Criterion,
+    EvalTally,
+    FinalOutputs,
+    Log,
+    TaskData,
+    print_main,
+    refuse_options,
+)
 
 DEMO_SENTENCES = (
     "I love you.",
@@ -223,7 +230,7 @@ class TranslationTask:
         refuse_options(options)
         assert isinstance(model, Transformer)
         prepared = _prepared(data)
-        loss, nll, tokens = self._valid_loss(model, prepared, max_tokens)
+        tally, tokens = self._valid_loss(model, prepared, max_tokens)
         valid = prepared.valid
         n = self.data_cfg.bleu_sentences if bleu_sentences is None else bleu_sentences
         n = len(valid) if n == 0 else min(n, len(valid))
@@ -232,33 +239,23 @@ class TranslationTask:
         hyps = prepared.tokenizer.decode_batch([h[0].tokens for h in best])
         refs = [prepared.valid_pairs[int(i)][1] for i in valid.source_indices[:n]]
         bleu = corpus_bleu(hyps, refs).score
-        return {
-            "loss": loss / tokens,
-            "nll": nll / tokens,
-            "ppl": math.exp(nll / tokens),
-            "bleu": bleu,
-            "bleu_sentences": n,
-        }
+        return tally.metrics(tokens, "tokens") | {"bleu": bleu, "bleu_sentences": n}
 
     def _valid_loss(
         self, model: Transformer, data: PreparedData, max_tokens: int
-    ) -> tuple[float, float, float]:
-        """(Σ loss, Σ NLL, target tokens) over the validation pairs."""
+    ) -> tuple[EvalTally, int]:
+        """(Σ loss and Σ NLL, target tokens) over the validation pairs."""
         objective = TranslationObjective(model, self.label_smoothing)
         valid, device = data.valid, model.output_proj.weight.device
         sampler = TokenBatchSampler(
             valid.src_lengths, valid.tgt_lengths, max_tokens, seed=0, shuffle=False
         )
-        loss = nll = tokens = 0.0
+        tally, tokens = EvalTally(), 0
         for ids in sampler.batches(0):
             batch = valid.collate(ids).to(device)
-            sums = objective(batch.src, batch.tgt_in, batch.tgt_out, batch.num_tgt_tokens)
-            loss, nll, tokens = (
-                loss + sums.loss.item(),
-                nll + sums.nll.item(),
-                tokens + batch.num_tgt_tokens,
-            )
-        return loss, nll, tokens
+            tally.add(objective(batch.src, batch.tgt_in, batch.tgt_out, batch.num_tgt_tokens))
+            tokens += batch.num_tgt_tokens
+        return tally, tokens
 
     def metrics_line(self, metrics: dict[str, float]) -> str:
         """Loss, perplexity and BLEU."""
