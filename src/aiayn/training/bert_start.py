@@ -100,6 +100,23 @@ def sized_config(run: RunConfig, tokenizer: BertTokenizer, **changes: object) ->
     return config.replace(**changes) if changes else config
 
 
+class StartingBert:
+    """Builds a run's BERTs (:meth:`Task.new_model <aiayn.training.task.Task.new_model>`):
+    fresh, or holding the ``init_from`` checkpoint's weights (:func:`load_start_weights`), whose
+    report is logged for the first model only (FSDP builds more models to fill)."""
+
+    def __init__(self, init_from: str | None, log: Log):
+        self.init_from, self._log = init_from, log
+
+    def __call__(self, config: BertConfig) -> BERT:
+        """A BERT of ``config``, with the starting weights where the run has them."""
+        model = BERT(config)
+        if self.init_from is not None:
+            load_start_weights(model, self.init_from, self._log)
+            self._log = silent
+        return model
+
+
 def load_start_weights(model: BERT, init_from: str, log: Log) -> None:
     """Copy into ``model`` the tensors of the checkpoint ``init_from`` it has a place for (see
     the module docstring); log which parts start fresh and which of the checkpoint go unused."""

@@ -47,10 +47,9 @@ from aiayn.data.masking import IGNORE_INDEX
 from aiayn.errors import UserError
 from aiayn.models.bert import BERT, BertConfig
 from aiayn.training.bert_start import (
-    load_start_weights,
+    StartingBert,
     max_length,
     run_tokenizer,
-    silent,
     sized_config,
 )
 from aiayn.training.config import BertDataConfig, RunConfig
@@ -140,7 +139,7 @@ class MaskedLMTask:
         assert isinstance(run.model, BertConfig) and isinstance(run.data, BertDataConfig)
         self.run, self.data_cfg, self.log = run, run.data, log
         self.label_smoothing = run.train.label_smoothing or 0.0
-        self._start_log: Log = log
+        self._new_bert = StartingBert(run.init_from, log)
 
     # -- data ------------------------------------------------------------------------------------
     def prepare_data(self, run_dir: Path, *, reuse_tokenizer: bool) -> MaskedLMData:
@@ -188,11 +187,7 @@ class MaskedLMTask:
     def new_model(self, config: ModelConfig) -> BERT:
         """A freshly initialised BERT, or one holding the init_from checkpoint's weights."""
         assert isinstance(config, BertConfig)
-        model = BERT(config)
-        if self.run.init_from is not None:  # said once (FSDP builds more models to fill)
-            load_start_weights(model, self.run.init_from, self._start_log)
-            self._start_log = silent
-        return model
+        return self._new_bert(config)
 
     def objective(self, model: nn.Module) -> MaskedLMObjective:
         """Cross-entropy at the targets."""

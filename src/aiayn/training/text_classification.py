@@ -53,10 +53,9 @@ from aiayn.data.bert_tokenizer import BertTokenizer
 from aiayn.errors import UserError
 from aiayn.models.bert import BERT, BertConfig
 from aiayn.training.bert_start import (
-    load_start_weights,
+    StartingBert,
     max_length,
     run_tokenizer,
-    silent,
     sized_config,
 )
 from aiayn.training.config import BertDataConfig, RunConfig
@@ -145,7 +144,7 @@ class TextClassificationTask:
         assert isinstance(run.model, BertConfig) and isinstance(run.data, BertDataConfig)
         self.run, self.data_cfg, self.log = run, run.data, log
         self.label_smoothing = run.train.label_smoothing or 0.0
-        self._start_log: Log = log
+        self._new_bert = StartingBert(run.init_from, log)
 
     # -- data ------------------------------------------------------------------------------------
     def prepare_data(self, run_dir: Path, *, reuse_tokenizer: bool) -> ClassificationData:
@@ -216,11 +215,7 @@ class TextClassificationTask:
     def new_model(self, config: ModelConfig) -> BERT:
         """A freshly initialised BERT, or one holding the init_from checkpoint's weights."""
         assert isinstance(config, BertConfig)
-        model = BERT(config)
-        if self.run.init_from is not None:  # said once (FSDP builds more models to fill)
-            load_start_weights(model, self.run.init_from, self._start_log)
-            self._start_log = silent
-        return model
+        return self._new_bert(config)
 
     def objective(self, model: nn.Module) -> TextClassificationObjective:
         """Cross-entropy of the logits."""
