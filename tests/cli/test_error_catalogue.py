@@ -303,6 +303,14 @@ CASES = {
     "attention/out holds maps": Case(
         "attention --checkpoint {mt} --src hi --out {tmp}/maps", 2, "already holds attention.html"
     ),
+    "attention/sentence too long to draw": Case(
+        "attention --checkpoint {mt} --src '" + "cat " * 200 + "' --out {tmp}/m",
+        2,
+        "more than --max-tokens 160",
+    ),
+    "attention/max-tokens 0": Case(
+        "attention --checkpoint {mt} --src hi --max-tokens 0 --out {tmp}/m", 2, "--max-tokens"
+    ),
     "attention/language model": Case(
         "attention --checkpoint {gpt2} --src hi --out {tmp}/m", 2, "holds a gpt2 model"
     ),

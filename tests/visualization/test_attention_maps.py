@@ -8,19 +8,24 @@ import os
 import re
 import subprocess
 import sys
+import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from aiayn.cli.main import main
+from aiayn.config import preset
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import UserError
 from aiayn.models import Transformer
 from aiayn.training.checkpoint import load_checkpoint
 from aiayn.visualization.attention_maps import (
     KINDS,
     AttentionMaps,
     attention_filename,
+    check_length,
     collect_attention,
     greedy_translation,
     token_label,
@@ -107,6 +112,67 @@ def test_default_target_is_the_models_greedy_translation(
     expected = greedy_translation(model, tokenizer, src_ids)
     assert maps.target_labels == ["<s>", *(token_label(tokenizer, i) for i in expected)]
     assert maps.target == tokenizer.decode(expected)
+
+
+def test_length_limits() -> None:
+    check_length("the source sentence", 10, model_limit=10, max_tokens=10)  # at the limits
+    check_length("the source sentence", 500, model_limit=None, max_tokens=None)
+    with pytest.raises(UserError, match="source sentence has 11 tokens; this model's limit is 10"):
+        check_length("the source sentence", 11, model_limit=10, max_tokens=None)
+    with pytest.raises(UserError, match="has 11 tokens, more than --max-tokens 10"):
+        check_length("the target sentence", 11, model_limit=None, max_tokens=10)
+
+
+def test_a_sentence_past_learned_positions_is_refused(
+    model_and_tokenizer: tuple[Transformer, Tokenizer],
+) -> None:
+    _, tokenizer = model_and_tokenizer
+    torch.manual_seed(0)
+    config = preset("tiny", vocab_size=tokenizer.vocab_size, d_model=16, d_ff=32, num_heads=2)
+    s, t = len(tokenizer.encode(SOURCE)) + 1, len(tokenizer.encode(TARGET)) + 1  # EOS, BOS
+    learned = Transformer(replace(config, positional="learned", max_len=min(s, t) - 1))
+    limit = f"this model's limit is {min(s, t) - 1}"
+    with pytest.raises(UserError, match=f"source sentence has {s} tokens; {limit}"):
+        collect_attention(learned, tokenizer, SOURCE, "der")
+    with pytest.raises(UserError, match=f"target sentence has {t} tokens; {limit}"):
+        collect_attention(learned, tokenizer, "the", TARGET)
+
+
+def test_maps_show_the_whole_sentence_past_sinusoidal_max_len(
+    model_and_tokenizer: tuple[Transformer, Tokenizer],
+) -> None:
+    """Sinusoidal positions go on past max_len: the source is drawn whole, and the model's own
+    translation is of that whole source (translating a file truncates it at max_len, with a
+    warning; here that would draw one sentence and translate another)."""
+    model, tokenizer = model_and_tokenizer
+    assert model.config.positional == "sinusoidal"
+    long = " ".join(["cat"] * model.config.max_len)
+    n = len(tokenizer.encode(long))
+    assert n >= model.config.max_len
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no truncation warning
+        maps = collect_attention(model, tokenizer, long)
+    assert len(maps.source_labels) == n + 1 and maps.cross[0].shape[-1] == n + 1
+
+
+@pytest.mark.parametrize("side", ["source", "target", "translation"])
+def test_max_tokens_refuses_each_side(
+    model_and_tokenizer: tuple[Transformer, Tokenizer], side: str
+) -> None:
+    model, tokenizer = model_and_tokenizer
+    s, t = len(tokenizer.encode(SOURCE)) + 1, len(tokenizer.encode(TARGET)) + 1  # EOS, BOS
+    if side == "source":
+        with pytest.raises(UserError, match=f"source sentence has {s} tokens, more than"):
+            collect_attention(model, tokenizer, SOURCE, SOURCE, max_tokens=s - 1)
+    elif side == "target":
+        with pytest.raises(UserError, match=f"target sentence has {t} tokens, more than"):
+            collect_attention(model, tokenizer, SOURCE, TARGET, max_tokens=t - 1)
+    else:
+        own = len(greedy_translation(model, tokenizer, tokenizer.encode(SOURCE))) + 1  # + BOS
+        with pytest.raises(UserError, match=f"model's translation .* has {own} tokens"):
+            collect_attention(model, tokenizer, SOURCE, max_tokens=own - 1)
+    maps = collect_attention(model, tokenizer, SOURCE, TARGET, max_tokens=max(s, t))  # fits
+    assert (len(maps.source_labels), len(maps.target_labels)) == (s, t)
 
 
 def test_token_labels(model_and_tokenizer: tuple[Transformer, Tokenizer]) -> None:
@@ -206,6 +272,21 @@ def test_cli_rejects_empty_sentences(
     err = capsys.readouterr().err
     assert err.startswith("aiayn attention: error: ") and message in err
     assert "Traceback" not in err
+
+
+def test_cli_refuses_sentences_too_long_to_draw_before_writing(
+    checkpoint_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The default --max-tokens: a paragraph-long sentence is one line and exit 2 (before, a
+    600-token sentence drew for minutes in gigabytes, and 3,000 tokens ran out of memory)."""
+    long = " ".join(["cat"] * 200)
+    out = tmp_path / "maps"
+    argv = ["attention", "--checkpoint", str(checkpoint_dir), "--src", long, "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "source sentence has 201 tokens, more than --max-tokens 160" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+    assert main([*argv, "--tgt", TARGET, "--max-tokens", "201", "--no-png"]) == 0
 
 
 def test_cli_missing_checkpoint_exits_2_without_traceback(tmp_path: Path) -> None:

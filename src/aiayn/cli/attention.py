@@ -29,6 +29,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from aiayn.validation import PositiveInt, flag_type
+
+MAX_TOKENS = 160
+"""The default ``--max-tokens``: the most tokens a side of a map (source with EOS, decoder input
+with BOS). Labelled maps beyond it are unreadable, and their figures, which grow with the square
+of the tokens, take minutes and gigabytes to draw."""
+
 
 def register(subparsers: Any) -> None:
     """Add the ``attention`` sub-command."""
@@ -54,6 +61,13 @@ def register(subparsers: Any) -> None:
         "--tgt",
         default=None,
         help="the target sentence, with --src (default: the model's own greedy translation)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=flag_type(PositiveInt),
+        default=MAX_TOKENS,
+        help="refuse sentences of more tokens than this a side (with EOS or BOS): larger maps "
+        f"are unreadable and slow to draw (default {MAX_TOKENS})",
     )
     p.add_argument("--out", default="attention_maps", help="output folder (created)")
     p.add_argument("--no-png", action="store_true", help="write only the HTML page")
@@ -118,7 +132,9 @@ def _run_translation(args: argparse.Namespace, out: Path) -> int:
 
     checkpoint = load_checkpoint(args.checkpoint)
     tokenizer = Tokenizer.load(checkpoint.tokenizer_path)
-    maps = collect_attention(checkpoint.model, tokenizer, args.src, args.tgt)
+    maps = collect_attention(
+        checkpoint.model, tokenizer, args.src, args.tgt, max_tokens=args.max_tokens
+    )
     print(f"source: {maps.source}")
     print(f"target ({'model translation' if maps.target_from_model else 'given'}): {maps.target}")
     print(f"tokens: {len(maps.source_labels)} source, {len(maps.target_labels)} decoder input")

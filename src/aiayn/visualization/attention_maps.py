@@ -18,6 +18,12 @@ decoder, the query at input token ``y_i`` is the one that predicts ``y_{i+1}``.
 no display), named like ``encoder_self_L1_H2.png`` (layers and heads count from 1), plus one
 overview per kind (``encoder_self_all.png``: every layer × head).
 
+A sentence must fit the model (with learned positions at most ``max_len`` tokens with its EOS
+or BOS; what is drawn is what the model saw, never a truncation of it) and, when given,
+``max_tokens`` a side: beyond a few
+hundred tokens labelled maps are unreadable and take minutes and gigabytes to draw (a map's
+figure grows with the square of its tokens; ``aiayn attention --max-tokens``).
+
 Token labels are the subword tokens decoded one by one; a leading space (the start of a word) is
 shown as ``▁``, special tokens by name (``<s>``, ``</s>``).
 
@@ -46,6 +52,7 @@ __all__ = [
     "KIND_TITLES",
     "AttentionMaps",
     "attention_filename",
+    "check_length",
     "collect_attention",
     "draw_heatmap",
     "greedy_translation",
@@ -140,14 +147,32 @@ def greedy_translation(
     model: Transformer, tokenizer: Tokenizer, src_ids: Sequence[int], *, extra_len: int = 50
 ) -> list[int]:
     """The model's greedy translation of one encoded sentence (ids without BOS/EOS), at most
-    ``len(src_ids) + extra_len`` tokens (§6.1), with the shared KV-cached decoder."""
-    options = DecodeOptions(beam_size=1, extra_len=extra_len)
+    ``len(src_ids) + extra_len`` tokens (§6.1), with the shared KV-cached decoder; of the whole
+    sentence, which the maps show (translating files truncates at the model's ``max_len``)."""
+    options = DecodeOptions(beam_size=1, extra_len=extra_len, max_src_tokens=max(1, len(src_ids)))
     return translate_ids(model, [list(src_ids)], tokenizer, options)[0][0].tokens
+
+
+def check_length(what: str, tokens: int, model_limit: int | None, max_tokens: int | None) -> None:
+    """Refuse ``tokens`` (of ``what``: "the source sentence") beyond the model's learned
+    positions ``model_limit`` or the drawing limit ``max_tokens`` (None: no such limit)."""
+    if model_limit is not None and tokens > model_limit:
+        raise UserError(f"{what} has {tokens} tokens; this model's limit is {model_limit}")
+    if max_tokens is not None and tokens > max_tokens:
+        raise UserError(
+            f"{what} has {tokens} tokens, more than --max-tokens {max_tokens}: maps that size are "
+            "unreadable and take minutes and gigabytes to draw; shorten it or raise --max-tokens"
+        )
 
 
 @torch.no_grad()
 def collect_attention(
-    model: Transformer, tokenizer: Tokenizer, source: str, target: str | None = None
+    model: Transformer,
+    tokenizer: Tokenizer,
+    source: str,
+    target: str | None = None,
+    *,
+    max_tokens: int | None = None,
 ) -> AttentionMaps:
     """Run ``model`` once on (source, target) and return the attention of every layer and head.
 
@@ -158,28 +183,30 @@ def collect_attention(
         source: the source sentence.
         target: the target sentence; None = the model's own greedy translation (§6.1 length
             limit: source length + 50).
+        max_tokens: the most tokens a side of a map may have (source with EOS, decoder input
+            with BOS; None: the model's limit only).
 
     Raises:
-        UserError: an empty sentence, or one longer than the model's ``max_len``.
+        UserError: an empty sentence, or one longer than the model's learned positions or
+            ``max_tokens`` (see the module docstring).
     """
-    src_ids = _encode_sentence(tokenizer, source, "the source sentence")
+    src_row = [*_encode_sentence(tokenizer, source, "the source sentence"), tokenizer.eos_id]
+    learned = model.config.positional == "learned"  # sinusoidal positions go on (§3.5)
+    limit = model.config.max_len if learned else None
+    check_length("the source sentence", len(src_row), limit, max_tokens)  # S: with EOS
     was_training = model.training
     model.eval()
     try:
         if target is None:
-            tgt_ids = greedy_translation(model, tokenizer, src_ids)
+            tgt_ids = greedy_translation(model, tokenizer, src_row[:-1])
             target_text = tokenizer.decode(tgt_ids)
+            what = "the model's translation (give --tgt instead)"
         else:
             tgt_ids = _encode_sentence(tokenizer, target, "the target sentence")
             target_text = " ".join(target.split())
-        src_row = [*src_ids, tokenizer.eos_id]  # S tokens: as the translators feed the encoder
+            what = "the target sentence"
         tgt_row = [tokenizer.bos_id, *tgt_ids]  # T tokens: the outputs shifted right (§3.1)
-        limit = model.config.max_len
-        for name, row in (("source", src_row), ("target", tgt_row)):
-            if len(row) > limit and model.config.positional == "learned":
-                raise UserError(
-                    f"the {name} sentence has {len(row)} tokens; this model's limit is {limit}"
-                )
+        check_length(what, len(tgt_row), limit, max_tokens)
         device = next(model.parameters()).device
         src = torch.tensor([src_row], device=device)  # (1, S)
         tgt = torch.tensor([tgt_row], device=device)  # (1, T)
