@@ -107,6 +107,10 @@ def test_refusals_are_one_line(
 ) -> None:
     code, _, err = run_cli("fill-mask", "--checkpoint", mlm["ckpt"], "no mask here")
     assert code == 2 and "no [MASK] in 'no mask here'" in err and "\n" not in err.strip()
+    long = "the cat [MASK] " + "sat " * 70 + "[MASK] ."  # max_position_embeddings 64
+    code, _, err = run_cli("fill-mask", "--checkpoint", mlm["ckpt"], long)
+    assert code == 2 and "\n" not in err.strip()
+    assert "1 of the 2 [MASK] lie past the 64 tokens the model reads" in err
     hf = BertForSequenceClassification(_config(num_labels=3))
     folder = hf_bert_folder(tmp_path / "cls", hf, CORPUS, 120)
     assert run_cli("convert", "--from-hf", folder, "--to", tmp_path / "c")[0] == 0

@@ -43,15 +43,28 @@ def fill_mask(
     filled (other masks left as they are), decoded without special tokens.
 
     Raises:
-        UserError: when ``text`` has no mask token, or ``top_k`` is not in 1..V.
+        UserError: when ``text`` has no mask token, or one past the tokens the model reads
+            (the text is truncated to them), or ``top_k`` is not in 1..V.
     """
     if not 1 <= top_k <= model.config.vocab_size:
         raise UserError(f"top-k must be in 1..{model.config.vocab_size}, got {top_k}")
     encoded = tokenizer.encode(text)
     ids = torch.tensor([encoded.ids])  # (1, S)
     where = (ids[0] == tokenizer.mask_id).nonzero()[:, 0].tolist()
+    mask = tokenizer.convert_ids_to_tokens(tokenizer.mask_id)
+    written = text.count(mask)
+    if len(where) < written:
+        which = (
+            f"the {mask} lies"
+            if written == 1
+            else f"{written - len(where)} of the {written} {mask} lie"
+        )
+        raise UserError(
+            f"{which} past the {len(encoded.ids)} tokens the model reads (the text is cut "
+            "there): shorten the text"
+        )
     if not where:
-        raise UserError(f"no {tokenizer.convert_ids_to_tokens(tokenizer.mask_id)} in {text!r}")
+        raise UserError(f"no {mask} in {text!r}")
     model.eval()
     hidden = BertInference(model)(ids, torch.tensor([encoded.token_types])).hidden  # (1, S, D)
     probs = torch.softmax(model.mlm_logits(hidden[:, where]).float(), dim=-1)[0]  # (M, V)
