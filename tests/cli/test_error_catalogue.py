@@ -260,6 +260,12 @@ CASES = {
     "average/missing checkpoint": Case(
         "average {tmp}/nope {mt} --out {tmp}/avg", 2, "no checkpoint found"
     ),
+    "average/a checkpoint given twice": Case(
+        "average {mt} {mt}/. --out {tmp}/avg", 2, "is given twice"
+    ),
+    "average/run folder and checkpoints": Case(
+        "average {mt} --run-dir {tmp}/run --out {tmp}/avg", 2, "not both"
+    ),
     "average/output exists": Case("average {mt} --out {gpt2}", 2, "exists: pass --force"),
     "average/force over a folder of other files": Case(
         "average {mt} --out {tmp}/nohf --force", 2, "not an aiayn checkpoint"
@@ -646,6 +652,9 @@ def test_average_replaces_only_with_force_and_survives_a_full_disk(
     assert sorted(p.name for p in run.iterdir()) == ["step_00000001", "step_00000002"]
 
     out = tmp_path / "avg"
+    status, stdout, err = run_cli(capsys, [*argv[:-2], "3", "--out", str(tmp_path / "avg3")])
+    assert status == 0 and "holds 2 checkpoint(s); averaging all of them (--last 3)" in err
+    assert "averaged 2 checkpoints (step_00000001, step_00000002)" in stdout
     assert run_cli(capsys, [*argv, str(out)])[0] == 0
     status, _, err = run_cli(capsys, [*argv, str(out)])
     assert status == 2

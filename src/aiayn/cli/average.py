@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +39,41 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.errors import UserError
     from aiayn.training.checkpoint import average_checkpoints, list_checkpoints
 
+    if args.checkpoints and args.run_dir:
+        raise UserError("give checkpoint folders or --run-dir, not both")
     if args.checkpoints:
         paths = [Path(p) for p in args.checkpoints]
+        _refuse_repeats(paths)
     elif args.run_dir:
-        paths = list_checkpoints(args.run_dir)[-args.last :]
-        if not paths:
+        found = list_checkpoints(args.run_dir)
+        if not found:
             raise UserError(f"no checkpoints under {args.run_dir}/checkpoints")
+        if len(found) < args.last:
+            print(
+                f"aiayn average: warning: {args.run_dir} holds {len(found)} checkpoint(s); "
+                f"averaging all of them (--last {args.last})",
+                file=sys.stderr,
+            )
+        paths = found[-args.last :]
     else:
         raise UserError("give checkpoint folders or --run-dir")
     out = check_checkpoint_out(args.out, force=args.force, flag="--out")
     with staged_tree(out) as staged:  # the old --out stays until the new one is complete
         average_checkpoints(paths, staged)
-    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) -> {out}")
+    n = f"{len(paths)} checkpoint{'s' if len(paths) > 1 else ''}"
+    print(f"averaged {n} ({', '.join(p.name for p in paths)}) -> {out}")
     return 0
+
+
+def _refuse_repeats(paths: list[Path]) -> None:
+    """Refuse a checkpoint given twice (it would count twice in the average)."""
+    from aiayn.errors import UserError
+
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        key = path.resolve()
+        if key in seen:
+            raise UserError(
+                f"{path} is given twice (as {seen[key]} before): each checkpoint counts once"
+            )
+        seen[key] = path
