@@ -266,6 +266,12 @@ CASES = {
     "average/run folder and checkpoints": Case(
         "average {mt} --run-dir {tmp}/run --out {tmp}/avg", 2, "not both"
     ),
+    "average/a Hugging Face folder": Case(
+        "average {tmp}/hf --out {tmp}/avg",
+        2,
+        "is a Hugging Face model folder, not an aiayn checkpoint: convert it first",
+        lambda tmp, _: (tmp / "hf").mkdir() or (tmp / "hf" / "config.json").write_text("{}"),
+    ),
     "average/output exists": Case("average {mt} --out {gpt2}", 2, "exists: pass --force"),
     "average/force over a folder of other files": Case(
         "average {mt} --out {tmp}/nohf --force", 2, "not an aiayn checkpoint"

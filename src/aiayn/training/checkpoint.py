@@ -642,6 +642,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
     steps = list_checkpoints(folder)
     if steps:
         return steps[-1]
+    if (folder / "config.json").is_file():  # a Hugging Face model folder
+        raise UserError(
+            f"{folder} is a Hugging Face model folder, not an aiayn checkpoint: convert it "
+            f"first: aiayn convert --from-hf {folder} --to DIR"
+        )
     raise UserError(f"no checkpoint found at {folder} (expected {STATE_FILE} or checkpoints/)")
 
 
