@@ -8,9 +8,9 @@ Presets ``base`` and ``big`` are Table 3 of the paper (N, d_model, d_ff, h, d_k,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from aiayn.errors import ConfigError
 from aiayn.validation import (
@@ -33,6 +33,8 @@ class ModelConfig:
     """What every family's frozen config dataclass shares: a validated copy with changes, and a
     round trip through plain dicts in which unknown keys are errors naming them."""
 
+    d_model: int  # every family has a model width D (the schedule of eq. 3 reads it)
+
     def replace(self: _C, **changes: Any) -> _C:
         """A copy with some fields changed (validated; unknown keys rejected)."""
         return type(self).from_dict({**self.to_dict(), **changes})
@@ -41,6 +43,14 @@ class ModelConfig:
         """The settable fields as a plain dict (JSON/YAML friendly)."""
         assert dataclasses.is_dataclass(self)
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+
+    def with_vocab_size(self: _C, vocab_size: int) -> _C:
+        """A copy for a vocabulary of ``vocab_size`` tokens (a family without one refuses)."""
+        return self.replace(vocab_size=vocab_size)
+
+    def summary(self) -> str:
+        """The architecture in one line ("N=6+6 d_model=512 …"), for ``aiayn params``."""
+        return " ".join(f"{k}={v}" for k, v in self.to_dict().items())
 
     @classmethod
     def from_dict(cls: type[_C], values: Mapping[str, Any]) -> _C:
@@ -136,38 +146,100 @@ class TransformerConfig(ModelConfig):
         """The target vocabulary size, resolving ``tgt_vocab_size=None``."""
         return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
 
-
-PRESETS: dict[str, TransformerConfig] = {
-    # Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=64, P_drop=0.1, ε_ls=0.1 (65M).
-    "base": TransformerConfig(),
-    # Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, d_k=d_v=64, P_drop=0.3, ε_ls=0.1 (213M).
-    "big": TransformerConfig(d_model=1024, d_ff=4096, num_heads=16, dropout=0.3),
-    # CPU-sized: the width of the Multi30k reference peer (d_model 256, 4 heads, d_ff 1024, 3+3).
-    "small": TransformerConfig(
-        vocab_size=8000,
-        d_model=256,
-        d_ff=1024,
-        num_heads=4,
-        num_encoder_layers=3,
-        num_decoder_layers=3,
-        max_len=512,
-    ),
-    # For tests and demonstrations in seconds.
-    "tiny": TransformerConfig(
-        vocab_size=1000,
-        d_model=64,
-        d_ff=256,
-        num_heads=4,
-        num_encoder_layers=2,
-        num_decoder_layers=2,
-        max_len=256,
-    ),
-}
+    def summary(self) -> str:
+        """The architecture in one line, Table 3's names."""
+        return (
+            f"N={self.num_encoder_layers}+{self.num_decoder_layers} d_model={self.d_model} "
+            f"d_ff={self.d_ff} h={self.num_heads} d_k={self.d_k} vocab={self.vocab_size} "
+            f"shared={self.share_embeddings} tied={self.tie_output}"
+        )
 
 
-def preset(name: str, **overrides: Any) -> TransformerConfig:
-    """A named preset (``base``, ``big``, ``small``, ``tiny``), optionally with fields changed."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
-    config = PRESETS[name]
-    return config.replace(**overrides) if overrides else config
+@dataclass(frozen=True)
+class Published:
+    """A published parameter count of a preset.
+
+    Attributes:
+        count: the parameters of the published model.
+        vocab_size: the vocabulary size the count holds for (0: no vocabulary, e.g. images).
+        source: where it is published, in words ("paper (Table 3)").
+    """
+
+    count: int
+    vocab_size: int
+    source: str
+
+
+class Presets(Mapping[str, _C], Generic[_C]):
+    """A family's named configs (a read-only mapping), with their published parameter counts.
+
+    ``presets.build(name, **overrides)`` is the preset with fields changed (validated); an
+    unknown name is a :class:`ConfigError` naming it and the choices.
+    """
+
+    def __init__(
+        self,
+        title: str,
+        configs: Mapping[str, _C],
+        published: Mapping[str, Published] | None = None,
+    ) -> None:
+        self.title = title
+        self._configs = dict(configs)
+        self.published: dict[str, Published] = dict(published or {})
+        unknown = sorted(set(self.published) - set(self._configs))
+        assert not unknown, f"published counts of unknown presets: {unknown}"
+
+    def __getitem__(self, name: str) -> _C:
+        return self._configs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._configs)
+
+    def __len__(self) -> int:
+        return len(self._configs)
+
+    def build(self, name: str, **overrides: Any) -> _C:
+        """The preset ``name``, optionally with fields changed."""
+        if name not in self._configs:
+            what = f"{self.title} preset" if self.title else "preset"
+            raise ConfigError(f"unknown {what} {name!r} (choose from {', '.join(self)})")
+        config = self._configs[name]
+        return config.replace(**overrides) if overrides else config
+
+
+PRESETS: Presets[TransformerConfig] = Presets(
+    "",
+    {
+        # Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=64, P_drop=0.1, ε_ls=0.1.
+        "base": TransformerConfig(),
+        # Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, d_k=d_v=64, P_drop=0.3, ε_ls=0.1.
+        "big": TransformerConfig(d_model=1024, d_ff=4096, num_heads=16, dropout=0.3),
+        # CPU-sized: the width of the Multi30k reference peer (d_model 256, 4 heads, d_ff 1024).
+        "small": TransformerConfig(
+            vocab_size=8000,
+            d_model=256,
+            d_ff=1024,
+            num_heads=4,
+            num_encoder_layers=3,
+            num_decoder_layers=3,
+            max_len=512,
+        ),
+        # For tests and demonstrations in seconds.
+        "tiny": TransformerConfig(
+            vocab_size=1000,
+            d_model=64,
+            d_ff=256,
+            num_heads=4,
+            num_encoder_layers=2,
+            num_decoder_layers=2,
+            max_len=256,
+        ),
+    },
+    published={  # Table 3 of the paper, with its 37k BPE vocabulary
+        "base": Published(65_000_000, 37000, "paper (Table 3)"),
+        "big": Published(213_000_000, 37000, "paper (Table 3)"),
+    },
+)
+
+preset = PRESETS.build
+"""A named preset (``base``, ``big``, ``small``, ``tiny``), optionally with fields changed."""

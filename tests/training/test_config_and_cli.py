@@ -11,7 +11,8 @@ import yaml
 
 from aiayn.cli.main import main
 from aiayn.errors import ConfigError
-from aiayn.training.config import DEMO_CONFIG, load_run_config, run_config_from_dict, yaml_problem
+from aiayn.training.config import load_run_config, run_config_from_dict, yaml_problem
+from aiayn.training.translation import DEMO_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 

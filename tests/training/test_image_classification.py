@@ -31,12 +31,11 @@ from aiayn.errors import ConfigError
 from aiayn.models.vit import ViT, vit_preset
 from aiayn.training.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.training.config import (
-    VIT_DEMO_CONFIG,
     RunConfig,
     load_run_config,
     run_config_from_dict,
 )
-from aiayn.training.images import ImageClassificationObjective, ImageData
+from aiayn.training.images import VIT_DEMO_CONFIG, ImageClassificationObjective, ImageData
 from aiayn.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,11 +21,11 @@ from aiayn.errors import ConfigError
 from aiayn.models import GPT2, gpt2_preset
 from aiayn.training.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from aiayn.training.config import (
-    LM_DEMO_CONFIG,
     RunConfig,
     load_run_config,
     run_config_from_dict,
 )
+from aiayn.training.lm import LM_DEMO_CONFIG
 from aiayn.training.loss import label_smoothed_nll
 from aiayn.training.objective import LanguageModelObjective
 from aiayn.training.trainer import Trainer

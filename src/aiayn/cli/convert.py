@@ -22,12 +22,13 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     """Add the ``convert`` sub-command."""
+    from aiayn.models.families import conversion_directions
+
     p = subparsers.add_parser(
         "convert",
         help="convert a Hugging Face model (folder or Hub name) to an aiayn checkpoint, or back",
         description="Convert pretrained weights exactly: every tensor is used, shapes are "
-        "checked, unsupported options are refused by name. Families: GPT-2 (model_type gpt2), "
-        "T5 (t5) and Marian/OPUS-MT (marian); back to Hugging Face: GPT-2.",
+        f"checked, unsupported options are refused by name. {conversion_directions()}",
     )
     p.add_argument("--from-hf", metavar="DIR_OR_NAME", help="Hugging Face folder or Hub name")
     p.add_argument("--to", metavar="DIR", help="aiayn checkpoint folder to write (with --from-hf)")

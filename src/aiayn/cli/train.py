@@ -10,6 +10,8 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     """Add the ``train`` sub-command."""
+    from aiayn.models.families import demo_runs
+
     p = subparsers.add_parser(
         "train",
         help="train a translation Transformer or a GPT-2 language model (default: built-in demo)",
@@ -22,13 +24,14 @@ def register(subparsers: Any) -> None:
         "data.task says (configs/bert_mlm.yaml, configs/bert_classify.yaml).",
     )
     p.add_argument("--config", help="YAML run config (see configs/); default: the built-in demo")
+    demos = list(demo_runs())
     p.add_argument(
         "--demo",
-        choices=("translation", "lm", "vit"),
-        default="translation",
-        help="the built-in run without --config: the EN-DE translation demo (default) or a "
-        "GPT-2-architecture language model on the demo corpus's English side (as "
-        "configs/lm_demo.yaml), which prints samples",
+        choices=demos,
+        default=demos[0],
+        help="the built-in run without --config: the EN-DE translation demo (default), a "
+        "GPT-2-architecture language model on the demo corpus's English side (lm, as "
+        "configs/lm_demo.yaml), which prints samples, or a ViT on scikit-learn's digits (vit)",
     )
     p.add_argument(
         "--set",
@@ -59,6 +62,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train, then print the result and the task's report (demo translations, samples…)."""
     from aiayn.errors import UserError
+    from aiayn.models.families import demo_runs
     from aiayn.training.config import load_run_config
     from aiayn.training.distributed import is_main_process
     from aiayn.training.task import make_task
@@ -67,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.run_dir:
         overrides.append(f"run_dir={args.run_dir}")
-    if args.config is not None and args.demo != "translation":
-        raise UserError("give --config FILE or --demo lm, not both")
+    if args.config is not None and args.demo != next(iter(demo_runs())):
+        raise UserError(f"give --config FILE or --demo {args.demo}, not both")
     config = load_run_config(args.config, overrides, demo=args.demo)
     try:
         result = train(config, resume=args.resume, force=args.force)

@@ -35,6 +35,7 @@ Shape legend:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -42,6 +43,7 @@ from torch import Tensor
 
 from aiayn.config import Activation, TransformerConfig
 from aiayn.convert.generation import Seq2SeqSpecials, generation_defaults, is_token_id
+from aiayn.data.pretrained_tokenizer import PretrainedTokenizer, pretrained_tokenizer_from_hf
 from aiayn.errors import UserError
 from aiayn.layers.embedding import sinusoidal_encoding
 from aiayn.models.transformer import Transformer, build_positional
@@ -474,3 +476,8 @@ __all__ = [
     "marian_generation_defaults",
     "marian_state_dict_from_hf",
 ]
+
+
+def marian_tokenizer_from_hf(folder: Path) -> PretrainedTokenizer | None:
+    """The tokenizer of a Hugging Face folder of this family (None when it has none)."""
+    return pretrained_tokenizer_from_hf(folder, "marian")

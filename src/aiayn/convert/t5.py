@@ -18,6 +18,7 @@ Shape legend:  V vocabulary   D d_model   I = H·d_kv   F d_ff   H heads
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from torch import Tensor
 
 from aiayn.convert.checks import HF_ACTIVATIONS, Rule, fuse_parts, load_exactly, rename
 from aiayn.convert.generation import Seq2SeqSpecials, generation_defaults
+from aiayn.data.pretrained_tokenizer import PretrainedTokenizer, pretrained_tokenizer_from_hf
 from aiayn.errors import UserError
 from aiayn.layers import ACTIVATIONS
 from aiayn.models.t5 import T5, T5Config
@@ -242,3 +244,8 @@ def t5_generation_defaults(
     :func:`~aiayn.convert.generation.generation_defaults`)."""
     vocab = hf_config.get("vocab_size", HF_DEFAULTS["vocab_size"])
     return generation_defaults(hf_config, generation_config, target_vocab=vocab, id_defaults=T5_IDS)
+
+
+def t5_tokenizer_from_hf(folder: Path) -> PretrainedTokenizer | None:
+    """The tokenizer of a Hugging Face folder of this family (None when it has none)."""
+    return pretrained_tokenizer_from_hf(folder, "t5")

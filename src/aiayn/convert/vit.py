@@ -21,6 +21,7 @@ Shape legend:  C channels   P patch size   N patches   D d_model   F d_ff   K la
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from aiayn.convert.checks import (
     load_exactly,
     rename,
 )
+from aiayn.data.images import PREPROCESSOR_CONFIG, ImagePreprocessor
 from aiayn.errors import UserError
 from aiayn.models.vit import ViT, ViTConfig
 
@@ -242,3 +244,10 @@ def vit_from_hf_tensors(
         model = ViT(config)
     load_vit_state(model, state)
     return model.eval(), len(state)
+
+
+def vit_preprocessor_from_hf(folder: Path) -> ImagePreprocessor | None:
+    """The image preprocessing of a Hugging Face ViT folder (``preprocessor_config.json``), or
+    None when it has none."""
+    has = (folder / PREPROCESSOR_CONFIG).is_file()
+    return ImagePreprocessor.from_folder(folder) if has else None

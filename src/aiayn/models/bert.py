@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.attention import SelfAttention
-from aiayn.config import ModelConfig
+from aiayn.config import ModelConfig, Presets, Published
 from aiayn.errors import ConfigError
 from aiayn.layers import (
     ACTIVATIONS,
@@ -131,32 +131,41 @@ class BertConfig(ModelConfig):
                 f"id2label names {len(self.id2label)} labels, but num_labels={self.num_labels}"
             )
 
+    def summary(self) -> str:
+        """The architecture in one line (BERT §3's names: L, H, A as N, d_model, h)."""
+        return (
+            f"N={self.num_layers} d_model={self.d_model} d_ff={self.d_ff} h={self.num_heads} "
+            f"vocab={self.vocab_size} head={self.head} pooler={self.pooler}"
+        )
+
     @property
     def classifier_rate(self) -> float:
         """P_drop before the classifier: ``classifier_dropout``, or ``dropout``."""
         return self.dropout if self.classifier_dropout is None else self.classifier_dropout
 
 
-BERT_PRESETS: dict[str, BertConfig] = {
-    # the published sizes (BERT §3: BASE L=12, H=768, A=12; LARGE L=24, H=1024, A=16), counted
-    # as Hugging Face's BertModel (with the pooler, no head)
-    "bert-base-uncased": BertConfig(),  # 109,482,240 (the paper's "110M")
-    "bert-large-uncased": BertConfig(
-        d_model=1024, num_heads=16, num_layers=24, d_ff=4096
-    ),  # 335,141,888 (the paper's "340M")
-    # for tests and demonstrations in seconds
-    "bert-tiny": BertConfig(
-        vocab_size=1000, max_len=128, d_model=64, num_heads=4, num_layers=2, d_ff=256
-    ),
-}
+BERT_PRESETS: Presets[BertConfig] = Presets(
+    "BERT",
+    {
+        # the published sizes (BERT §3: BASE L=12, H=768, A=12; LARGE L=24, H=1024, A=16), counted
+        # as Hugging Face's BertModel (with the pooler, no head)
+        "bert-base-uncased": BertConfig(),  # 109,482,240 (the paper's "110M")
+        "bert-large-uncased": BertConfig(
+            d_model=1024, num_heads=16, num_layers=24, d_ff=4096
+        ),  # 335,141,888 (the paper's "340M")
+        # for tests and demonstrations in seconds
+        "bert-tiny": BertConfig(
+            vocab_size=1000, max_len=128, d_model=64, num_heads=4, num_layers=2, d_ff=256
+        ),
+    },
+    published={
+        "bert-base-uncased": Published(109_482_240, 30522, "published BERT (BertModel)"),
+        "bert-large-uncased": Published(335_141_888, 30522, "published BERT (BertModel)"),
+    },
+)
 
-
-def bert_preset(name: str, **overrides: object) -> BertConfig:
-    """A named BERT preset (see :data:`BERT_PRESETS`), optionally with fields changed."""
-    if name not in BERT_PRESETS:
-        raise ConfigError(f"unknown BERT preset {name!r} (choose from {', '.join(BERT_PRESETS)})")
-    config = BERT_PRESETS[name]
-    return config.replace(**overrides) if overrides else config
+bert_preset = BERT_PRESETS.build
+"""A named BERT preset (see :data:`BERT_PRESETS`), optionally with fields changed."""
 
 
 def expected_bert_parameters(config: BertConfig) -> int:

@@ -1,5 +1,20 @@
-"""The model families a checkpoint may hold: each is a config class and a model class built from
-it (its builder), registered under the name a checkpoint records.
+"""The family registry: the one place that says what each model family is and can do.
+
+A family is a config class with presets, a model class built from the config (its builder), the
+Hugging Face ``model_type``\\ s it converts from and whether it converts back, the fast inference
+runner, the commands it serves and the training tasks it learns, keyed by what the data section
+asks for. Every other module asks here instead of testing a family's name or class: ``aiayn
+train`` picks its task, ``aiayn convert`` its converter, ``aiayn params`` a preset's family and
+the commands which checkpoints they accept.
+
+This module sits in the models layer, yet names converters, runners and tasks of higher layers:
+it names them as references (``"aiayn.training.lm:LanguageModelTask"``), imported only when
+asked for (:func:`resolve`), as transformers' auto mappings do. Building a model never imports
+``aiayn.training`` or ``aiayn.convert``.
+
+To add a family: its config and model (``aiayn/models/<family>.py``), its converters
+(``aiayn/convert/<family>.py``), its training task if it trains, and one :class:`Family` entry
+in :data:`FAMILIES` below (docs/architecture.md lists the steps).
 
 Checkpoints record ``family`` and ``format_version`` in their ``state.json``. Format 1 (before
 families existed) held only the paper's model, with each stack's embedding and positional
@@ -9,38 +24,287 @@ embedder (format 2).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch import Tensor, nn
 
-from aiayn.config import ModelConfig, TransformerConfig
+from aiayn.config import PRESETS, ModelConfig, Presets, TransformerConfig
 from aiayn.errors import UserError
-from aiayn.models.bert import BERT, BertConfig
-from aiayn.models.gpt2 import GPT2, GPT2Config
-from aiayn.models.t5 import T5, T5Config
+from aiayn.models.bert import BERT, BERT_PRESETS, BertConfig, expected_bert_parameters
+from aiayn.models.gpt2 import GPT2, GPT2_PRESETS, GPT2Config, expected_gpt2_parameters
+from aiayn.models.params import expected_parameter_count
+from aiayn.models.t5 import T5, T5_PRESETS, T5Config, expected_t5_parameters
 from aiayn.models.transformer import Transformer
-from aiayn.models.vit import ViT, ViTConfig
+from aiayn.models.vit import VIT_PRESETS, ViT, ViTConfig, expected_vit_parameters
 
 FORMAT_VERSION = 2
 """The checkpoint format this version of aiayn writes (and the newest it reads)."""
 
+COMMANDS = (
+    "translate",
+    "generate",
+    "embed",
+    "fill-mask",
+    "classify-text",
+    "classify-image",
+    "attention",
+    "evaluate",
+)
+"""What a family's checkpoint may be used for, by command (and, later, service endpoint)."""
+
+
+def resolve(ref: str) -> Any:
+    """The object a reference ``"package.module:attribute"`` names, imported now."""
+    module, _, attribute = ref.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@dataclass(frozen=True)
+class HFSource:
+    """A Hugging Face ``model_type`` a family converts from (references, see :func:`resolve`).
+
+    Attributes:
+        convert: ``(config.json, tensors) -> (model, tensors mapped)``, exact or refusing.
+        tokenizer: ``folder -> input processing or None``: the folder's tokenizer (or image
+            preprocessing).
+        generation: encoder–decoders: ``(config.json, generation_config.json or None) ->
+            Seq2SeqSpecials``, the special ids and decoding defaults.
+    """
+
+    convert: str
+    tokenizer: str
+    generation: str | None = None
+
+
+@dataclass(frozen=True)
+class Training:
+    """How ``aiayn train`` trains a family (references, see :func:`resolve`).
+
+    Attributes:
+        data: the data-section class (its ``task_name`` picks the task).
+        tasks: the data section's ``task_name`` -> the task class
+            (:class:`~aiayn.training.task.Task`), called with ``(run, log)``.
+        label: what the family is trained for, in messages ("language model").
+        init_from: whether a run may start from a checkpoint of the family (``model.init_from``).
+        check: ``(run) -> None``: the family's own checks of a whole run config, or None.
+        adapt: ``(model config, data section, model keys given) -> model config``: the model
+            the data's task needs (a BERT's head), or None.
+        demos: built-in runs (``aiayn train --demo NAME``) -> their run config (a dict).
+    """
+
+    data: str
+    tasks: Mapping[str, str]
+    label: str
+    init_from: bool = False
+    check: str | None = None
+    adapt: str | None = None
+    demos: Mapping[str, str] = field(default_factory=dict)
+
 
 @dataclass(frozen=True)
 class Family:
-    """A model family: its name in checkpoints, its config class and its model class."""
+    """A model family: everything about it that any command asks.
+
+    Attributes:
+        name: its name in checkpoints and in ``model.family``.
+        title: its name in prose ("GPT-2").
+        config: its frozen config class.
+        model: its model class; ``model(config)`` builds it from its parts.
+        presets: its named configs, with published parameter counts.
+        default_preset: the preset a training run starts from when it names none.
+        count: the closed-form parameter count of a config (checked against the model).
+        commands: the commands (:data:`COMMANDS`) its checkpoints serve.
+        modules: the modules that are its own (a test holds its name to them and this one).
+        from_hf: Hugging Face ``model_type`` -> how to convert it.
+        to_hf: ``(model, folder, tokenizer) -> folder``: writes it back as transformers loads
+            it, or None.
+        inference: the fast inference runner (held equal to the model's forward), or None.
+        training: how it trains, or None.
+    """
 
     name: str
+    title: str
     config: type[ModelConfig]
     model: type[nn.Module]
+    presets: Presets[Any]
+    default_preset: str
+    count: Callable[[Any], int]
+    commands: frozenset[str]
+    modules: tuple[str, ...]
+    from_hf: Mapping[str, HFSource] = field(default_factory=dict)
+    to_hf: str | None = None
+    inference: str | None = None
+    training: Training | None = None
 
+    def build(self, config: ModelConfig) -> nn.Module:
+        """A model of this family with fresh weights."""
+        return self.model(config)
+
+    def supports(self, command: str) -> bool:
+        """Whether its checkpoints serve ``command``."""
+        assert command in COMMANDS, command
+        return command in self.commands
+
+    def task_class(self, data: Any) -> Any:
+        """The training task class for the data section ``data``."""
+        assert self.training is not None, f"family {self.name} does not train"
+        return resolve(self.training.tasks[data.task_name])
+
+
+_TOKENIZERS = "aiayn.data.pretrained_tokenizer"
 
 FAMILIES: dict[str, Family] = {
-    "transformer": Family("transformer", TransformerConfig, Transformer),
-    "gpt2": Family("gpt2", GPT2Config, GPT2),
-    "t5": Family("t5", T5Config, T5),
-    "vit": Family("vit", ViTConfig, ViT),
-    "bert": Family("bert", BertConfig, BERT),
+    f.name: f
+    for f in (
+        Family(
+            "transformer",
+            "Transformer",
+            TransformerConfig,
+            Transformer,
+            PRESETS,
+            "small",
+            expected_parameter_count,
+            frozenset({"translate", "attention", "evaluate"}),
+            (
+                "aiayn.config",
+                "aiayn.models.transformer",
+                "aiayn.convert.marian",
+                "aiayn.training.translation",
+                _TOKENIZERS,
+            ),
+            from_hf={
+                "marian": HFSource(
+                    "aiayn.convert.marian:marian_from_hf_tensors",
+                    "aiayn.convert.marian:marian_tokenizer_from_hf",
+                    "aiayn.convert.marian:marian_generation_defaults",
+                )
+            },
+            training=Training(
+                "aiayn.training.config:DataConfig",
+                {"translation": "aiayn.training.translation:TranslationTask"},
+                "translation",
+                demos={"translation": "aiayn.training.translation:DEMO_CONFIG"},
+            ),
+        ),
+        Family(
+            "gpt2",
+            "GPT-2",
+            GPT2Config,
+            GPT2,
+            GPT2_PRESETS,
+            "gpt2-tiny",
+            expected_gpt2_parameters,
+            frozenset({"generate", "evaluate"}),
+            ("aiayn.models.gpt2", "aiayn.convert.gpt2", "aiayn.training.lm"),
+            from_hf={
+                "gpt2": HFSource(
+                    "aiayn.convert.gpt2:gpt2_from_hf_tensors",
+                    "aiayn.convert.hf_folder:read_hf_tokenizer",
+                )
+            },
+            to_hf="aiayn.convert.gpt2:gpt2_to_hf",
+            training=Training(
+                "aiayn.training.config:LMDataConfig",
+                {"language-model": "aiayn.training.lm:LanguageModelTask"},
+                "language model",
+                init_from=True,
+                check="aiayn.training.lm:check_lm_run",
+                demos={"lm": "aiayn.training.lm:LM_DEMO_CONFIG"},
+            ),
+        ),
+        Family(
+            "t5",
+            "T5",
+            T5Config,
+            T5,
+            T5_PRESETS,
+            "t5-tiny",
+            expected_t5_parameters,
+            frozenset({"translate"}),
+            ("aiayn.models.t5", "aiayn.convert.t5", _TOKENIZERS),
+            from_hf={
+                "t5": HFSource(
+                    "aiayn.convert.t5:t5_from_hf_tensors",
+                    "aiayn.convert.t5:t5_tokenizer_from_hf",
+                    "aiayn.convert.t5:t5_generation_defaults",
+                )
+            },
+        ),
+        Family(
+            "bert",
+            "BERT",
+            BertConfig,
+            BERT,
+            BERT_PRESETS,
+            "bert-tiny",
+            expected_bert_parameters,
+            frozenset({"embed", "fill-mask", "classify-text"}),
+            (
+                "aiayn.models.bert",
+                "aiayn.convert.bert",
+                "aiayn.training.bert_start",
+                "aiayn.training.masked_lm",
+                "aiayn.training.text_classification",
+            ),
+            from_hf={
+                "bert": HFSource(
+                    "aiayn.convert.bert:bert_from_hf_tensors",
+                    "aiayn.data.bert_tokenizer:bert_tokenizer_from_hf",
+                )
+            },
+            training=Training(
+                "aiayn.training.config:BertDataConfig",
+                {
+                    "masked-lm": "aiayn.training.masked_lm:MaskedLMTask",
+                    "classification": "aiayn.training.text_classification:TextClassificationTask",
+                },
+                "BERT training",
+                init_from=True,
+                check="aiayn.training.bert_start:check_bert_run",
+                adapt="aiayn.training.bert_start:bert_task_model",
+            ),
+        ),
+        Family(
+            "vit",
+            "ViT",
+            ViTConfig,
+            ViT,
+            VIT_PRESETS,
+            "vit-tiny-digits",
+            expected_vit_parameters,
+            frozenset({"classify-image", "attention"}),
+            ("aiayn.models.vit", "aiayn.convert.vit", "aiayn.training.images"),
+            from_hf={
+                "vit": HFSource(
+                    "aiayn.convert.vit:vit_from_hf_tensors",
+                    "aiayn.convert.vit:vit_preprocessor_from_hf",
+                )
+            },
+            training=Training(
+                "aiayn.training.config:ImageDataConfig",
+                {"image-classification": "aiayn.training.images:ImageClassificationTask"},
+                "image classification",
+                check="aiayn.training.images:check_image_run",
+                demos={"vit": "aiayn.training.images:VIT_DEMO_CONFIG"},
+            ),
+        ),
+    )
 }
+"""Every family, by name."""
+
+DEFAULT_FAMILY = "transformer"
+"""The family of a run config without ``model.family``, and of a checkpoint written before
+families existed (format 1 holds only the paper's model)."""
+
+
+def family_named(name: str) -> Family:
+    """The family called ``name``; an unknown one is a :class:`UserError` naming it."""
+    if name not in FAMILIES:
+        raise UserError(f"unknown model family {name!r} (known: {', '.join(FAMILIES)})")
+    return FAMILIES[name]
 
 
 def family_of(model: nn.Module) -> Family:
@@ -51,14 +315,71 @@ def family_of(model: nn.Module) -> Family:
     raise TypeError(f"{type(model).__name__} is not a registered model family")
 
 
-def family_named(name: str) -> Family:
-    """The family called ``name``; an unknown one is a :class:`UserError` naming it."""
-    if name not in FAMILIES:
-        raise UserError(f"unknown model family {name!r} (known: {', '.join(FAMILIES)})")
-    return FAMILIES[name]
+def family_of_config(config: ModelConfig) -> Family:
+    """The registered family whose config class ``config`` is (exactly)."""
+    for family in FAMILIES.values():
+        if type(config) is family.config:
+            return family
+    raise TypeError(f"{type(config).__name__} is not a registered family config")
 
 
-RETIRED_CONFIG_KEYS: dict[str, tuple[str, ...]] = {"transformer": ("label_smoothing",)}
+def family_of_preset(name: str) -> Family:
+    """The family that has a preset called ``name``."""
+    for family in FAMILIES.values():
+        if name in family.presets:
+            return family
+    raise UserError(f"unknown preset {name!r} (choose from {', '.join(preset_names())})")
+
+
+def preset_names() -> list[str]:
+    """Every family's presets, family by family."""
+    return [name for family in FAMILIES.values() for name in family.presets]
+
+
+def trainable() -> dict[str, Family]:
+    """The families ``aiayn train`` can train, by name."""
+    return {name: f for name, f in FAMILIES.items() if f.training is not None}
+
+
+def demo_runs() -> dict[str, str]:
+    """The built-in training runs, by ``--demo`` name (the first is the default) -> their run
+    config's reference."""
+    return {
+        name: ref
+        for family in FAMILIES.values()
+        if family.training is not None
+        for name, ref in family.training.demos.items()
+    }
+
+
+def families_serving(command: str) -> list[Family]:
+    """The families whose checkpoints serve ``command``."""
+    return [f for f in FAMILIES.values() if f.supports(command)]
+
+
+def hf_source(model_type: object) -> tuple[Family, HFSource]:
+    """The family and converter of a Hugging Face ``model_type``; an unsupported one is a
+    :class:`UserError` naming it and the supported ones."""
+    for family in FAMILIES.values():
+        if isinstance(model_type, str) and model_type in family.from_hf:
+            return family, family.from_hf[model_type]
+    supported = [t for f in FAMILIES.values() for t in f.from_hf]
+    raise UserError(
+        f"model_type {model_type!r} is not supported yet (supported: {', '.join(supported)})"
+    )
+
+
+def conversion_directions() -> str:
+    """What converts each way, in one sentence (``aiayn convert --help``)."""
+    sources = [f"{f.title} ({', '.join(f.from_hf)})" for f in FAMILIES.values() if f.from_hf]
+    back = [f.title for f in FAMILIES.values() if f.to_hf is not None]
+    return (
+        f"From Hugging Face (by config.json's model_type): {', '.join(sources)}. "
+        f"Back to Hugging Face: {', '.join(back) or 'none yet'}."
+    )
+
+
+RETIRED_CONFIG_KEYS: dict[str, tuple[str, ...]] = {DEFAULT_FAMILY: ("label_smoothing",)}
 """Keys older checkpoints recorded in a family's model config that are no longer part of it
 (label smoothing is a training setting: ``train.label_smoothing``)."""
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.attention import KVCache, SelfAttention, decoder_only_mask, positions_from_padding
-from aiayn.config import ModelConfig
+from aiayn.config import ModelConfig, Presets, Published
 from aiayn.errors import ConfigError
 from aiayn.layers import (
     ACTIVATIONS,
@@ -104,38 +104,57 @@ class GPT2Config(ModelConfig):
         """The feed-forward network's inner size: ``d_ff``, or 4·D."""
         return 4 * self.d_model if self.d_ff is None else self.d_ff
 
+    def with_vocab_size(self, vocab_size: int) -> GPT2Config:
+        """A copy for ``vocab_size`` tokens; the special ids (GPT-2's last id,
+        <|endoftext|>) stay inside it as the last id."""
+        last = max(vocab_size - 1, 0)
+        ids = {k: min(getattr(self, k), last) for k in ("bos_id", "eos_id", "pad_id")}
+        return self.replace(vocab_size=vocab_size, **ids)
+
+    def summary(self) -> str:
+        """The architecture in one line (GPT-2 paper, Table 2's names)."""
+        return (
+            f"N={self.num_layers} d_model={self.d_model} d_ff={self.inner_size} "
+            f"h={self.num_heads} context={self.max_len} vocab={self.vocab_size} "
+            f"tied={self.tie_output}"
+        )
+
 
 def _sized(n_layer: int, d_model: int, n_head: int) -> GPT2Config:
     return GPT2Config(num_layers=n_layer, d_model=d_model, num_heads=n_head)
 
 
-GPT2_PRESETS: dict[str, GPT2Config] = {
-    # the four published sizes (GPT-2 paper, Table 2; parameter counts with the tied head)
-    "gpt2": _sized(12, 768, 12),  # 124M
-    "gpt2-medium": _sized(24, 1024, 16),  # 355M
-    "gpt2-large": _sized(36, 1280, 20),  # 774M
-    "gpt2-xl": _sized(48, 1600, 25),  # 1.5B
-    # for tests and the built-in CPU demo: a vocabulary the trainer sets from its tokenizer
-    "gpt2-tiny": GPT2Config(
-        vocab_size=4000,
-        max_len=256,
-        d_model=128,
-        num_heads=4,
-        num_layers=4,
-        bos_id=0,
-        eos_id=0,
-        pad_id=0,
-    ),
-}
+GPT2_PRESETS: Presets[GPT2Config] = Presets(
+    "GPT-2",
+    {
+        # the four published sizes (GPT-2 paper, Table 2; parameter counts with the tied head)
+        "gpt2": _sized(12, 768, 12),  # 124M
+        "gpt2-medium": _sized(24, 1024, 16),  # 355M
+        "gpt2-large": _sized(36, 1280, 20),  # 774M
+        "gpt2-xl": _sized(48, 1600, 25),  # 1.5B
+        # for tests and the built-in CPU demo: a vocabulary the trainer sets from its tokenizer
+        "gpt2-tiny": GPT2Config(
+            vocab_size=4000,
+            max_len=256,
+            d_model=128,
+            num_heads=4,
+            num_layers=4,
+            bos_id=0,
+            eos_id=0,
+            pad_id=0,
+        ),
+    },
+    published={  # Hugging Face's counts of the published checkpoints (50,257 tokens)
+        "gpt2": Published(124_439_808, 50257, "published GPT-2"),
+        "gpt2-medium": Published(354_823_168, 50257, "published GPT-2"),
+        "gpt2-large": Published(774_030_080, 50257, "published GPT-2"),
+        "gpt2-xl": Published(1_557_611_200, 50257, "published GPT-2"),
+    },
+)
 
-
-def gpt2_preset(name: str, **overrides: object) -> GPT2Config:
-    """A named GPT-2 preset (``gpt2``, ``gpt2-medium``, ``gpt2-large``, ``gpt2-xl``,
-    ``gpt2-tiny``), optionally with fields changed."""
-    if name not in GPT2_PRESETS:
-        raise ConfigError(f"unknown GPT-2 preset {name!r} (choose from {', '.join(GPT2_PRESETS)})")
-    config = GPT2_PRESETS[name]
-    return config.replace(**overrides) if overrides else config
+gpt2_preset = GPT2_PRESETS.build
+"""A named GPT-2 preset (``gpt2``, ``gpt2-medium``, ``gpt2-large``, ``gpt2-xl``, ``gpt2-tiny``),
+optionally with fields changed."""
 
 
 def expected_gpt2_parameters(config: GPT2Config) -> int:

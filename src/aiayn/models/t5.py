@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.attention import CAUSAL, CrossAttention, Mask, SelfAttention
-from aiayn.config import ModelConfig
+from aiayn.config import ModelConfig, Presets, Published
 from aiayn.errors import ConfigError
 from aiayn.layers import (
     ACTIVATIONS,
@@ -120,6 +120,14 @@ class T5Config(ModelConfig):
         if self.pad_id >= self.vocab_size:
             raise ConfigError(f"pad_id={self.pad_id} is outside the vocabulary")
 
+    def summary(self) -> str:
+        """The architecture in one line (the T5 paper's names)."""
+        return (
+            f"N={self.num_encoder_layers}+{self.num_decoder_layers} d_model={self.d_model} "
+            f"d_ff={self.d_ff} h={self.num_heads} d_kv={self.d_kv} gated={self.gated} "
+            f"vocab={self.vocab_size} tied={self.tie_output}"
+        )
+
     @property
     def inner_dim(self) -> int:
         """H·d_kv, the width of the concatenated heads."""
@@ -150,34 +158,38 @@ def _v1_1(d_model: int, d_ff: int, heads: int, layers: int) -> T5Config:
     )
 
 
-T5_PRESETS: dict[str, T5Config] = {
-    # the published checkpoints' shapes (T5 paper §3.7 for v1.0; FLAN-T5 = T5 v1.1 LM-adapted)
-    "t5-small": _v1_0(512, 2048, 8, 6),  # 60.5M
-    "t5-base": _v1_0(768, 3072, 12, 12),  # 223M
-    "t5-large": _v1_0(1024, 4096, 16, 24),  # 738M
-    "flan-t5-small": _v1_1(512, 1024, 6, 8),  # 77.0M
-    "flan-t5-base": _v1_1(768, 2048, 12, 12),  # 248M
-    "flan-t5-large": _v1_1(1024, 2816, 16, 24),  # 783M
-    # for tests and demonstrations in seconds
-    "t5-tiny": T5Config(
-        vocab_size=1000,
-        d_model=64,
-        d_kv=16,
-        d_ff=128,
-        num_heads=4,
-        num_encoder_layers=2,
-        num_decoder_layers=2,
-        max_len=256,
-    ),
-}
+T5_PRESETS: Presets[T5Config] = Presets(
+    "T5",
+    {
+        # the published checkpoints' shapes (T5 paper §3.7 for v1.0; FLAN-T5 = T5 v1.1 LM-adapted)
+        "t5-small": _v1_0(512, 2048, 8, 6),  # 60.5M
+        "t5-base": _v1_0(768, 3072, 12, 12),  # 223M
+        "t5-large": _v1_0(1024, 4096, 16, 24),  # 738M
+        "flan-t5-small": _v1_1(512, 1024, 6, 8),  # 77.0M
+        "flan-t5-base": _v1_1(768, 2048, 12, 12),  # 248M
+        "flan-t5-large": _v1_1(1024, 2816, 16, 24),  # 783M
+        # for tests and demonstrations in seconds
+        "t5-tiny": T5Config(
+            vocab_size=1000,
+            d_model=64,
+            d_kv=16,
+            d_ff=128,
+            num_heads=4,
+            num_encoder_layers=2,
+            num_decoder_layers=2,
+            max_len=256,
+        ),
+    },
+    published={
+        "t5-small": Published(60_506_624, 32128, "published T5"),
+        "t5-base": Published(222_903_552, 32128, "published T5"),
+        "flan-t5-small": Published(76_961_152, 32128, "published FLAN-T5"),
+        "flan-t5-base": Published(247_577_856, 32128, "published FLAN-T5"),
+    },
+)
 
-
-def t5_preset(name: str, **overrides: object) -> T5Config:
-    """A named T5 preset (see :data:`T5_PRESETS`), optionally with fields changed."""
-    if name not in T5_PRESETS:
-        raise ConfigError(f"unknown T5 preset {name!r} (choose from {', '.join(T5_PRESETS)})")
-    config = T5_PRESETS[name]
-    return config.replace(**overrides) if overrides else config
+t5_preset = T5_PRESETS.build
+"""A named T5 preset (see :data:`T5_PRESETS`), optionally with fields changed."""
 
 
 def expected_t5_parameters(config: T5Config) -> int:

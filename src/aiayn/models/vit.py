@@ -47,8 +47,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import SelfAttention
-from aiayn.config import ModelConfig
-from aiayn.errors import ConfigError
+from aiayn.config import ModelConfig, Presets, Published
+from aiayn.errors import ConfigError, UserError
 from aiayn.layers import ACTIVATIONS, Dropout, FeedForward, SelfAttentionBlock, layer_norm
 from aiayn.validation import (
     Choice,
@@ -123,6 +123,17 @@ class ViTConfig(ModelConfig):
         """g, the side of the trained patch grid (image_size // patch_size)."""
         return self.image_size // self.patch_size
 
+    def with_vocab_size(self, vocab_size: int) -> ViTConfig:
+        """A ViT reads image patches: it has no vocabulary to size."""
+        raise UserError("a vocabulary size does not apply to a ViT: it reads image patches")
+
+    def summary(self) -> str:
+        """The architecture in one line (the ViT paper's names, Table 1)."""
+        return (
+            f"N={self.num_layers} d_model={self.d_model} d_ff={self.d_ff} h={self.num_heads} "
+            f"image={self.image_size} patch={self.patch_size} labels={self.num_labels}"
+        )
+
     @property
     def num_patches(self) -> int:
         """N of the trained image size: g²."""
@@ -135,42 +146,43 @@ def _sized(patch: int, d_model: int, heads: int, layers: int, d_ff: int) -> ViTC
     )
 
 
-VIT_PRESETS: dict[str, ViTConfig] = {
-    # the paper's ViT-B/16 (Table 1) at 224×224 as Hugging Face's ViTModel (with the pooler)
-    "vit-base-patch16-224": _sized(16, 768, 12, 12, 3072),  # 86.4M
-    # 8×8 grayscale digits (scikit-learn's digits): 2×2 patches, a 4×4 grid, 10 classes
-    "vit-tiny-digits": ViTConfig(
-        image_size=8,
-        patch_size=2,
-        num_channels=1,
-        d_model=64,
-        num_heads=4,
-        num_layers=4,
-        d_ff=128,
-        dropout=0.1,
-        pooler=False,
-        num_labels=10,
-        id2label=tuple(str(digit) for digit in range(10)),
-    ),
-    # for tests: the shapes of the converter's parity tests
-    "vit-tiny": ViTConfig(
-        image_size=32,
-        patch_size=8,
-        d_model=32,
-        num_heads=4,
-        num_layers=2,
-        d_ff=64,
-        num_labels=5,
-    ),
-}
+VIT_PRESETS: Presets[ViTConfig] = Presets(
+    "ViT",
+    {
+        # the paper's ViT-B/16 (Table 1) at 224×224 as Hugging Face's ViTModel (with the pooler)
+        "vit-base-patch16-224": _sized(16, 768, 12, 12, 3072),  # 86.4M
+        # 8×8 grayscale digits (scikit-learn's digits): 2×2 patches, a 4×4 grid, 10 classes
+        "vit-tiny-digits": ViTConfig(
+            image_size=8,
+            patch_size=2,
+            num_channels=1,
+            d_model=64,
+            num_heads=4,
+            num_layers=4,
+            d_ff=128,
+            dropout=0.1,
+            pooler=False,
+            num_labels=10,
+            id2label=tuple(str(digit) for digit in range(10)),
+        ),
+        # for tests: the shapes of the converter's parity tests
+        "vit-tiny": ViTConfig(
+            image_size=32,
+            patch_size=8,
+            d_model=32,
+            num_heads=4,
+            num_layers=2,
+            d_ff=64,
+            num_labels=5,
+        ),
+    },
+    published={
+        "vit-base-patch16-224": Published(86_389_248, 0, "published ViT (ViTModel)"),
+    },
+)
 
-
-def vit_preset(name: str, **overrides: object) -> ViTConfig:
-    """A named ViT preset (see :data:`VIT_PRESETS`), optionally with fields changed."""
-    if name not in VIT_PRESETS:
-        raise ConfigError(f"unknown ViT preset {name!r} (choose from {', '.join(VIT_PRESETS)})")
-    config = VIT_PRESETS[name]
-    return config.replace(**overrides) if overrides else config
+vit_preset = VIT_PRESETS.build
+"""A named ViT preset (see :data:`VIT_PRESETS`), optionally with fields changed."""
 
 
 def expected_vit_parameters(config: ViTConfig) -> int:

@@ -16,14 +16,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from aiayn.data.bert_data import train_wordpiece
 from aiayn.data.bert_tokenizer import MANIFEST, BertTokenizer, load_bert_tokenizer
-from aiayn.errors import UserError
+from aiayn.errors import ConfigError, UserError
 from aiayn.models.bert import BERT, BertConfig
-from aiayn.training.config import BertDataConfig, RunConfig
+from aiayn.training.config import BERT_TASKS, BertDataConfig, RunConfig
 
 Log = Callable[[str], None]
 
@@ -170,3 +171,35 @@ def _classifier_note(start: BertConfig, new: BertConfig, fresh: bool) -> str:
         f" (the checkpoint's classifier has labels {', '.join(start.id2label)}; the training "
         f"file's are {', '.join(new.id2label)})"
     )
+
+
+def check_bert_run(run: RunConfig) -> None:
+    """The model has the head (and pooler) ``data.task`` trains; ``data.max_length`` fits its
+    positions."""
+    model, data = run.model, run.data
+    assert isinstance(model, BertConfig) and isinstance(data, BertDataConfig)
+    wanted = BERT_TASKS[data.task_name]
+    if (model.head, model.pooler) != (wanted["head"], wanted["pooler"]):
+        raise ConfigError(
+            f"data.task={data.task} trains a BERT with head {wanted['head']!r} and "
+            f"pooler={wanted['pooler']}; the model has head {model.head!r} and "
+            f"pooler={model.pooler}"
+        )
+    if data.max_length is not None and data.max_length > model.max_len:
+        raise ConfigError(
+            f"data.max_length={data.max_length} exceeds the model's max_len={model.max_len} "
+            "positions"
+        )
+
+
+def bert_task_model(model: BertConfig, data: Any, given: Mapping[str, Any]) -> BertConfig:
+    """``model`` with the head ``data.task`` trains (:data:`BERT_TASKS`); a ``model.head`` or
+    ``model.pooler`` the config gives that does not fit it is an error naming it."""
+    wanted = BERT_TASKS[data.task]
+    for key, value in wanted.items():
+        if key in given and given[key] != value:
+            raise ConfigError(
+                f"model.{key}={given[key]!r} does not fit data.task={data.task}, which trains "
+                f"head {wanted['head']!r} with pooler={wanted['pooler']}: leave model.{key} out"
+            )
+    return model.replace(**wanted)

@@ -66,6 +66,7 @@ from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import UserError
 from aiayn.models import Transformer
 from aiayn.models.families import (
+    DEFAULT_FAMILY,
     FAMILIES,
     FORMAT_VERSION,
     Family,
@@ -112,7 +113,7 @@ class Checkpoint(Generic[M]):
     @property
     def family(self) -> str:
         """The model family the checkpoint holds (``transformer``, ``gpt2``…)."""
-        return str(self.state.get("family", "transformer"))
+        return str(self.state.get("family", DEFAULT_FAMILY))
 
     @property
     def tokenizer_path(self) -> Path:
@@ -526,7 +527,7 @@ def read_checkpoint_config(path: str | Path) -> tuple[Path, Family, ModelConfig,
     """
     folder = resolve_checkpoint(path)
     state = _read_state(folder)
-    family = family_named(str(state.get("family", "transformer")))
+    family = family_named(str(state.get("family", DEFAULT_FAMILY)))
     try:
         config = family.config.from_dict(upgrade_config(family.name, state["model_config"]))
     except (ValueError, KeyError, TypeError) as error:

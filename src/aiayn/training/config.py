@@ -30,19 +30,24 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol, runtime_checkable
 
 import yaml
 
-from aiayn.config import ModelConfig, TransformerConfig, preset
+from aiayn.config import ModelConfig, preset
 from aiayn.data.tokenizer import MIN_VOCAB_SIZE
 from aiayn.errors import ConfigError, UserError
-from aiayn.models.bert import BertConfig, bert_preset
-from aiayn.models.gpt2 import GPT2Config, gpt2_preset
-from aiayn.models.vit import ViTConfig, vit_preset
+from aiayn.models.families import (
+    DEFAULT_FAMILY,
+    Family,
+    demo_runs,
+    family_of_config,
+    resolve,
+    trainable,
+)
 from aiayn.validation import (
     Bounds,
     Choice,
@@ -112,6 +117,11 @@ class DataConfig:
     tgt_lang: str | None = None
     valid: str | None = None
     test: str | None = None
+
+    @property
+    def task_name(self) -> str:
+        """The training task this section feeds (the family registry's key)."""
+        return "translation"
 
     def __post_init__(self) -> None:
         validate(self)
@@ -183,6 +193,11 @@ class LMDataConfig:
     min_frequency: PositiveInt = 2
     demo_side: Annotated[str, Choice(DEMO_SIDES)] = "en"
 
+    @property
+    def task_name(self) -> str:
+        """The training task this section feeds (the family registry's key)."""
+        return "language-model"
+
     def __post_init__(self) -> None:
         validate(self)
 
@@ -215,6 +230,11 @@ class ImageDataConfig:
     test_size: NonNegativeInt = 180
     split_seed: Seed = 0
     shift: NonNegativeInt = 0
+
+    @property
+    def task_name(self) -> str:
+        """The training task this section feeds (the family registry's key)."""
+        return "image-classification"
 
     def __post_init__(self) -> None:
         validate(self)
@@ -268,6 +288,12 @@ class BertDataConfig:
     min_frequency: PositiveInt = 2
     lowercase: bool = True
     mlm_probability: Annotated[float, Bounds(gt=0, lt=1)] = 0.15
+
+    @property
+    def task_name(self) -> str:
+        """The training task this section feeds (the family registry's key): ``task``."""
+        assert self.task is not None  # required, checked at construction
+        return self.task
 
     def __post_init__(self) -> None:
         validate(self)
@@ -367,37 +393,15 @@ class TrainConfig:
         validate(self)
 
 
-TrainableConfig = TransformerConfig | GPT2Config | ViTConfig | BertConfig
-"""The config of a model family ``aiayn train`` can train."""
 
 
-@dataclass(frozen=True)
-class Trainable:
-    """A model family ``aiayn train`` can train: its presets, default preset and data section.
 
-    Attributes:
-        preset: ``name, **overrides -> config`` of the family's presets.
-        default_preset: the preset when the model section names none.
-        data: the data-section class of the family's task.
-        task: what the family is trained for, in messages.
-    """
+@runtime_checkable
+class DataSection(Protocol):
+    """What every family's data section has: the training task it feeds."""
 
-    preset: Callable[..., ModelConfig]
-    default_preset: str
-    data: type[DataConfig] | type[LMDataConfig] | type[ImageDataConfig] | type[BertDataConfig]
-    task: str
-
-
-TRAINABLE: dict[str, Trainable] = {
-    "transformer": Trainable(preset, "small", DataConfig, "translation"),
-    "gpt2": Trainable(gpt2_preset, "gpt2-tiny", LMDataConfig, "language model"),
-    "vit": Trainable(vit_preset, "vit-tiny-digits", ImageDataConfig, "image classification"),
-    "bert": Trainable(bert_preset, "bert-tiny", BertDataConfig, "BERT training"),
-}
-"""``model.family`` -> what training it needs."""
-
-INIT_FROM_FAMILIES = ("gpt2", "bert")
-"""The families whose runs may start from a checkpoint (``model.init_from``)."""
+    @property
+    def task_name(self) -> str: ...
 
 
 @validated(None)
@@ -419,43 +423,45 @@ class RunConfig:
 
     run_dir: str = "runs/demo"
     model_preset: str = "small"
-    model: TrainableConfig = field(default_factory=lambda: preset("small"))
-    data: DataConfig | LMDataConfig | ImageDataConfig | BertDataConfig = field(
-        default_factory=DataConfig
-    )
+    model: ModelConfig = field(default_factory=lambda: preset("small"))
+    data: DataSection = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     init_from: str | None = None
 
     def __post_init__(self) -> None:
         validate(self)
-        want = TRAINABLE[self.family].data
+        training = self.trainer_entry.training
+        assert training is not None  # trainable() holds only families with training
+        want = resolve(training.data)
         if not isinstance(self.data, want):
             raise ConfigError(f"a {self.family} model needs a {want.__name__} data section")
-        if not isinstance(self.model, GPT2Config):
-            if self.init_from is not None and self.family not in INIT_FROM_FAMILIES:
-                raise ConfigError("model.init_from is supported for families gpt2 and bert only")
-        elif isinstance(self.data, LMDataConfig) and self.data.block_size > self.model.max_len:
+        if self.init_from is not None and not training.init_from:
             raise ConfigError(
-                f"data.block_size={self.data.block_size} exceeds the model's "
-                f"max_len={self.model.max_len} positions"
+                f"model.init_from is supported for families {' and '.join(_init_from_families())} "
+                "only"
             )
-        if isinstance(self.model, ViTConfig):
-            _check_image_model(self.model)
-        if isinstance(self.model, BertConfig):
-            assert isinstance(self.data, BertDataConfig)  # checked above
-            _check_bert_run(self.model, self.data)
+        if training.check is not None:
+            resolve(training.check)(self)
+
+    @property
+    def trainer_entry(self) -> Family:
+        """The model's family (registry entry); a family ``aiayn train`` cannot train is a
+        :class:`ConfigError` naming it."""
+        family = family_of_config(self.model)
+        if family.name not in trainable():
+            raise ConfigError(
+                f"family {family.name} cannot be trained (trainable: {', '.join(trainable())})"
+            )
+        return family
 
     @property
     def family(self) -> str:
-        """The model family: ``transformer``, ``gpt2``, ``vit`` or ``bert``."""
-        if isinstance(self.model, ViTConfig):
-            return "vit"
-        if isinstance(self.model, BertConfig):
-            return "bert"
-        return "gpt2" if isinstance(self.model, GPT2Config) else "transformer"
+        """The model family's name (the registry's, :mod:`aiayn.models.families`)."""
+        return family_of_config(self.model).name
 
     def to_dict(self) -> dict[str, Any]:
         """A YAML/JSON-friendly dict that :func:`run_config_from_dict` reads back."""
+        assert dataclasses.is_dataclass(self.data)
         return {
             "run_dir": self.run_dir,
             "model": self._model_dict(),
@@ -466,58 +472,14 @@ class RunConfig:
     def _model_dict(self) -> dict[str, Any]:
         if self.init_from is not None:  # every field: the checkpoint's config may change
             return {"family": self.family, "init_from": self.init_from, **self.model.to_dict()}
-        base = TRAINABLE[self.family].preset(self.model_preset)
-        head = {} if self.family == "transformer" else {"family": self.family}
+        base = self.trainer_entry.presets.build(self.model_preset)
+        head = {} if self.family == DEFAULT_FAMILY else {"family": self.family}
         return {**head, "preset": self.model_preset, **_diff(self.model, base)}
 
 
-def _check_image_model(model: ViTConfig) -> None:
-    """The model fits the digits (the one image data set): 8×8 pixels, 1 channel, 10 labels."""
-    from aiayn.data.digits import DIGITS_CHANNELS, DIGITS_IMAGE_SIZE, DIGITS_LABELS
-
-    wanted = {
-        "image_size": DIGITS_IMAGE_SIZE,
-        "num_channels": DIGITS_CHANNELS,
-        "num_labels": len(DIGITS_LABELS),
-    }
-    for name, value in wanted.items():
-        if getattr(model, name) != value:
-            raise ConfigError(
-                f"model.{name}={getattr(model, name)} does not fit the digits data set "
-                f"({DIGITS_IMAGE_SIZE}x{DIGITS_IMAGE_SIZE} pixels, {DIGITS_CHANNELS} channel, "
-                f"{len(DIGITS_LABELS)} labels): set model.{name}={value}"
-            )
-
-
-def _check_bert_run(model: BertConfig, data: BertDataConfig) -> None:
-    """The model has the head (and pooler) ``data.task`` trains; ``data.max_length`` fits its
-    positions."""
-    assert data.task is not None
-    wanted = BERT_TASKS[data.task]
-    if (model.head, model.pooler) != (wanted["head"], wanted["pooler"]):
-        raise ConfigError(
-            f"data.task={data.task} trains a BERT with head {wanted['head']!r} and "
-            f"pooler={wanted['pooler']}; the model has head {model.head!r} and "
-            f"pooler={model.pooler}"
-        )
-    if data.max_length is not None and data.max_length > model.max_len:
-        raise ConfigError(
-            f"data.max_length={data.max_length} exceeds the model's max_len={model.max_len} "
-            "positions"
-        )
-
-
-def _bert_task_model(model: BertConfig, data: Any, given: Mapping[str, Any]) -> BertConfig:
-    """``model`` with the head ``data.task`` trains (:data:`BERT_TASKS`); a ``model.head`` or
-    ``model.pooler`` the config gives that does not fit it is an error naming it."""
-    wanted = BERT_TASKS[data.task]
-    for key, value in wanted.items():
-        if key in given and given[key] != value:
-            raise ConfigError(
-                f"model.{key}={given[key]!r} does not fit data.task={data.task}, which trains "
-                f"head {wanted['head']!r} with pooler={wanted['pooler']}: leave model.{key} out"
-            )
-    return model.replace(**wanted)
+def _init_from_families() -> list[str]:
+    """The families whose runs may start from a checkpoint (``model.init_from``)."""
+    return [n for n, f in trainable().items() if f.training and f.training.init_from]
 
 
 def _diff(config: ModelConfig, base: ModelConfig) -> dict[str, Any]:
@@ -541,14 +503,16 @@ def run_config_from_dict(values: Mapping[str, Any]) -> RunConfig:
                 f"got {type(section).__name__} {section!r}"
             )
     model_values = dict(values.get("model") or {})
-    family = model_values.pop("family", "transformer")
-    if not isinstance(family, str) or family not in TRAINABLE:
-        raise ConfigError(f"unknown model.family {family!r} (trainable: {', '.join(TRAINABLE)})")
+    name = model_values.pop("family", DEFAULT_FAMILY)
+    if not isinstance(name, str) or name not in trainable():
+        raise ConfigError(f"unknown model.family {name!r} (trainable: {', '.join(trainable())})")
+    family = trainable()[name]
     init_from = model_values.pop("init_from", None)
     model_preset, model = _model_section(family, model_values, init_from)
     data = _data_section(family, values.get("data"))
-    if isinstance(model, BertConfig):
-        model = _bert_task_model(model, data, model_values)
+    assert family.training is not None
+    if family.training.adapt is not None:
+        model = resolve(family.training.adapt)(model, data, model_values)
     return RunConfig(
         run_dir=str(values.get("run_dir", "runs/demo")),
         model_preset=model_preset,
@@ -559,59 +523,60 @@ def run_config_from_dict(values: Mapping[str, Any]) -> RunConfig:
     )
 
 
-def _model_section(family: str, values: dict[str, Any], init_from: Any) -> tuple[str, Any]:
+def _model_section(family: Family, values: dict[str, Any], init_from: Any) -> tuple[str, Any]:
     """(preset name, config) of the model section (``family`` and ``init_from`` popped)."""
     if "label_smoothing" in values:
         raise ConfigError(
             "model.label_smoothing is a training setting: set train.label_smoothing instead"
         )
     if init_from is None:
-        name = values.pop("preset", TRAINABLE[family].default_preset)
+        name = values.pop("preset", family.default_preset)
         if not isinstance(name, str):
             raise ConfigError(f"model.preset must be a preset name, got {name!r}")
         try:
-            return name, TRAINABLE[family].preset(name, **values)
+            return name, family.presets.build(name, **values)
         except TypeError as error:  # pragma: no cover - from_dict rejects unknown keys first
             raise ConfigError(str(error)) from error
-    if family not in INIT_FROM_FAMILIES or not isinstance(init_from, str):
+    assert family.training is not None
+    if not family.training.init_from or not isinstance(init_from, str):
         raise ConfigError(
             f"model.init_from must be a checkpoint folder of family "
-            f"{' or '.join(INIT_FROM_FAMILIES)}, got {init_from!r} for family {family}"
+            f"{' or '.join(_init_from_families())}, got {init_from!r} for family {family.name}"
         )
     if "preset" in values:
         raise ConfigError(
             "model.preset and model.init_from exclude each other: the checkpoint gives the model"
         )
-    return "", checkpoint_model_config(init_from, family).replace(**values)
+    return "", checkpoint_model_config(init_from, family.name).replace(**values)
 
 
-def checkpoint_model_config(path: str, family: str = "gpt2") -> GPT2Config | BertConfig:
-    """The config of ``family`` (gpt2 or bert) recorded in a checkpoint folder (or a run
-    folder's latest)."""
+def checkpoint_model_config(path: str, family: str) -> ModelConfig:
+    """The config of ``family`` recorded in a checkpoint folder (or a run folder's latest)."""
     from aiayn.training.checkpoint import read_checkpoint_config
 
-    wanted = {"gpt2": GPT2Config, "bert": BertConfig}[family]
     try:
         folder, found, config, _ = read_checkpoint_config(path)
     except UserError as error:
         raise ConfigError(f"model.init_from: {error}") from None
-    if not isinstance(config, wanted):
+    if found.name != family:
         raise ConfigError(f"model.init_from: {folder} holds a {found.name} model, not {family}")
-    assert isinstance(config, GPT2Config | BertConfig)
     return config
 
 
-def _data_section(family: str, values: Mapping[str, Any] | None) -> Any:
+def _data_section(family: Family, values: Mapping[str, Any] | None) -> Any:
     """The family's data section; a key of another family's section is named as such."""
-    cls = TRAINABLE[family].data
+    assert family.training is not None
+    cls = resolve(family.training.data)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(values or {}) - known
-    for other_family, other in TRAINABLE.items():
-        misplaced = sorted(unknown & {f.name for f in dataclasses.fields(other.data)})
-        if misplaced and other.data is not cls:
+    for other in trainable().values():
+        assert other.training is not None
+        other_cls = resolve(other.training.data)
+        misplaced = sorted(unknown & {f.name for f in dataclasses.fields(other_cls)})
+        if misplaced and other_cls is not cls:
             raise ConfigError(
-                f"data.{misplaced[0]} is {_a(other.task)} key (family {other_family}); "
-                f"{_a(TRAINABLE[family].task)} run (family {family}) takes data keys "
+                f"data.{misplaced[0]} is {_a(other.training.label)} key (family {other.name}); "
+                f"{_a(family.training.label)} run (family {family.name}) takes data keys "
                 f"{', '.join(sorted(known))}"
             )
     return _section(cls, values, "data")
@@ -686,13 +651,15 @@ def yaml_problem(error: yaml.YAMLError) -> str:
 
 
 def load_run_config(
-    path: str | Path | None, overrides: Sequence[str] = (), *, demo: str = "translation"
+    path: str | Path | None, overrides: Sequence[str] = (), *, demo: str | None = None
 ) -> RunConfig:
-    """Read a YAML run config (None = the built-in ``demo``: "translation", "lm" or "vit") and
-    apply ``--set`` overrides."""
-    if demo not in DEMOS:
-        raise ConfigError(f"unknown demo {demo!r} (choose from {', '.join(DEMOS)})")
-    values: dict[str, Any] = dict(DEMOS[demo])
+    """Read a YAML run config (None = the built-in ``demo`` run, one of the family registry's
+    :func:`~aiayn.models.families.demo_runs`) and apply ``--set`` overrides."""
+    demos = demo_runs()
+    demo = next(iter(demos)) if demo is None else demo
+    if demo not in demos:
+        raise ConfigError(f"unknown demo {demo!r} (choose from {', '.join(demos)})")
+    values: dict[str, Any] = dict(resolve(demos[demo]))
     if path is not None:
         file = Path(path)
         if not file.is_file():
@@ -705,97 +672,3 @@ def load_run_config(
             raise ConfigError(f"{file}: expected a mapping with model/data/train sections")
         values = loaded
     return run_config_from_dict(apply_overrides(values, overrides))
-
-
-# The built-in demo: a small pre-norm model on the shipped Tatoeba EN→DE subset, about 8 minutes
-# on a 2-core CPU. Pre-norm because it tolerates the high peak learning rate a few hundred steps
-# need (post-norm at the same rate reached perplexity 92 where pre-norm reached 32). Keep
-# configs/demo.yaml identical (a test checks).
-DEMO_CONFIG: dict[str, Any] = {
-    "run_dir": "runs/demo",
-    "model": {
-        "preset": "small",
-        "d_model": 256,
-        "d_ff": 1024,
-        "num_heads": 4,
-        "num_encoder_layers": 3,
-        "num_decoder_layers": 3,
-        "dropout": 0.1,
-        "norm_first": True,
-    },
-    "data": {"vocab_size": 4000, "valid_size": 500, "bleu_sentences": 200},
-    "train": {
-        "max_tokens": 1500,
-        "warmup_steps": 400,
-        "lr_scale": 1.0,
-        "max_minutes": 7.0,
-        "eval_every": 500,
-        "save_every": 250,
-        "log_every": 50,
-        "keep_last": 3,
-        "average_last": 3,
-    },
-}
-
-
-# The built-in language-model demo (`aiayn train --config configs/lm_demo.yaml`): GPT-2's
-# architecture at gpt2-tiny size on the English side of the shipped Tatoeba subset, about 5
-# minutes on a 2-core CPU. The context (max_len) is the block size, so that `aiayn evaluate
-# --text` windows are the blocks it was trained on. Dropout 0.2: the small text is seen a dozen
-# times in 5 minutes, and at 0.1 validation perplexity turned up before the end (figures in
-# docs/benchmarks.md). Keep configs/lm_demo.yaml identical (a test checks).
-LM_DEMO_CONFIG: dict[str, Any] = {
-    "run_dir": "runs/lm_demo",
-    "model": {
-        "family": "gpt2",
-        "preset": "gpt2-tiny",
-        "max_len": 128,
-        "dropout": 0.2,
-        "embedding_dropout": 0.2,
-    },
-    "data": {"block_size": 128, "vocab_size": 4000, "valid_lines": 500, "demo_side": "en"},
-    "train": {
-        "max_tokens": 2048,
-        "warmup_steps": 200,
-        "lr_scale": 0.5,
-        "max_minutes": 5.0,
-        "eval_every": 250,
-        "save_every": 250,
-        "log_every": 50,
-        "keep_last": 3,
-        "average_last": 3,
-    },
-}
-
-
-# The built-in image-classification demo (`aiayn train --config configs/vit_digits.yaml`): the
-# `vit-tiny-digits` ViT (patch 2, d_model 64, 4 layers, 0.1M parameters) learns scikit-learn's
-# 8x8 digits from scratch in 5 minutes on a 2-core CPU. The 1,437 training images are seen
-# hundreds of times: shifts of up to one pixel, label smoothing and weight decay keep it from
-# memorising them (figures in docs/results/train_vit_digits.md). Keep configs/vit_digits.yaml
-# identical (a test checks).
-VIT_DEMO_CONFIG: dict[str, Any] = {
-    "run_dir": "runs/vit_digits",
-    "model": {"family": "vit", "preset": "vit-tiny-digits"},
-    "data": {"dataset": "digits", "valid_size": 180, "test_size": 180, "split_seed": 0, "shift": 1},
-    "train": {
-        "max_tokens": 128,
-        "warmup_steps": 200,
-        "lr_scale": 0.3,
-        "weight_decay": 0.05,
-        "label_smoothing": 0.1,
-        "max_minutes": 5.0,
-        "eval_every": 250,
-        "save_every": 250,
-        "log_every": 50,
-        "keep_last": 3,
-        "average_last": 3,
-    },
-}
-
-DEMOS: dict[str, dict[str, Any]] = {
-    "translation": DEMO_CONFIG,
-    "lm": LM_DEMO_CONFIG,
-    "vit": VIT_DEMO_CONFIG,
-}
-"""The built-in runs ``aiayn train`` makes without a config (``--demo``)."""

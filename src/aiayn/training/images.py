@@ -30,6 +30,8 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.data.digits import (
+    DIGITS_CHANNELS,
+    DIGITS_IMAGE_SIZE,
     DIGITS_LABELS,
     ImageBatch,
     ImageBatchSampler,
@@ -40,7 +42,7 @@ from aiayn.data.digits import (
     to_pixels,
 )
 from aiayn.data.images import ImagePreprocessor
-from aiayn.errors import UserError
+from aiayn.errors import ConfigError, UserError
 from aiayn.models.vit import ViT, ViTConfig
 from aiayn.training.config import ImageDataConfig, RunConfig
 from aiayn.training.loss import LossSums, label_smoothed_nll
@@ -102,6 +104,23 @@ class ImageClassificationObjective(nn.Module):
         log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, K), fp32 under autocast too
         # one "position" per image: (B, K) -> (1, B, K); no padding
         return label_smoothed_nll(log_probs[None], labels[None], self.label_smoothing, pad_id=-1)
+
+
+def check_image_run(run: RunConfig) -> None:
+    """The model fits the digits (the one image data set): 8×8 pixels, 1 channel, 10 labels."""
+    assert isinstance(run.model, ViTConfig)
+    wanted = {
+        "image_size": DIGITS_IMAGE_SIZE,
+        "num_channels": DIGITS_CHANNELS,
+        "num_labels": len(DIGITS_LABELS),
+    }
+    for name, value in wanted.items():
+        if getattr(run.model, name) != value:
+            raise ConfigError(
+                f"model.{name}={getattr(run.model, name)} does not fit the digits data set "
+                f"({DIGITS_IMAGE_SIZE}x{DIGITS_IMAGE_SIZE} pixels, {DIGITS_CHANNELS} channel, "
+                f"{len(DIGITS_LABELS)} labels): set model.{name}={value}"
+            )
 
 
 class ImageClassificationTask:
@@ -239,3 +258,28 @@ def _unshifted(images: ImageSet, ids: Sequence[int]) -> ImageBatch:
 def _image_data(data: TaskData) -> ImageData:
     assert isinstance(data, ImageData)
     return data
+
+
+# The built-in image-classification demo (`aiayn train --demo vit`, configs/vit_digits.yaml): the
+# `vit-tiny-digits` ViT (patch 2, d_model 64, 4 layers, 0.1M parameters) learns scikit-learn's
+# 8x8 digits from scratch. The 1,437 training images are seen hundreds of times: shifts of up to
+# one pixel, label smoothing and weight decay keep it from memorising them
+# (docs/results/train_vit_digits.md). Keep configs/vit_digits.yaml identical (a test checks).
+VIT_DEMO_CONFIG: dict[str, Any] = {
+    "run_dir": "runs/vit_digits",
+    "model": {"family": "vit", "preset": "vit-tiny-digits"},
+    "data": {"dataset": "digits", "valid_size": 180, "test_size": 180, "split_seed": 0, "shift": 1},
+    "train": {
+        "max_tokens": 128,
+        "warmup_steps": 200,
+        "lr_scale": 0.3,
+        "weight_decay": 0.05,
+        "label_smoothing": 0.1,
+        "max_minutes": 5.0,
+        "eval_every": 250,
+        "save_every": 250,
+        "log_every": 50,
+        "keep_last": 3,
+        "average_last": 3,
+    },
+}

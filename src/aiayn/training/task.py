@@ -32,8 +32,8 @@ best checkpoint  lowest perplexity                   highest accuracy
 at the end       test ppl                            test accuracy
 ===============  ==================================  ==========================================
 
-:func:`make_task` picks the task from the run config's model family (and, for ``bert``,
-``data.task``).
+:func:`make_task` asks the family registry (:mod:`aiayn.models.families`) for the task of the
+run config's model family and data section: task modules import this one, never the reverse.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from torch import nn
 
 from aiayn.config import ModelConfig
 from aiayn.training import distributed as dist
-from aiayn.training.config import BertDataConfig, RunConfig, TrainableConfig
+from aiayn.training.config import RunConfig
 
 if TYPE_CHECKING:
     from aiayn.training.checkpoint import TokenizerSource
@@ -164,7 +164,7 @@ class Task(Protocol):
         """Read the data, train (or reload from ``run_dir``) the tokenizer, encode."""
         ...
 
-    def model_config(self, data: TaskData) -> TrainableConfig:
+    def model_config(self, data: TaskData) -> ModelConfig:
         """The model's config for this data (the vocabulary filled in)."""
         ...
 
@@ -303,24 +303,7 @@ def print_checkpoint_report(
 
 
 def make_task(run: RunConfig, log: Log = print_main) -> Task:
-    """The task of ``run``'s model family; ``log`` prints its data reports and results."""
-    if run.family == "gpt2":
-        from aiayn.training.lm import LanguageModelTask
-
-        return LanguageModelTask(run, log)
-    if run.family == "vit":
-        from aiayn.training.images import ImageClassificationTask
-
-        return ImageClassificationTask(run, log)
-    if run.family == "bert":
-        assert isinstance(run.data, BertDataConfig)
-        if run.data.task == "masked-lm":
-            from aiayn.training.masked_lm import MaskedLMTask
-
-            return MaskedLMTask(run, log)
-        from aiayn.training.text_classification import TextClassificationTask
-
-        return TextClassificationTask(run, log)
-    from aiayn.training.translation import TranslationTask
-
-    return TranslationTask(run, log)
+    """The task of ``run``'s model family for its data section (the family registry's
+    ``training.tasks``); ``log`` prints its data reports and results."""
+    task: Task = run.trainer_entry.task_class(run.data)(run, log)
+    return task

@@ -314,3 +314,34 @@ class TranslationTask:
 def _prepared(data: TaskData) -> PreparedData:
     assert isinstance(data, PreparedData)
     return data
+
+
+# The built-in demo (`aiayn train`): a small pre-norm model on the shipped Tatoeba EN→DE subset
+# for a few minutes; pre-norm because it tolerates the high peak learning rate that a few hundred
+# steps need (the comparison with post-norm, and the time it takes: docs/benchmarks.md). Keep
+# configs/demo.yaml identical (a test checks).
+DEMO_CONFIG: dict[str, Any] = {
+    "run_dir": "runs/demo",
+    "model": {
+        "preset": "small",
+        "d_model": 256,
+        "d_ff": 1024,
+        "num_heads": 4,
+        "num_encoder_layers": 3,
+        "num_decoder_layers": 3,
+        "dropout": 0.1,
+        "norm_first": True,
+    },
+    "data": {"vocab_size": 4000, "valid_size": 500, "bleu_sentences": 200},
+    "train": {
+        "max_tokens": 1500,
+        "warmup_steps": 400,
+        "lr_scale": 1.0,
+        "max_minutes": 7.0,
+        "eval_every": 500,
+        "save_every": 250,
+        "log_every": 50,
+        "keep_last": 3,
+        "average_last": 3,
+    },
+}
