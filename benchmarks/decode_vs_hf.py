@@ -54,10 +54,10 @@ from aiayn.decoding import (
     encoder_decoder_step,
     greedy_search,
     inference_step,
-    pack_for_inference,
 )
-from aiayn.decoding.packed import LinearKernel, step_weights_stay_in_cache
 from aiayn.decoding.step import DecoderState
+from aiayn.inference import pack_for_inference
+from aiayn.inference.packed import LinearKernel, step_weights_stay_in_cache
 from aiayn.models import Transformer
 from aiayn.training.performance import keep_freed_memory
 

@@ -1,5 +1,5 @@
 """Encoder inference on the real tokens only: the self-attention stacks of BERT, ViT, the paper's
-encoder, Marian's and T5's, flattened for inference as :mod:`aiayn.decoding.inference` flattens
+encoder, Marian's and T5's, flattened for inference as :mod:`aiayn.decoding.fast_step` flattens
 the decoding step.
 
 A batch of sentences is padded to its longest one, (B, S); for sentences of 8–128 tokens about
@@ -19,7 +19,7 @@ only, one (N, D) matrix (the "unpadded" layout):
   were several times slower on a loaded 2-core machine: docs/benchmarks.md);
 - W^O and the feed-forward network's W_2 add the residual inside their product, W_1 applies the
   activation inside its product (oneDNN post-ops where the weights were packed by
-  :func:`~aiayn.decoding.packed.pack_for_inference`; PyTorch's ``F.linear`` and the activation
+  :func:`~aiayn.inference.packed.pack_for_inference`; PyTorch's ``F.linear`` and the activation
   after it elsewhere), and every sub-layer is a short function over the gathered weights.
 
 The arithmetic is the reference's up to summation order: tests hold the two paths to 1e-5 at
@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import MultiHeadAttention, SelfAttention, mask_fill_value
-from aiayn.decoding.packed import LinearKernel, NormKernel, linear_kernel
+from aiayn.inference.packed import LinearKernel, NormKernel, linear_kernel
 from aiayn.layers import ACTIVATIONS, FeedForward, GatedFeedForward, RMSNorm, SelfAttentionBlock
 from aiayn.layers.relative_position import RelativePositionBias
 from aiayn.layers.transformer_layers import SublayerConnection
@@ -72,7 +72,7 @@ _POST_OPS: dict[str, tuple[str, str]] = {
 
 def _activated(kernel: LinearKernel, x: Tensor, activation: str) -> Tensor:
     """act(x Wᵀ + b): (N, D_in) -> (N, D_out), the activation inside oneDNN's product, or after
-    PyTorch's where the kernel runs that (see :class:`~aiayn.decoding.packed.LinearKernel`)."""
+    PyTorch's where the kernel runs that (see :class:`~aiayn.inference.packed.LinearKernel`)."""
     dense = kernel._pytorch_weight(x)
     if dense is not None:
         return ACTIVATIONS[activation](F.linear(x, dense, kernel.bias))

@@ -7,12 +7,12 @@ decoder and the same arithmetic (up to summation order), written for speed at sm
 where the small operations around a step's matmuls take a large share of it (measured in
 docs/benchmarks.md). It runs on any device; the packed kernels are CPU-only.
 
-- the source is encoded once by :class:`~aiayn.decoding.encoder_inference.EncoderInference`
+- the source is encoded once by :class:`~aiayn.inference.encoder.EncoderInference`
   (the encoder on the real tokens only; by the encoder's module where it holds a part or a
   hook that path refuses);
-- the decoder's weights are gathered once into :class:`~aiayn.decoding.packed.LinearKernel`\\ s
+- the decoder's weights are gathered once into :class:`~aiayn.inference.packed.LinearKernel`\\ s
   (oneDNN-packed when the model came through
-  :func:`~aiayn.decoding.packed.pack_for_inference`), and each sub-layer is one short function
+  :func:`~aiayn.inference.packed.pack_for_inference`), and each sub-layer is one short function
   over them: no module calls and no per-layer objects per step;
 - the ReLU of the feed-forward network and every residual addition are fused into the matmul
   before them (oneDNN post-ops);
@@ -43,9 +43,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import CrossAttention, KVCache, SelfAttention, scaled_dot_product_attention
-from aiayn.decoding.encoder_inference import EncoderInference
-from aiayn.decoding.packed import LinearKernel, NormKernel, linear_kernel
 from aiayn.decoding.step import DecoderState, banned_ids, encode_source, select_source_rows
+from aiayn.inference.encoder import EncoderInference
+from aiayn.inference.packed import LinearKernel, NormKernel, linear_kernel
 from aiayn.layers import CrossAttentionBlock, FeedForward, GatedFeedForward, RMSNorm
 from aiayn.layers.relative_position import RelativePositionBias
 from aiayn.models.transformer import EncoderDecoder
@@ -258,7 +258,7 @@ def inference_step(
     :class:`InferenceStep` once and call its :meth:`~InferenceStep.initial_state` per batch.
 
     Args:
-        model: the model in eval mode, e.g. :func:`~aiayn.decoding.packed.pack_for_inference`'s
+        model: the model in eval mode, e.g. :func:`~aiayn.inference.packed.pack_for_inference`'s
             copy.
         src: (b, S) source ids.
         banned: tokens never produced.

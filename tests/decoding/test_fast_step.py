@@ -18,11 +18,10 @@ from aiayn.decoding import (
     encoder_decoder_step,
     greedy_search,
     inference_step,
-    pack_for_inference,
-    packing_available,
 )
-from aiayn.decoding.encoder_inference import EncoderInference
 from aiayn.decoding.translate import DecodeOptions, translate_ids
+from aiayn.inference import pack_for_inference, packing_available
+from aiayn.inference.encoder import EncoderInference
 from aiayn.layers import CrossAttentionBlock
 from aiayn.models import Transformer
 

@@ -8,17 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-import aiayn.decoding.packed as packed_module
+import aiayn.inference.packed as packed_module
 from aiayn.config import preset
-from aiayn.decoding import (
-    PackedLinear,
-    beam_search,
-    encoder_decoder_step,
-    greedy_search,
-    pack_for_inference,
-    packing_available,
-)
-from aiayn.decoding.packed import step_weight_bytes
+from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search
+from aiayn.inference import PackedLinear, pack_for_inference, packing_available
+from aiayn.inference.packed import step_weight_bytes
 from aiayn.models import Transformer
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="PyTorch built without oneDNN")
