@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+import aiayn.inference.kernels as kernels_module
 import aiayn.inference.packed as packed_module
 from aiayn.config import preset
 from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search
@@ -147,7 +148,7 @@ def test_small_products_take_pytorchs_kernel_up_to_2_to_the_18(
         calls.append(x.size(0))
         return nn.functional.linear(x, *args)
 
-    monkeypatch.setattr(packed_module, "F", SimpleNamespace(linear=counting_linear))
+    monkeypatch.setattr(kernels_module, "F", SimpleNamespace(linear=counting_linear))
     layer = nn.Linear(64, 64)
     dense, packed = PackedLinear(layer), PackedLinear(layer, dense_small=False)
     with torch.no_grad():

@@ -4,6 +4,7 @@
 (:mod:`~aiayn.inference.encoder`), and what encoder-only models are used for (fill-mask,
 sentence embeddings, text classification)."""
 
-from aiayn.inference.packed import PackedLinear, pack_for_inference, packing_available
+from aiayn.inference.kernels import PackedLinear, packing_available
+from aiayn.inference.packed import pack_for_inference
 
 __all__ = ["PackedLinear", "pack_for_inference", "packing_available"]
