@@ -19,7 +19,7 @@ Random weights drawn by transformers, saved with `save_pretrained` and converted
 `aiayn.convert`, so both sides run identical weights; outputs checked equal in the same run (max
 |difference| over the real positions; aiayn returns zeros at padded ones). aiayn runs as its
 commands do on CPU: the model with its linear layers packed for oneDNN
-(`aiayn.decoding.pack_for_inference`, once, not timed). fp32, medians of interleaved rounds
+(`aiayn.inference.pack_for_inference`, once, not timed). fp32, medians of interleaved rounds
 (min–max). The fraction of the matmul peak counts the multiply–adds each side performs (2 FLOPs
 each: linear layers over every padded position for Hugging Face, over the real tokens for
 aiayn; attention products over the padded lengths for both) per second against `torch.mm`'s
