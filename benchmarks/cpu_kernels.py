@@ -29,8 +29,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, machine, matmul_peak, write_report
 from aiayn.attention.scaled_dot_product import _explicit_attention, _explicit_is_faster
-from aiayn.decoding import PackedLinear
-from aiayn.decoding.packed import small_product
+from aiayn.inference import PackedLinear
+from aiayn.inference.kernels import small_product
 
 SHAPES = {  # (D_in, D_out) of the decoder's linear layers and the output layer
     "small": [(256, 768), (256, 256), (256, 1024), (1024, 256), (256, 8000)],

@@ -54,10 +54,11 @@ from aiayn.decoding import (
     encoder_decoder_step,
     greedy_search,
     inference_step,
-    pack_for_inference,
 )
-from aiayn.decoding.packed import LinearKernel, step_weights_stay_in_cache
 from aiayn.decoding.step import DecoderState
+from aiayn.inference import pack_for_inference
+from aiayn.inference.kernels import LinearKernel
+from aiayn.inference.packed import step_weights_stay_in_cache
 from aiayn.models import Transformer
 from aiayn.training.performance import keep_freed_memory
 
@@ -196,7 +197,7 @@ def add_floors(
     time ``decode`` (one decode of ``row["out_len"]`` tokens) spends in its linear layers, the
     step's linear layers alone over ``decoder_rows`` rows (the beam size), and a plain read of
     their weights."""
-    row["in_linears_share"] = share_inside(decode, LinearKernel, "__call__", "relu", "add")
+    row["in_linears_share"] = share_inside(decode, LinearKernel, "__call__", "activated", "add")
     row["in_linears_s"] = row["in_linears_share"] / row["aiayn_tok_s"]  # batch 1
     calls, weights = zip(*step_linears(packed, plain, decoder_rows), strict=True)
     row["weight_mb"] = sum(w.numel() * w.element_size() for w in weights) / 1e6

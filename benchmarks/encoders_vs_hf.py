@@ -7,7 +7,7 @@
   lengths 8–128 tokens, each batch padded to its longest sentence (Hugging Face's
   `padding=True`); both sides get the same padded ids and the same attention mask. Hugging Face
   runs every layer on every padded position, as its `BertModel` does; aiayn runs its encoder
-  inference (`aiayn.decoding.encoder_inference.BertInference`, what `aiayn embed` runs), whose
+  inference (`aiayn.inference.encoder.BertInference`, what `aiayn embed` runs), whose
   linear layers, feed-forward networks, norms and residuals work on the real tokens only and
   whose attention runs on the padded layout with the mask, as Hugging Face's. Sentences/s of
   the final states.
@@ -19,7 +19,7 @@ Random weights drawn by transformers, saved with `save_pretrained` and converted
 `aiayn.convert`, so both sides run identical weights; outputs checked equal in the same run (max
 |difference| over the real positions; aiayn returns zeros at padded ones). aiayn runs as its
 commands do on CPU: the model with its linear layers packed for oneDNN
-(`aiayn.decoding.pack_for_inference`, once, not timed). fp32, medians of interleaved rounds
+(`aiayn.inference.pack_for_inference`, once, not timed). fp32, medians of interleaved rounds
 (min–max). The fraction of the matmul peak counts the multiply–adds each side performs (2 FLOPs
 each: linear layers over every padded position for Hugging Face, over the real tokens for
 aiayn; attention products over the padded lengths for both) per second against `torch.mm`'s
@@ -41,8 +41,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, machine, matmul_peak, spread, time_interleaved, write_report
 from aiayn.convert import from_hf
-from aiayn.decoding import pack_for_inference
-from aiayn.decoding.encoder_inference import BertInference, ViTInference
+from aiayn.inference import pack_for_inference
+from aiayn.inference.encoder import BertInference, ViTInference
 
 GOAL = 1.3
 

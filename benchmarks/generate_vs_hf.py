@@ -29,8 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, fmt, machine, spread, time_interleaved, write_report
 from aiayn.convert.gpt2 import gpt2_from_hf_tensors
-from aiayn.decoding import pack_for_inference
 from aiayn.decoding.generate import GenerateOptions, generate_ids
+from aiayn.inference import pack_for_inference
 from aiayn.models import GPT2, gpt2_preset
 from aiayn.training.performance import keep_freed_memory
 

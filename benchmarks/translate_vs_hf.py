@@ -57,8 +57,8 @@ from aiayn.convert.generation import Seq2SeqSpecials
 from aiayn.convert.hf_folder import read_hf_config, read_hf_generation, read_hf_weights
 from aiayn.convert.marian import marian_from_hf_tensors, marian_generation_defaults
 from aiayn.convert.t5 import t5_from_hf_tensors, t5_generation_defaults
-from aiayn.decoding import pack_for_inference
 from aiayn.decoding.translate import DecodeOptions, options_for_checkpoint, translate_ids
+from aiayn.inference import pack_for_inference
 from aiayn.training.performance import keep_freed_memory
 
 GOALS = {1: 2.0, 32: 1.5}

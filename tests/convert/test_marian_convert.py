@@ -28,8 +28,8 @@ from aiayn.convert.marian import (
     marian_generation_defaults,
 )
 from aiayn.decoding import encoder_decoder_step, inference_step
-from aiayn.decoding.packed import pack_for_inference, packing_available
 from aiayn.errors import UserError
+from aiayn.inference import pack_for_inference, packing_available
 from aiayn.layers import sinusoidal_encoding
 from aiayn.models import Transformer
 from aiayn.models.params import count_parameters, expected_parameter_count

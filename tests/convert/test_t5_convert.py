@@ -15,10 +15,10 @@ from transformers import T5ForConditionalGeneration
 
 from aiayn.convert.hf_folder import read_hf_config, read_hf_weights
 from aiayn.convert.t5 import t5_config_from_hf, t5_from_hf_tensors
-from aiayn.decoding.inference import InferenceStep
-from aiayn.decoding.packed import pack_for_inference
+from aiayn.decoding.fast_step import InferenceStep
 from aiayn.decoding.step import encoder_decoder_step
 from aiayn.errors import UserError
+from aiayn.inference import pack_for_inference
 from aiayn.models.t5 import T5
 
 TOLERANCE = 1e-4

@@ -202,7 +202,7 @@ class MultiHeadAttention(nn.Module):
     def _proj(self, x: Tensor, block: slice) -> Tensor:
         """(B, N, D) @ W[block]ᵀ -> (B, N, k·I) for a block of the stacked rows [W^Q; W^K; W^V]."""
         if not isinstance(self.in_proj, nn.Linear):  # packed for inference: it slices itself
-            return self.in_proj(x, block)  # see aiayn.decoding.packed
+            return self.in_proj(x, block)  # see aiayn.inference.packed
         bias = None if self.in_proj.bias is None else self.in_proj.bias[block]
         return F.linear(x, self.in_proj.weight[block], bias)
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.attention.masks import Causal, Mask, mask_fill_value
+from aiayn.settings import performance
 
 
 def scaled_dot_product_attention(
@@ -109,25 +110,28 @@ def _cpu_dropout(query: Tensor, dropout_p: float) -> bool:
 def _explicit_is_faster(query: Tensor, key: Tensor, dropout_p: float) -> bool:
     """Whether the three plain ops (Q Kᵀ, softmax, · V) beat PyTorch's fused CPU kernel.
 
-    They do for short queries without gradients, the shapes of decoding:
+    They do for short queries without gradients, the shapes of decoding (the cut-offs are
+    fields of :class:`~aiayn.settings.PerformanceSettings`; docs/performance.md gives the
+    timings behind them):
 
-    - many one-query rows (batched greedy and beam steps, B·H·T ≥ 512 query rows of length
-      T ≤ 8): the fused kernel's blocking is made for long sequences. The cut at 512 rows is
-      where they won inside a whole decode, not only timed alone;
-    - a few queries over longer keys (2 ≤ T < S, T ≤ 8: the K beams of a sentence over its
-      source, folded into K queries), from 32 query rows.
-
-    The timings behind both cuts: ``benchmarks/cpu_kernels.py`` (docs/results/cpu_kernels.md)
-    and docs/benchmarks.md.
+    - many query rows of a short length (batched greedy and beam steps: B·H·T of at least
+      ``explicit_attention_min_rows``, T at most ``explicit_attention_max_queries``): the fused
+      kernel's blocking is made for long sequences;
+    - a few queries over longer keys (2 ≤ T < S: the K beams of a sentence over its source,
+      folded into K queries), from ``explicit_attention_min_folded_rows`` query rows.
     """
     b, h, t, _ = query.shape
-    rows = b * h * t
+    rows = b * h * t  # B·H·T query rows
+    cut = performance()
     return (
         query.device.type == "cpu"
         and not (query.requires_grad and torch.is_grad_enabled())
         and dropout_p == 0.0
-        and t <= 8
-        and (rows >= 512 or (2 <= t < key.size(-2) and rows >= 32))
+        and t <= cut.explicit_attention_max_queries
+        and (
+            rows >= cut.explicit_attention_min_rows
+            or (2 <= t < key.size(-2) and rows >= cut.explicit_attention_min_folded_rows)
+        )
     )
 
 

@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from aiayn.data.images import ImagePreprocessor
-    from aiayn.decoding.encoder_inference import ViTInference
     from aiayn.errors import UserError
+    from aiayn.inference.encoder import ViTInference
     from aiayn.models.vit import ViT
     from aiayn.training.checkpoint import checkpoint_tokenizer, load_checkpoint
     from aiayn.validation import resolve_device

@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     """Classify every line and print its top labels."""
     from aiayn.cli.fill_mask import load_bert
     from aiayn.cli.translate import read_input
-    from aiayn.decoding.classify_text import classify_texts
     from aiayn.errors import UserError
+    from aiayn.inference.classify_text import classify_texts
 
     model, tokenizer = load_bert(args.checkpoint, args.device, head="classification")
     labels = model.config.num_labels

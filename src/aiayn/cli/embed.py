@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.cli.fill_mask import load_bert
     from aiayn.cli.outputs import atomic_file, check_file
     from aiayn.cli.translate import read_input
-    from aiayn.decoding.encoder_tasks import cosine_similarities, sentence_embeddings
     from aiayn.errors import UserError
+    from aiayn.inference.encoder_tasks import cosine_similarities, sentence_embeddings
 
     if args.similarity and (args.input or args.out):
         raise UserError("--similarity reads its two files: leave out --input and --out")

@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the predictions of every text."""
     from aiayn.cli.translate import read_input
-    from aiayn.decoding.encoder_tasks import fill_mask
+    from aiayn.inference.encoder_tasks import fill_mask
 
     model, tokenizer = load_bert(args.checkpoint, args.device, head="mlm")
     texts = args.texts or read_input(args.input)

@@ -1,11 +1,10 @@
 """Decoding: searches written against one step function (tokens, state) -> (log-probs, state)."""
 
 from aiayn.decoding.beam import Hypothesis, beam_search, gnmt_length_penalty
+from aiayn.decoding.fast_step import InferenceState, InferenceStep, inference_step
 from aiayn.decoding.generate import GenerateOptions, generate, generate_ids
 from aiayn.decoding.greedy import greedy_search
-from aiayn.decoding.inference import InferenceState, InferenceStep, inference_step
 from aiayn.decoding.lm import LMState, decoder_only_step
-from aiayn.decoding.packed import PackedLinear, pack_for_inference, packing_available
 from aiayn.decoding.sampling import filter_logits, sample
 from aiayn.decoding.step import DecoderState, Seq2SeqState, StepFunction, encoder_decoder_step
 
@@ -16,7 +15,6 @@ __all__ = [
     "InferenceState",
     "InferenceStep",
     "LMState",
-    "PackedLinear",
     "Seq2SeqState",
     "StepFunction",
     "beam_search",
@@ -28,7 +26,5 @@ __all__ = [
     "gnmt_length_penalty",
     "greedy_search",
     "inference_step",
-    "pack_for_inference",
-    "packing_available",
     "sample",
 ]

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.decoding.step import DecoderState, StepFunction
+from aiayn.settings import performance
 
 
 def gnmt_length_penalty(length: int, alpha: float) -> float:
@@ -194,22 +195,26 @@ def _advance(
     return outcome
 
 
-def top_candidates(candidates: Tensor, n: int, chunk: int = 128) -> tuple[Tensor, Tensor]:
+def top_candidates(candidates: Tensor, n: int, chunk: int | None = None) -> tuple[Tensor, Tensor]:
     """The n largest values of each row of ``candidates`` (b, M), largest first, and their
     indices: ``torch.topk``'s values exactly, found in fewer passes over long rows.
 
     CPU ``topk`` copies every element of a row into its selection buffer (the cost is in
-    docs/benchmarks.md). Here only a vectorised maximum reads every
-    element: the row is cut into chunks of ``chunk`` elements, and the n elements sought lie in
+    docs/performance.md). Here only a vectorised maximum reads every element: the row is cut
+    into chunks of ``chunk`` elements (default
+    :attr:`~aiayn.settings.PerformanceSettings.topk_chunk`), and the n elements sought lie in
     the n chunks with the largest maxima (an element among the n largest is at least the n-th
     largest value, and so is its chunk's maximum; fewer than n chunks can have a larger one).
     ``topk`` then runs over those n · chunk elements only. Among equal values the indices
-    returned may differ from ``topk``'s, whose order between ties is unspecified too. Other
-    devices (not measured) take one ``topk``.
+    returned may differ from ``topk``'s, whose order between ties is unspecified too. Rows of
+    fewer than :attr:`~aiayn.settings.PerformanceSettings.chunked_topk_min_candidates`
+    candidates, and other devices (not measured), take one ``topk``.
     """
     b, m = candidates.shape
+    settings = performance()
+    chunk = settings.topk_chunk if chunk is None else chunk
     chunks = -(-m // chunk)
-    if candidates.device.type != "cpu" or m < 1 << 14 or chunks <= n:
+    if candidates.device.type != "cpu" or m < settings.chunked_topk_min_candidates or chunks <= n:
         return candidates.topk(n, dim=1)  # short rows (topk is faster there), or not CPU
     padded = F.pad(candidates, (0, chunks * chunk - m), value=-math.inf)  # (b, C·L)
     blocks = padded.view(b, chunks, chunk)  # (b, C·L) -> (b, C, L)

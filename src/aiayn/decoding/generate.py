@@ -22,9 +22,9 @@ import torch
 from aiayn.decoding.beam import Hypothesis, beam_search
 from aiayn.decoding.greedy import greedy_search
 from aiayn.decoding.lm import check_prompts, decoder_only_step
-from aiayn.decoding.packed import pack_for_inference
 from aiayn.decoding.sampling import sample
 from aiayn.errors import UserError
+from aiayn.inference.packed import pack_for_inference
 from aiayn.models.gpt2 import GPT2
 from aiayn.validation import (
     Bounds,
@@ -63,7 +63,7 @@ class GenerateOptions:
             text twice); None = torch's global generator, not reproducible.
         batch_size: prompts decoded together (beam search: K rows each).
         pack: on CPU, decode with a copy of the model whose linear layers are packed for
-            oneDNN (:func:`~aiayn.decoding.packed.pack_for_inference`: the same fp32
+            oneDNN (:func:`~aiayn.inference.packed.pack_for_inference`: the same fp32
             arithmetic up to summation order, packed once per call). Ignored on GPU.
     """
 

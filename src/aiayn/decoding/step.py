@@ -143,7 +143,7 @@ def encode_source(
     cross-attention of every step the mask's work. One host sync per source batch.
 
     ``encoder``: what runs the model's encoder on (ids, real-token mask or None), such as
-    :class:`~aiayn.decoding.encoder_inference.EncoderInference`; None = its module.
+    :class:`~aiayn.inference.encoder.EncoderInference`; None = its module.
     """
     src_mask = model.source_mask(src)  # (B, 1, 1, S)
     padded = not bool(src_mask.all())

@@ -20,11 +20,11 @@ from aiayn.config import TransformerConfig
 from aiayn.data import TokenBatchSampler, normalize
 from aiayn.data.pretrained_tokenizer import TranslationTokenizer
 from aiayn.decoding.beam import Hypothesis, beam_search
+from aiayn.decoding.fast_step import InferenceStep
 from aiayn.decoding.greedy import greedy_search
-from aiayn.decoding.inference import InferenceStep
-from aiayn.decoding.packed import pack_for_inference
 from aiayn.decoding.step import DecoderState, StepFunction, renormalized
 from aiayn.errors import UserError
+from aiayn.inference.packed import pack_for_inference
 from aiayn.models.transformer import EncoderDecoder
 from aiayn.validation import (
     Choice,
@@ -62,7 +62,7 @@ class DecodeOptions:
             vocabularies; a converted model records its own, e.g. OPUS-MT bans its pad id).
         renormalize: log-softmax again after banning (Hugging Face's ``renormalize_logits``).
         pack: on CPU, decode with a copy of the model whose linear layers are packed for
-            oneDNN (:func:`~aiayn.decoding.packed.pack_for_inference`; same fp32 arithmetic up
+            oneDNN (:func:`~aiayn.inference.packed.pack_for_inference`; same fp32 arithmetic up
             to summation order; its speed against PyTorch's linears is measured by
             ``benchmarks/decode_vs_hf.py``, docs/benchmarks.md). Ignored on GPU.
     """
@@ -128,7 +128,7 @@ def translate_ids(
 ) -> list[list[Hypothesis]]:
     """Decode encoded sentences (ids without specials); n-best lists in input order.
 
-    Decodes with :class:`~aiayn.decoding.inference.InferenceStep` (the model's decoder,
+    Decodes with :class:`~aiayn.decoding.fast_step.InferenceStep` (the model's decoder,
     flattened for inference), from the tokenizer's ``bos_id`` (a converted model's decoder start
     token) to its ``eos_id``; each source gets the tokenizer's EOS appended. Greedy hypotheses
     (beam 1) carry ``log_prob = score = nan``. Empty sources give one empty hypothesis without

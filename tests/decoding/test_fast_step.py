@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -18,11 +19,10 @@ from aiayn.decoding import (
     encoder_decoder_step,
     greedy_search,
     inference_step,
-    pack_for_inference,
-    packing_available,
 )
-from aiayn.decoding.encoder_inference import EncoderInference
 from aiayn.decoding.translate import DecodeOptions, translate_ids
+from aiayn.inference import pack_for_inference, packing_available
+from aiayn.inference.encoder import EncoderInference
 from aiayn.layers import CrossAttentionBlock
 from aiayn.models import Transformer
 
@@ -177,14 +177,42 @@ def test_bad_uses_are_refused() -> None:
     with pytest.raises(ValueError, match=r"model\.eval\(\)"):
         inference_step(model.train(), src)
 
-    class MyLayer(CrossAttentionBlock):
-        pass
 
-    base = model.eval().decoder.layers[0]
+class _MyLayer(CrossAttentionBlock):
+    """A subclass: may compute anything."""
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translate_falls_back_to_the_module_step_for_a_part_it_does_not_compute(
+    beam: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A decoder layer of a subclass: translate_ids decodes with the module step (the
+    hypotheses a search over encoder_decoder_step gives), instead of failing, and says so once
+    at debug level."""
+    model = _model()
+    base = model.decoder.layers[0]
     parts = (base.self_attn, base.cross_attn, base.feed_forward, torch.nn.LayerNorm)
-    model.decoder.layers[0] = MyLayer(*parts, norm_first=False, dropout=0.0)
-    with pytest.raises(TypeError, match="CrossAttentionBlock, got MyLayer"):
-        inference_step(model, src)
+    model.decoder.layers[0] = _MyLayer(*parts, norm_first=False, dropout=0.0).eval()
+    tokenizer = SimpleNamespace(pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    sources = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]]
+    options = DecodeOptions(beam_size=beam, n_best=beam, extra_len=3)  # packed where possible
+    with caplog.at_level(logging.DEBUG, logger="aiayn.decoding.fast_step"):
+        got = translate_ids(model, sources, tokenizer, options)  # type: ignore[arg-type]
+    said = [r.getMessage() for r in caplog.records if r.name == "aiayn.decoding.fast_step"]
+    assert len(said) == 1 and "CrossAttentionBlock, got _MyLayer" in said[0], said
+    assert [r.levelno for r in caplog.records if r.name == "aiayn.decoding.fast_step"] == [
+        logging.DEBUG
+    ]
+    with torch.no_grad():
+        for ids, hyps in zip(sources, got, strict=True):
+            step, state = encoder_decoder_step(model, torch.tensor([[*ids, EOS]]))
+            kw = {"bos_id": BOS, "eos_id": EOS, "max_len": len(ids) + 3, "batch_size": 1}
+            if beam == 1:
+                assert [h.tokens for h in hyps] == greedy_search(step, state, **kw)  # type: ignore[arg-type]
+                continue
+            best = beam_search(step, state, beam_size=beam, n_best=beam, **kw)[0]  # type: ignore[arg-type]
+            assert [h.tokens for h in hyps] == [h.tokens for h in best]
+            assert [h.score for h in hyps] == pytest.approx([h.score for h in best], abs=1e-5)
 
 
 def test_the_step_carries_no_graph_outside_no_grad() -> None:

@@ -23,8 +23,8 @@ from torch import Tensor, nn
 
 from aiayn.attention import SelfAttention
 from aiayn.config import TransformerConfig, preset
-from aiayn.decoding import pack_for_inference, packing_available
-from aiayn.decoding.encoder_inference import BertInference, EncoderInference, ViTInference
+from aiayn.inference import pack_for_inference, packing_available
+from aiayn.inference.encoder import BertInference, EncoderInference, ViTInference
 from aiayn.layers import FeedForward, RMSNorm, SelfAttentionBlock
 from aiayn.layers.relative_position import RelativePositionBias
 from aiayn.models import BERT, T5, BertConfig, T5Config, Transformer, bert_preset

@@ -1,5 +1,6 @@
 """House rule 7 for the flattened inference step: every value of every model option is held to the
-module step, and every part the fast path does not compute is refused, never run differently.
+module step, and a model with a part the fast path does not compute is run by the module step,
+never differently.
 
 A new field of TransformerConfig (or T5Config) fails ``test_every_option_is_enumerated`` (or
 ``test_every_t5_option_is_enumerated``) until its values are added to OPTION_VALUES (or
@@ -9,6 +10,8 @@ T5_OPTION_VALUES), and so checked here.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 from collections.abc import Callable
 
 import pytest
@@ -17,7 +20,7 @@ from torch import nn
 
 from aiayn.attention import CrossAttention, SelfAttention
 from aiayn.config import TransformerConfig, preset
-from aiayn.decoding import encoder_decoder_step, inference_step
+from aiayn.decoding import InferenceStep, encoder_decoder_step, inference_step
 from aiayn.layers import FeedForward, GatedFeedForward, RMSNorm
 from aiayn.layers.relative_position import RelativePositionBias
 from aiayn.models import T5, Transformer
@@ -258,6 +261,15 @@ def _other_bias(model: Transformer) -> None:
     model.decoder.position_bias = _OtherBias(4, bidirectional=False)
 
 
+def _hook_on_a_layer(model: Transformer) -> None:
+    model.decoder.layers[1].feed_forward.register_forward_hook(lambda m, i, o: o * 0.5)
+
+
+def _custom_projection(model: Transformer) -> None:
+    linear = model.decoder.layers[0].self_attn.out_proj
+    model.decoder.layers[0].self_attn.out_proj = nn.Sequential(linear, nn.Tanh())
+
+
 UNKNOWN_PARTS: dict[str, tuple[Callable[[Transformer], None], str]] = {
     "a feed-forward subclass": (
         _swap_feed_forward(lambda d, f: _OtherFeedForward(d, f, "relu")),
@@ -270,18 +282,26 @@ UNKNOWN_PARTS: dict[str, tuple[Callable[[Transformer], None], str]] = {
     "heads of another size": (_other_head_size, "4 heads of size 8.*got 8 of size 4"),
     "a sub-layer normed first": (_other_norm_placement, "norm_first=False"),
     "a position bias subclass": (_other_bias, "T5's position bias, got _OtherBias"),
+    "a forward hook": (_hook_on_a_layer, r"no forward hooks, .* decoder\.layers\.1\.feed_forward"),
+    "a custom module for a linear": (_custom_projection, "Linear or PackedLinear, got Sequential"),
 }
 
 
 @pytest.mark.parametrize("part", list(UNKNOWN_PARTS))
-def test_parts_the_fast_step_does_not_compute_are_refused(part: str) -> None:
-    """The module step runs any part; the fast step refuses what it would compute otherwise."""
+@torch.no_grad()
+def test_parts_the_fast_step_does_not_compute_run_the_module_step(
+    part: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The module step runs any part; where the fast step would compute one otherwise, it runs
+    the module step (same log-probs) and says why once, at debug level."""
     torch.manual_seed(0)
     model = Transformer(_base()).eval()
     swap, message = UNKNOWN_PARTS[part]
     swap(model)
-    src = torch.tensor([[5, 6, EOS]])
-    step, state = encoder_decoder_step(model, src)
-    step(torch.full((1, 1), BOS), state)  # the reference path runs it
-    with pytest.raises(TypeError, match=message):
-        inference_step(model, src)
+    with caplog.at_level(logging.DEBUG, logger="aiayn.decoding.fast_step"):
+        _assert_steps_agree(model, steps=4)
+        _assert_steps_agree(model, steps=1)  # the same model again: nothing more said
+    step = InferenceStep(model)
+    assert step.fallback is not None and re.search(message, step.fallback)
+    said = [r.getMessage() for r in caplog.records if r.name == "aiayn.decoding.fast_step"]
+    assert len(said) == 1 and re.search(message, said[0]), said

@@ -1,7 +1,7 @@
 """Sequence classification with a BERT classifier (Devlin et al. 2019, §4.1: softmax(C Wᵀ) on
 the pooled ``[CLS]`` state): the most probable labels of texts or text pairs. The encoder runs
-through :class:`~aiayn.decoding.encoder_inference.BertInference` (its blocks on the real tokens
-only), held equal to the model's own forward by tests/decoding/test_encoder_inference.py.
+through :class:`~aiayn.inference.encoder.BertInference` (its blocks on the real tokens
+only), held equal to the model's own forward by tests/inference/test_encoder.py.
 
 Shape legend:  B texts in a batch   S tokens   C labels   k labels kept
 """
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import torch
 
 from aiayn.data.bert_tokenizer import BertTokenizer
-from aiayn.decoding.encoder_inference import BertInference
 from aiayn.errors import UserError
+from aiayn.inference.encoder import BertInference
 from aiayn.models.bert import BERT
 
 

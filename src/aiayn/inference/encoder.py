@@ -1,5 +1,5 @@
 """Encoder inference on the real tokens only: the self-attention stacks of BERT, ViT, the paper's
-encoder, Marian's and T5's, flattened for inference as :mod:`aiayn.decoding.inference` flattens
+encoder, Marian's and T5's, flattened for inference as :mod:`aiayn.decoding.fast_step` flattens
 the decoding step.
 
 A batch of sentences is padded to its longest one, (B, S); for sentences of 8–128 tokens about
@@ -15,12 +15,13 @@ only, one (N, D) matrix (the "unpadded" layout):
   (B, H, S, d_k) views with the padding mask, as the reference's
   (:func:`torch.nn.functional.scaled_dot_product_attention`; T5's position bias added), and
   the real rows of its output are gathered back, (N, I). (Attention sentence by sentence over
-  its real tokens alone does less than half the work on such batches, but its many small calls
-  were several times slower on a loaded 2-core machine: docs/benchmarks.md);
+  its real tokens alone does less than half the work on such batches, but as many small calls
+  it took longer: docs/performance.md);
 - W^O and the feed-forward network's W_2 add the residual inside their product, W_1 applies the
   activation inside its product (oneDNN post-ops where the weights were packed by
-  :func:`~aiayn.decoding.packed.pack_for_inference`; PyTorch's ``F.linear`` and the activation
-  after it elsewhere), and every sub-layer is a short function over the gathered weights.
+  :func:`~aiayn.inference.packed.pack_for_inference`; PyTorch's ``F.linear`` and the activation
+  after it elsewhere): the kernels of :mod:`aiayn.inference.kernels`, which the decoding step
+  shares.
 
 The arithmetic is the reference's up to summation order: tests hold the two paths to 1e-5 at
 every real position for every value of every option of the families' configs. Where a batch
@@ -35,7 +36,8 @@ meaningless there too when that position is padding.
 Inference only: built from a model in eval mode (no dropout: a model in training mode is
 refused, call ``model.eval()``), runs under :func:`torch.inference_mode` and returns no
 attention weights (ask the model itself for them). Parts of a kind it does not know are
-refused with a TypeError naming them, never computed differently. The weights are read, not
+refused with :class:`~aiayn.inference.kernels.UnsupportedPart` (a TypeError) naming them, never
+computed differently. The weights are read, not
 copied: build the runner again after replacing a module (changing weights in place is seen).
 
 Shape legend:
@@ -53,44 +55,34 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import MultiHeadAttention, SelfAttention, mask_fill_value
-from aiayn.decoding.packed import LinearKernel, NormKernel, linear_kernel
-from aiayn.layers import ACTIVATIONS, FeedForward, GatedFeedForward, RMSNorm, SelfAttentionBlock
+from aiayn.inference.kernels import (
+    FeedForwardKernel,
+    LinearKernel,
+    NormKernel,
+    UnsupportedPart,
+    check_kind,
+    check_norm,
+    linear_kernel,
+    refuse_hooks,
+    residual,
+)
+from aiayn.layers import SelfAttentionBlock
 from aiayn.layers.relative_position import RelativePositionBias
 from aiayn.layers.transformer_layers import SublayerConnection
 from aiayn.models.bert import BERT, BertOutput, Pooler, padding_from_attention_mask
 from aiayn.models.transformer import Encoder
 from aiayn.models.vit import ViT, ViTOutput
 
-_POST_OPS: dict[str, tuple[str, str]] = {
-    "relu": ("relu", ""),
-    "gelu": ("gelu", "none"),  # exact (erf), as F.gelu
-    "gelu_tanh": ("gelu", "tanh"),
-    "silu": ("swish", ""),  # x·σ(x)
-}
-"""Feed-forward activations by name -> oneDNN's post-op (attribute, algorithm) computing it."""
-
-
-def _activated(kernel: LinearKernel, x: Tensor, activation: str) -> Tensor:
-    """act(x Wᵀ + b): (N, D_in) -> (N, D_out), the activation inside oneDNN's product, or after
-    PyTorch's where the kernel runs that (see :class:`~aiayn.decoding.packed.LinearKernel`)."""
-    dense = kernel._pytorch_weight(x)
-    if dense is not None:
-        return ACTIVATIONS[activation](F.linear(x, dense, kernel.bias))
-    attr, algorithm = _POST_OPS[activation]
-    return torch.ops.mkldnn._linear_pointwise(x, kernel.packed, kernel.bias, attr, [], algorithm)
+_WHO = "encoder inference"  # how messages name this path
 
 
 def _root_pre_hooks(root: nn.Module, called: nn.Module, name: str) -> tuple[Callable, ...]:
     """The forward pre-hooks of ``root``, which this path runs as a call of ``root`` would (T5's
     encoder refuses float16 in one). Hooks on the parts whose ``forward`` this path does not
     call (all but ``called``, the embedder, and its parts) are refused: they would not run."""
-    inside = {id(m) for m in called.modules()}
-    for part_name, part in root.named_modules():
-        pre = part._forward_pre_hooks if part is not root else {}
-        if id(part) not in inside and (pre or part._forward_hooks):
-            raise TypeError(f"{name} runs no forward hooks, found some on {part_name or 'it'}")
+    refuse_hooks(root, name, called=called, root_pre_hooks_run=True)
     if root._forward_pre_hooks_with_kwargs:
-        raise TypeError(f"{name} runs no forward pre-hooks that take keyword arguments")
+        raise UnsupportedPart(f"{name} runs no forward pre-hooks that take keyword arguments")
     return tuple(root._forward_pre_hooks.values())
 
 
@@ -98,7 +90,9 @@ def _run_pre_hooks(hooks: tuple[Callable, ...], root: nn.Module, *args: Tensor |
     """Each hook on ``args``, the positional arguments of the call it stands for."""
     for hook in hooks:
         if hook(root, args) is not None:
-            raise TypeError(f"{type(root).__name__} has a forward pre-hook that changes its input")
+            raise UnsupportedPart(
+                f"{type(root).__name__} has a forward pre-hook that changes its input"
+            )
 
 
 def _refuse_training(model: nn.Module, name: str) -> None:
@@ -164,12 +158,8 @@ class _Block:
 
     qkv: LinearKernel  # [W^Q; W^K; W^V]: (D,) -> (3I,)
     out: LinearKernel  # W^O: (I,) -> (D,)
-    ff_in: LinearKernel  # W_1, b_1
-    ff_gate: LinearKernel | None  # W_0 of a gated network (T5 v1.1), else None
-    ff_out: LinearKernel  # W_2, b_2
     attn_norm: NormKernel
-    ff_norm: NormKernel
-    activation: str  # a name of _POST_OPS
+    ff: FeedForwardKernel  # the feed-forward sub-layer, its norm and residual connection
     norm_first: bool
     heads: int  # H
     d_k: int
@@ -178,54 +168,27 @@ class _Block:
     @staticmethod
     def of(layer: nn.Module) -> _Block:
         """A block's weights, its parts checked to be of the kinds this path runs."""
-        attn, ff, subs = _checked_parts(layer)
-        gate = linear_kernel(ff.gate) if isinstance(ff, GatedFeedForward) else None
+        check_kind(layer, (SelfAttentionBlock,), _WHO, "SelfAttentionBlock")
+        assert isinstance(layer, SelfAttentionBlock)
+        attn, subs = layer.self_attn, (layer.attn_sublayer, layer.ff_sublayer)
+        check_kind(attn, (SelfAttention,), _WHO, "aiayn's SelfAttention")
+        assert isinstance(attn, SelfAttention)
+        for sub in subs:
+            check_kind(sub, (SublayerConnection,), _WHO, "SublayerConnection")
+            check_norm(sub.norm, _WHO)
+        if subs[0].norm_first != subs[1].norm_first:
+            raise UnsupportedPart(f"{_WHO} runs blocks whose two sub-layers share norm_first")
+        norm_first = subs[0].norm_first
         return _Block(
             linear_kernel(attn.in_proj),
             linear_kernel(attn.out_proj),
-            linear_kernel(ff.linear1),
-            gate,
-            linear_kernel(ff.linear2),
             NormKernel(subs[0].norm),
-            NormKernel(subs[1].norm),
-            ff.activation_name,
-            subs[0].norm_first,
+            FeedForwardKernel.of(layer.feed_forward, subs[1].norm, norm_first, _WHO),
+            norm_first,
             attn.num_heads,
             attn.d_k,
             attn.scale,
         )
-
-
-def _checked_parts(
-    layer: nn.Module,
-) -> tuple[SelfAttention, FeedForward | GatedFeedForward, tuple[SublayerConnection, ...]]:
-    """The parts of ``layer``, refused with a TypeError naming any of a kind not known here (a
-    subclass may compute something else)."""
-    if type(layer) is not SelfAttentionBlock:
-        raise TypeError(f"encoder inference runs SelfAttentionBlock, got {type(layer).__name__}")
-    assert isinstance(layer, SelfAttentionBlock)
-    attn, ff = layer.self_attn, layer.feed_forward
-    if type(attn) is not SelfAttention:
-        raise TypeError(f"encoder inference runs aiayn's SelfAttention, got {type(attn).__name__}")
-    known_ff = type(ff) in (FeedForward, GatedFeedForward)
-    if not known_ff or getattr(ff, "activation_name", None) not in _POST_OPS:
-        raise TypeError(
-            f"encoder inference runs a FeedForward or GatedFeedForward with activation "
-            f"{' or '.join(_POST_OPS)}, got {type(ff).__name__}"
-            f"({getattr(ff, 'activation_name', '?')})"
-        )
-    assert isinstance(ff, (FeedForward, GatedFeedForward))
-    subs = (layer.attn_sublayer, layer.ff_sublayer)
-    for sub in subs:
-        if type(sub) is not SublayerConnection:
-            raise TypeError(f"encoder inference runs SublayerConnection, got {type(sub).__name__}")
-        if type(sub.norm) not in (nn.LayerNorm, RMSNorm):
-            raise TypeError(
-                f"encoder inference runs LayerNorm or RMSNorm, got {type(sub.norm).__name__}"
-            )
-    if subs[0].norm_first != subs[1].norm_first:
-        raise TypeError("encoder inference runs blocks whose two sub-layers share norm_first")
-    return attn, ff, subs
 
 
 class _Blocks:
@@ -236,7 +199,7 @@ class _Blocks:
         self.blocks = tuple(_Block.of(layer) for layer in layers)
         shapes = {(block.heads, block.d_k) for block in self.blocks}
         if len(shapes) > 1:
-            raise TypeError(
+            raise UnsupportedPart(
                 f"encoder inference runs one attention shape (heads, d_k), got {sorted(shapes)}"
             )
         self.heads, self.d_k = shapes.pop() if shapes else (1, 1)
@@ -247,7 +210,7 @@ class _Blocks:
         buffer = None if rows.index is None else x.new_zeros(rows.batch * rows.length, width)
         for w in self.blocks:
             x = self._attention(w, x, rows, buffer)
-            x = self._feed_forward(w, x)
+            x = w.ff(x)  # the feed-forward sub-layer (§3.3)
         return x
 
     def _attention(self, w: _Block, x: Tensor, rows: _Rows, buffer: Tensor | None) -> Tensor:
@@ -260,25 +223,7 @@ class _Blocks:
             q, k, v, attn_mask=rows.scores_mask, scale=w.scale
         )  # (B, H, S, d_k)
         concat = rows.gather(heads.transpose(1, 2))  # (B, S, H, d_k) -> (N, I)
-        return self._residual(w.out, w.attn_norm, w.norm_first, concat, x)
-
-    def _feed_forward(self, w: _Block, x: Tensor) -> Tensor:
-        """Position-wise feed-forward sub-layer (§3.3), or its gated variant: (N, D) -> (N, D)."""
-        inner = w.ff_norm(x) if w.norm_first else x
-        if w.ff_gate is not None:  # (act(x W_0) ⊙ x W_1) W_2, both (N, D) @ (D, F)
-            hidden = _activated(w.ff_gate, inner, w.activation).mul_(w.ff_in(inner))
-        else:
-            hidden = _activated(w.ff_in, inner, w.activation)  # (N, D) @ (D, F), activated
-        return self._residual(w.ff_out, w.ff_norm, w.norm_first, hidden, x)
-
-    @staticmethod
-    def _residual(
-        out: LinearKernel, norm: NormKernel, norm_first: bool, y: Tensor, x: Tensor
-    ) -> Tensor:
-        """The output projection and the residual connection (§3.1): post-norm
-        Norm(x + y Wᵀ + b), or pre-norm x + y Wᵀ + b."""
-        x = out.add(y, x)  # (N, D_in) @ (D_in, D) + (N, D)
-        return x if norm_first else norm(x)
+        return residual(w.out, w.attn_norm, w.norm_first, concat, x)  # (N, D)
 
 
 class EncoderInference:
@@ -290,19 +235,15 @@ class EncoderInference:
     """
 
     def __init__(self, encoder: Encoder):
-        if type(encoder) is not Encoder:
-            raise TypeError(f"encoder inference runs aiayn's Encoder, got {type(encoder).__name__}")
-        _refuse_training(encoder, "encoder inference")
-        bias = encoder.position_bias
-        if bias is not None and type(bias) is not RelativePositionBias:
-            raise TypeError(f"encoder inference runs T5's position bias, got {type(bias).__name__}")
-        final = encoder.final_norm
-        if final is not None and type(final) not in (nn.LayerNorm, RMSNorm):
-            raise TypeError(
-                f"encoder inference runs a final LayerNorm or RMSNorm, got {type(final).__name__}"
-            )
+        check_kind(encoder, (Encoder,), _WHO, "aiayn's Encoder")
+        _refuse_training(encoder, _WHO)
+        bias, final = encoder.position_bias, encoder.final_norm
+        if bias is not None:
+            check_kind(bias, (RelativePositionBias,), _WHO, "T5's position bias")
+        if final is not None:
+            check_norm(final, _WHO, "a final LayerNorm or RMSNorm")
         self.encoder = encoder
-        self.hooks = _root_pre_hooks(encoder, encoder.embedder, "encoder inference")
+        self.hooks = _root_pre_hooks(encoder, encoder.embedder, _WHO)
         self.embedder = encoder.embedder  # run as the module: (B, S) -> (B, S, D)
         self.position_bias = bias
         self.blocks = _Blocks(list(encoder.layers))
@@ -346,12 +287,11 @@ class BertInference:
     """
 
     def __init__(self, model: BERT):
-        if type(model) is not BERT:
-            raise TypeError(f"BERT inference runs aiayn's BERT, got {type(model).__name__}")
+        check_kind(model, (BERT,), "BERT inference", "aiayn's BERT")
         _refuse_training(model, "BERT inference")
         pooler = model.pooler
-        if pooler is not None and type(pooler) is not Pooler:
-            raise TypeError(f"BERT inference runs BERT's Pooler, got {type(pooler).__name__}")
+        if pooler is not None:
+            check_kind(pooler, (Pooler,), "BERT inference", "BERT's Pooler")
         self.model = model
         self.hooks = _root_pre_hooks(model, model.encoder, "BERT inference")
         self.encoder = EncoderInference(model.encoder)
@@ -383,14 +323,9 @@ class ViTInference:
     """
 
     def __init__(self, model: ViT):
-        if type(model) is not ViT:
-            raise TypeError(f"ViT inference runs aiayn's ViT, got {type(model).__name__}")
+        check_kind(model, (ViT,), "ViT inference", "aiayn's ViT")
         _refuse_training(model, "ViT inference")
-        if type(model.final_norm) not in (nn.LayerNorm, RMSNorm):
-            raise TypeError(
-                f"ViT inference runs a final LayerNorm or RMSNorm, got "
-                f"{type(model.final_norm).__name__}"
-            )
+        check_norm(model.final_norm, "ViT inference", "a final LayerNorm or RMSNorm")
         self.model = model
         self.hooks = _root_pre_hooks(model, model.embedder, "ViT inference")
         self.embedder = model.embedder  # eq. 1, run as the module: (B, C, H, W) -> (B, T, D)

@@ -5,17 +5,21 @@ relative position bias, gated feed-forward, scaled output) alike.
 :func:`inference_step` is :func:`~aiayn.decoding.step.encoder_decoder_step` with the same
 decoder and the same arithmetic (up to summation order), written for speed at small batches,
 where the small operations around a step's matmuls take a large share of it (measured in
-docs/benchmarks.md). It runs on any device; the packed kernels are CPU-only.
+docs/benchmarks.md). It runs on any device; the packed kernels are CPU-only. Where the model
+holds a part of a kind this step does not compute (a subclass, another norm, a forward hook on
+the decoder), it runs :func:`~aiayn.decoding.step.encoder_decoder_step` instead, the reference,
+and says so once per model at debug level (logger ``aiayn.decoding.fast_step``).
 
-- the source is encoded once by :class:`~aiayn.decoding.encoder_inference.EncoderInference`
+- the source is encoded once by :class:`~aiayn.inference.encoder.EncoderInference`
   (the encoder on the real tokens only; by the encoder's module where it holds a part or a
   hook that path refuses);
-- the decoder's weights are gathered once into :class:`~aiayn.decoding.packed.LinearKernel`\\ s
+- the decoder's weights are gathered once into :class:`~aiayn.inference.kernels.LinearKernel`\\ s
   (oneDNN-packed when the model came through
-  :func:`~aiayn.decoding.packed.pack_for_inference`), and each sub-layer is one short function
+  :func:`~aiayn.inference.packed.pack_for_inference`), and each sub-layer is one short function
   over them: no module calls and no per-layer objects per step;
-- the ReLU of the feed-forward network and every residual addition are fused into the matmul
-  before them (oneDNN post-ops);
+- the feed-forward network's activation and every residual addition are fused into the matmul
+  before them (oneDNN post-ops): the kernels of :mod:`aiayn.inference.kernels`, which the
+  encoder's flattened path shares;
 - T5's relative position bias is one (H, P) table over relative positions, computed once: the
   bias of a step's query is a slice of it;
 - the self-attention keys/values of every layer live in one preallocated buffer, written in
@@ -34,39 +38,60 @@ Shape legend:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import weakref
 from dataclasses import dataclass, replace
-from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import CrossAttention, KVCache, SelfAttention, scaled_dot_product_attention
-from aiayn.decoding.encoder_inference import EncoderInference
-from aiayn.decoding.packed import LinearKernel, NormKernel, linear_kernel
-from aiayn.decoding.step import DecoderState, banned_ids, encode_source, select_source_rows
-from aiayn.layers import CrossAttentionBlock, FeedForward, GatedFeedForward, RMSNorm
+from aiayn.decoding.step import (
+    DecoderState,
+    StepFunction,
+    banned_ids,
+    encode_source,
+    encoder_decoder_step,
+    select_source_rows,
+)
+from aiayn.inference.encoder import EncoderInference
+from aiayn.inference.kernels import (
+    FeedForwardKernel,
+    LinearKernel,
+    NormKernel,
+    UnsupportedPart,
+    check_kind,
+    check_norm,
+    linear_kernel,
+    refuse_hooks,
+    residual,
+)
+from aiayn.layers import CrossAttentionBlock
 from aiayn.layers.relative_position import RelativePositionBias
-from aiayn.models.transformer import EncoderDecoder
+from aiayn.models.transformer import Decoder, EncoderDecoder
+
+_WHO = "inference_step"  # how messages name this step
+_log = logging.getLogger(__name__)
+_told: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose fallback was logged
 
 
 def _decoder_layers(model: EncoderDecoder) -> list[CrossAttentionBlock]:
     """The decoder's layers, checked to be built of the parts this step knows how to run (see
-    :class:`_Parts`); anything else is refused with a TypeError naming it, never run
-    differently."""
+    :class:`_Parts`); anything else is :class:`~aiayn.inference.kernels.UnsupportedPart`,
+    naming it: the module step runs such a model, never this one differently."""
+    check_kind(model.decoder, (Decoder,), _WHO, "aiayn's Decoder")
+    refuse_hooks(model.decoder, _WHO, prefix="decoder")  # no decoder module is called
+    refuse_hooks(model.output_proj, _WHO, prefix="output_proj")
     embedder = model.decoder.embedder
     if embedder.token_types is not None or embedder.norm is not None:
-        raise TypeError("inference_step runs an embedder without token types or norm")
+        raise UnsupportedPart(f"{_WHO} runs an embedder without token types or norm")
     bias = model.decoder.position_bias
-    if bias is not None and type(bias) is not RelativePositionBias:
-        raise TypeError(f"inference_step runs T5's position bias, got {type(bias).__name__}")
+    if bias is not None:
+        check_kind(bias, (RelativePositionBias,), _WHO, "T5's position bias")
     layers = []
     for layer in model.decoder.layers:
-        if type(layer) is not CrossAttentionBlock:  # a subclass may compute something else
-            raise TypeError(
-                f"inference_step runs aiayn's CrossAttentionBlock, got {type(layer).__name__}"
-            )
+        check_kind(layer, (CrossAttentionBlock,), _WHO, "aiayn's CrossAttentionBlock")
         assert isinstance(layer, CrossAttentionBlock)
         layers.append(layer)
     return layers
@@ -76,8 +101,8 @@ def _decoder_layers(model: EncoderDecoder) -> list[CrossAttentionBlock]:
 class _Parts:
     """What every decoder layer must share for the step to run it: attention of H heads of size
     d_k with one score scale (None = 1/√d_k, the paper; 1 for T5), the norm placement, and parts
-    of the known kinds — SelfAttention/CrossAttention, FeedForward or GatedFeedForward with an
-    activation of :data:`_ACTIVATIONS`, LayerNorm or RMSNorm."""
+    of the known kinds — SelfAttention/CrossAttention, LayerNorm or RMSNorm (the feed-forward
+    network: :meth:`FeedForwardKernel.of <aiayn.inference.kernels.FeedForwardKernel.of>`)."""
 
     heads: int
     d_k: int
@@ -102,43 +127,18 @@ class _Parts:
 
     def check(self, layer: CrossAttentionBlock) -> None:
         for attn in (layer.self_attn, layer.cross_attn):
-            if type(attn) not in (SelfAttention, CrossAttention):
-                raise TypeError(f"inference_step runs aiayn's attention, got {type(attn).__name__}")
+            check_kind(attn, (SelfAttention, CrossAttention), _WHO, "aiayn's attention")
             if (attn.num_heads, attn.d_k, attn.scale) != (self.heads, self.d_k, self.scale):
-                raise TypeError(
-                    f"inference_step runs one attention shape: {self.heads} heads of size "
+                raise UnsupportedPart(
+                    f"{_WHO} runs one attention shape: {self.heads} heads of size "
                     f"{self.d_k}, scale {self.scale}; got {attn.num_heads} of size {attn.d_k}, "
                     f"scale {attn.scale}"
                 )
-        ff = layer.feed_forward
-        if (
-            type(ff) not in (FeedForward, GatedFeedForward)
-            or ff.activation_name not in _ACTIVATIONS
-        ):
-            raise TypeError(
-                f"inference_step runs a FeedForward or GatedFeedForward with activation "
-                f"{' or '.join(_ACTIVATIONS)}, got {type(ff).__name__}"
-                f"({getattr(ff, 'activation_name', '?')})"
-            )
         for sub in (layer.self_sublayer, layer.cross_sublayer, layer.ff_sublayer):
-            if type(sub.norm) not in (nn.LayerNorm, RMSNorm):
-                raise TypeError(
-                    f"inference_step runs LayerNorm or RMSNorm, got {type(sub.norm).__name__}"
-                )
+            check_norm(sub.norm, _WHO)
             if sub.norm_first != self.norm_first:
-                raise TypeError(
-                    f"inference_step runs one norm placement (norm_first={self.norm_first})"
-                )
-
-
-_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor] | None] = {
-    "relu": None,  # fused into W_1's product
-    "gelu": F.gelu,  # exact (erf) GELU, as FeedForward's
-    "gelu_tanh": partial(F.gelu, approximate="tanh"),
-    "silu": F.silu,
-}
-"""What _feed_forward computes: the feed-forward's activation names -> the function applied
-after W_1's product (None: the ReLU fused into it; a gated network applies it to the gate)."""
+                placement = f"norm_first={self.norm_first}"
+                raise UnsupportedPart(f"{_WHO} runs one norm placement ({placement})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,32 +149,21 @@ class _Layer:
     self_out: LinearKernel  # self-attention W^O
     cross_query: LinearKernel  # encoder–decoder attention W^Q
     cross_out: LinearKernel  # encoder–decoder attention W^O
-    ff_in: LinearKernel  # W_1, b_1
-    ff_gate: LinearKernel | None  # W_0 of a gated network (T5 v1.1), else None
-    ff_out: LinearKernel  # W_2, b_2
     self_norm: NormKernel
     cross_norm: NormKernel
-    ff_norm: NormKernel
-    activation: Callable[[Tensor], Tensor] | None  # after W_1; None: ReLU fused into W_1
+    ff: FeedForwardKernel  # the feed-forward sub-layer, its norm and residual connection
 
     @staticmethod
-    def of(layer: CrossAttentionBlock) -> _Layer:
+    def of(layer: CrossAttentionBlock, norm_first: bool) -> _Layer:
         d = layer.cross_attn.inner_dim  # the query rows of [W^Q; W^K; W^V]
-        ff = layer.feed_forward
-        assert isinstance(ff, (FeedForward, GatedFeedForward))  # checked by _Parts
-        gate = linear_kernel(ff.gate) if isinstance(ff, GatedFeedForward) else None
         return _Layer(
             linear_kernel(layer.self_attn.in_proj),
             linear_kernel(layer.self_attn.out_proj),
             linear_kernel(layer.cross_attn.in_proj, slice(0, d)),
             linear_kernel(layer.cross_attn.out_proj),
-            linear_kernel(ff.linear1),
-            gate,
-            linear_kernel(ff.linear2),
             NormKernel(layer.self_sublayer.norm),
             NormKernel(layer.cross_sublayer.norm),
-            NormKernel(layer.ff_sublayer.norm),
-            _ACTIVATIONS[ff.activation_name],
+            FeedForwardKernel.of(layer.feed_forward, layer.ff_sublayer.norm, norm_first, _WHO),
         )
 
 
@@ -243,22 +232,39 @@ class InferenceState:
         return replace(self, self_kv=new, group=group)
 
 
+@dataclass(frozen=True)
+class _ModuleStepState:
+    """A state of the module step (:func:`~aiayn.decoding.step.encoder_decoder_step`), which
+    :class:`InferenceStep` runs for a model with a part it does not compute, with the step
+    function made for its source batch."""
+
+    state: DecoderState
+    step: StepFunction
+
+    def repeat_interleave(self, repeats: int) -> _ModuleStepState:
+        return _ModuleStepState(self.state.repeat_interleave(repeats), self.step)
+
+    def index_select(self, index: Tensor) -> _ModuleStepState:
+        return _ModuleStepState(self.state.index_select(index), self.step)
+
+
 def inference_step(
     model: EncoderDecoder,
     src: Tensor,
     *,
     banned: tuple[int, ...] | None = None,
     capacity: int = 64,
-) -> tuple[InferenceStep, InferenceState]:
+) -> tuple[InferenceStep, DecoderState]:
     """Encode ``src`` (b, S) once; return the flattened step function and its initial state.
 
     Same contract as :func:`~aiayn.decoding.step.encoder_decoder_step`: (B, 1) newest tokens
     and a state in, (B, V) log-probabilities (``banned`` tokens, default PAD and BOS, at −inf)
     and the next state out. To decode many source batches with one model, build the
     :class:`InferenceStep` once and call its :meth:`~InferenceStep.initial_state` per batch.
+    A model with a part the flattened step does not compute is run by the module step.
 
     Args:
-        model: the model in eval mode, e.g. :func:`~aiayn.decoding.packed.pack_for_inference`'s
+        model: the model in eval mode, e.g. :func:`~aiayn.inference.packed.pack_for_inference`'s
             copy.
         src: (b, S) source ids.
         banned: tokens never produced.
@@ -274,7 +280,7 @@ def _encoder_runner(model: EncoderDecoder) -> EncoderInference | None:
     path refuses: its module then encodes, the reference arithmetic, and the hooks run."""
     try:
         return EncoderInference(model.encoder)
-    except TypeError:
+    except UnsupportedPart:
         return None
 
 
@@ -282,6 +288,10 @@ class InferenceStep:
     """The decoding step of an encoder–decoder (the paper's, Marian, T5), flattened: (B, 1)
     tokens, state -> (B, V) log-probs, state. Built once per model; inference only (eval mode,
     no gradient flows through it).
+
+    Where the model holds a part this step does not compute, every state and step is the module
+    step's (:func:`~aiayn.decoding.step.encoder_decoder_step`), ``fallback`` says why, and the
+    reason is logged once per model at debug level.
 
     Args:
         model: the model in eval mode (its current weights are used, not copied).
@@ -291,12 +301,25 @@ class InferenceStep:
     def __init__(self, model: EncoderDecoder, *, banned: tuple[int, ...] | None = None):
         if model.training:
             raise ValueError("inference_step decodes without dropout: call model.eval() first")
+        self.model, self.banned_given = model, banned
+        self.encoder: EncoderInference | None = None
+        self.fallback: str | None = None  # why the module step runs, or None
+        try:
+            self._gather(model)
+        except UnsupportedPart as part:
+            self.fallback = str(part)
+            if model not in _told:
+                _told.add(model)
+                _log.debug("%s runs the module step (encoder_decoder_step): %s", _WHO, part)
+        device = model.decoder.embedder.embedding.weight.device
+        self.banned = banned_ids(model, banned, device)  # (n,) ids, or None
+
+    def _gather(self, model: EncoderDecoder) -> None:
+        """Check the model's parts and gather its decoder's weights (see :class:`_Parts`)."""
         config, decoder = model.config, model.decoder
-        self.model = model
-        self.encoder = _encoder_runner(model)
         self.decoder_layers = _decoder_layers(model)  # checked once: cross K/V come from them
         parts = _Parts.of(self.decoder_layers)
-        self.layers = tuple(_Layer.of(layer) for layer in self.decoder_layers)
+        self.layers = tuple(_Layer.of(layer, parts.norm_first) for layer in self.decoder_layers)
         self.positional = decoder.embedder.positional
         self.embedding = decoder.embedder.embedding.weight.detach()  # (V, D)
         self.scale = decoder.embedder.embedding.scale  # √d_model (the paper), or 1
@@ -310,7 +333,7 @@ class InferenceStep:
         self.output_scale = model.output_scale
         self.norm_first = parts.norm_first
         self.heads, self.d_k, self.attention_scale = parts.heads, parts.d_k, parts.scale
-        self.banned = banned_ids(model, banned, self.embedding.device)  # (n,) ids, or None
+        self.encoder = _encoder_runner(model)
 
     def _bias_table(self, length: int) -> Tensor | None:
         """T5's decoder bias for query positions < ``length`` (see
@@ -321,7 +344,7 @@ class InferenceStep:
             return self.position_bias.causal_table(length).detach()  # (H, length)
 
     @torch.inference_mode()
-    def initial_state(self, src: Tensor, *, capacity: int = 64) -> InferenceState:
+    def initial_state(self, src: Tensor, *, capacity: int = 64) -> DecoderState:
         """Encode ``src`` (b, S) once: the state before the first step.
 
         As :func:`~aiayn.decoding.step.encode_source` says, no source mask is kept when no
@@ -329,6 +352,9 @@ class InferenceStep:
         """
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if self.fallback is not None:
+            step, state = encoder_decoder_step(self.model, src, banned=self.banned_given)
+            return _ModuleStepState(state, step)
         memory, src_mask, padded = encode_source(self.model, src, self.encoder)  # (b, S, D), ...
         mask = src_mask if padded else None
         cross = tuple(layer.cross_attn.project_key_value(memory) for layer in self.decoder_layers)
@@ -339,6 +365,9 @@ class InferenceStep:
     @torch.inference_mode()
     def __call__(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         """(B, 1) newest tokens -> (B, V) log-probabilities of the next one, and the next state."""
+        if isinstance(state, _ModuleStepState):
+            log_probs, inner = state.step(tokens, state.state)
+            return log_probs, _ModuleStepState(inner, state.step)
         assert isinstance(state, InferenceState)
         kv = self._writable(state)
         pos = state.offset
@@ -346,7 +375,7 @@ class InferenceStep:
         for i, layer in enumerate(self.layers):
             x = self._self_attention(layer, x, kv.buffer[i], pos)
             x = self._cross_attention(layer, x, state.cross[i], state.src_mask, state.group)
-            x = self._feed_forward(layer, x)
+            x = layer.ff(x)  # the feed-forward sub-layer (§3.3)
         if self.final_norm is not None:
             x = self.final_norm(x)
         if self.output_scale != 1.0:
@@ -389,7 +418,8 @@ class InferenceStep:
         heads, _ = scaled_dot_product_attention(
             query, keys, values, bias=bias, scale=self.attention_scale
         )  # (B, H, 1, d_k)
-        return self._residual(w.self_out, w.self_norm, heads.view(b, h * d_k), x)  # (B, D)
+        concat = heads.view(b, h * d_k)  # (B, H, 1, d_k) -> (B, D)
+        return residual(w.self_out, w.self_norm, self.norm_first, concat, x)  # (B, D)
 
     def _cross_attention(
         self, w: _Layer, x: Tensor, kv: KVCache, mask: Tensor | None, group: int
@@ -403,19 +433,7 @@ class InferenceStep:
             query, kv.key, kv.value, mask, scale=self.attention_scale
         )  # (b, H, G, d_k)
         concat = heads.transpose(1, 2).reshape(b_rows, h * d_k)  # (b, G, H, d_k) -> (B, D)
-        return self._residual(w.cross_out, w.cross_norm, concat, x)
-
-    def _feed_forward(self, w: _Layer, x: Tensor) -> Tensor:
-        """Position-wise feed-forward sub-layer (§3.3), or its gated variant: (B, D) -> (B, D)."""
-        inner = w.ff_norm(x) if self.norm_first else x
-        if w.ff_gate is not None:  # (act(x W_0) ⊙ x W_1) W_2, both (B, D) @ (D, F)
-            act = w.activation or F.relu
-            hidden = act(w.ff_gate(inner)).mul_(w.ff_in(inner))
-        elif w.activation is None:  # (B, D) @ (D, F), the ReLU fused into the product
-            hidden = w.ff_in.relu(inner)
-        else:
-            hidden = w.activation(w.ff_in(inner))  # (B, D) @ (D, F), then the activation
-        return self._residual(w.ff_out, w.ff_norm, hidden, x)
+        return residual(w.cross_out, w.cross_norm, self.norm_first, concat, x)  # (B, D)
 
     def _self_bias(self, pos: int) -> Tensor | None:
         """T5's bias of the query at ``pos`` over keys 0 .. pos: (1, H, 1, pos + 1), or None."""
@@ -427,9 +445,3 @@ class InferenceStep:
             assert self.bias_table is not None
             length = self.bias_table.size(1)
         return self.bias_table[None, :, None, length - 1 - pos :]  # (H, L+1) -> (1, H, 1, L + 1)
-
-    def _residual(self, out: LinearKernel, norm: NormKernel, y: Tensor, x: Tensor) -> Tensor:
-        """The sub-layer's output projection and its residual connection (§3.1): post-norm
-        LayerNorm(x + y Wᵀ + b), or pre-norm x + y Wᵀ + b (normed before the sub-layer)."""
-        x = out.add(y, x)  # (B, D_in) @ (D_in, D) + (B, D)
-        return x if self.norm_first else norm(x)

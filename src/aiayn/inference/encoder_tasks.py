@@ -3,7 +3,7 @@ masked-LM objective of Devlin et al. 2019, §3.1 "Task #1") and sentence embeddi
 over the real tokens, then L2 normalisation, as sentence-transformers models do; Reimers &
 Gurevych 2019, §3).
 
-Both run the model through :class:`~aiayn.decoding.encoder_inference.BertInference`: its blocks
+Both run the model through :class:`~aiayn.inference.encoder.BertInference`: its blocks
 on the real tokens only, the same states at real positions as the model's ``forward``.
 
 Shape legend:  B texts in a batch   S tokens   D d_model   V vocabulary   k predictions kept
@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.data.bert_tokenizer import BertTokenizer
-from aiayn.decoding.encoder_inference import BertInference
-from aiayn.decoding.packed import pack_for_inference
 from aiayn.errors import UserError
+from aiayn.inference.encoder import BertInference
+from aiayn.inference.packed import pack_for_inference
 from aiayn.models.bert import BERT
 
 
@@ -96,7 +96,7 @@ def sentence_embeddings(
     ([CLS] and [SEP] included, padding not), L2-normalised unless ``normalize`` is False.
 
     ``pack``: on CPU, run a copy of the model whose linear layers are packed for oneDNN
-    (:func:`~aiayn.decoding.packed.pack_for_inference`, made once per call; same fp32
+    (:func:`~aiayn.inference.packed.pack_for_inference`, made once per call; same fp32
     arithmetic up to summation order). Ignored on GPU.
     """
     if batch_size < 1:

@@ -8,17 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-import aiayn.decoding.packed as packed_module
+import aiayn.inference.kernels as kernels_module
+import aiayn.inference.packed as packed_module
 from aiayn.config import preset
-from aiayn.decoding import (
-    PackedLinear,
-    beam_search,
-    encoder_decoder_step,
-    greedy_search,
-    pack_for_inference,
-    packing_available,
-)
-from aiayn.decoding.packed import step_weight_bytes
+from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search
+from aiayn.inference import PackedLinear, pack_for_inference, packing_available
+from aiayn.inference.packed import step_weight_bytes
 from aiayn.models import Transformer
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="PyTorch built without oneDNN")
@@ -153,7 +148,7 @@ def test_small_products_take_pytorchs_kernel_up_to_2_to_the_18(
         calls.append(x.size(0))
         return nn.functional.linear(x, *args)
 
-    monkeypatch.setattr(packed_module, "F", SimpleNamespace(linear=counting_linear))
+    monkeypatch.setattr(kernels_module, "F", SimpleNamespace(linear=counting_linear))
     layer = nn.Linear(64, 64)
     dense, packed = PackedLinear(layer), PackedLinear(layer, dense_small=False)
     with torch.no_grad():

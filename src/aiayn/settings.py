@@ -1,0 +1,78 @@
+"""Performance settings: the thresholds where one kernel takes over from another that computes
+the same thing (up to summation order), tuned by timing both on a machine.
+
+They live here and nowhere else. Each field says what it chooses; docs/performance.md ("Tuned
+thresholds") gives the command that times the two kernels and the figures that set its value.
+No threshold changes what is computed: tests hold the kernels on either side of it equal, so a
+machine that is faster with other values may change them freely.
+
+The modules read :func:`performance` at call time; :func:`performance_settings` changes fields
+for a block (a benchmark trying other cut-offs, a test forcing one side).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PerformanceSettings:
+    """The machine-tuned thresholds of aiayn's CPU inference kernels.
+
+    Attributes:
+        explicit_attention_max_queries: the longest query T for which attention may run as
+            three plain ops (Q Kᵀ, softmax, · V) instead of PyTorch's fused CPU kernel
+            (:func:`aiayn.attention.scaled_dot_product_attention`, without gradients).
+        explicit_attention_min_rows: from this many query rows B·H·T (of length at most the
+            above), the plain ops: batched greedy and beam steps.
+        explicit_attention_min_folded_rows: from this many query rows when 2 ≤ T < S (a
+            sentence's beams folded into T queries over its source), the plain ops.
+        small_product_max_macs: products of up to this many multiply–adds (rows × D_in × D_out)
+            keep PyTorch's ``F.linear`` instead of oneDNN's packed kernel, whose call has a
+            fixed cost (:class:`aiayn.inference.kernels.LinearKernel`), while the weights stay
+            in cache.
+        step_weights_max_cache_share: small products keep PyTorch's kernel only when a decoding
+            step's linear weights take at most this share of the last-level cache
+            (:func:`aiayn.inference.packed.step_weights_stay_in_cache`); beyond it oneDNN reads
+            each weight on all threads.
+        default_last_level_cache_bytes: the cache size assumed where the OS does not report
+            one (:func:`aiayn.inference.packed.last_level_cache_bytes`).
+        topk_chunk: beam search's candidate selection on CPU finds the best chunks of this many
+            candidates by their maxima, then runs ``topk`` over those chunks only
+            (:func:`aiayn.decoding.beam.top_candidates`).
+        chunked_topk_min_candidates: rows of fewer candidates (beams × vocabulary) take one
+            ``topk``.
+    """
+
+    explicit_attention_max_queries: int = 8
+    explicit_attention_min_rows: int = 512
+    explicit_attention_min_folded_rows: int = 32
+    small_product_max_macs: int = 1 << 18
+    step_weights_max_cache_share: float = 0.5
+    default_last_level_cache_bytes: int = 32 << 20
+    topk_chunk: int = 128
+    chunked_topk_min_candidates: int = 1 << 14
+
+
+_current = PerformanceSettings()
+
+
+def performance() -> PerformanceSettings:
+    """The settings in force."""
+    return _current
+
+
+@contextmanager
+def performance_settings(**changes: Any) -> Iterator[PerformanceSettings]:
+    """The settings in force with ``changes`` (fields by name) inside the block, restored after
+    it: ``with performance_settings(small_product_max_macs=0): ...``."""
+    global _current
+    previous = _current
+    _current = replace(previous, **changes)
+    try:
+        yield _current
+    finally:
+        _current = previous
