@@ -121,7 +121,9 @@ class Family:
         from_hf: Hugging Face ``model_type`` -> how to convert it.
         to_hf: ``(model, folder, tokenizer) -> folder``: writes it back as transformers loads
             it, or None.
-        inference: the fast inference runner (held equal to the model's forward), or None.
+        inference: the fast inference runner (held equal to the model's forward; the
+            encoder–decoders' decoding step, which runs their encoder through
+            :mod:`aiayn.inference`), or None (GPT-2 decodes through its module with a KV cache).
         training: how it trains, or None.
     """
 
@@ -155,6 +157,7 @@ class Family:
 
 
 _TOKENIZERS = "aiayn.data.pretrained_tokenizer"
+_DECODER_STEP = "aiayn.decoding.fast_step:InferenceStep"  # the encoder runs on aiayn.inference
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -182,6 +185,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.marian:marian_generation_defaults",
                 )
             },
+            inference=_DECODER_STEP,
             training=Training(
                 "aiayn.training.config:DataConfig",
                 {"translation": "aiayn.training.translation:TranslationTask"},
@@ -232,6 +236,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.t5:t5_generation_defaults",
                 )
             },
+            inference=_DECODER_STEP,
         ),
         Family(
             "bert",
@@ -255,6 +260,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.data.bert_tokenizer:bert_tokenizer_from_hf",
                 )
             },
+            inference="aiayn.inference.encoder:BertInference",
             training=Training(
                 "aiayn.training.config:BertDataConfig",
                 {
@@ -283,6 +289,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.vit:vit_preprocessor_from_hf",
                 )
             },
+            inference="aiayn.inference.encoder:ViTInference",
             training=Training(
                 "aiayn.training.config:ImageDataConfig",
                 {"image-classification": "aiayn.training.images:ImageClassificationTask"},
