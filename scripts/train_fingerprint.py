@@ -73,6 +73,8 @@ def _runs(root: Path, data: dict[str, Path]) -> dict[str, list[str]]:
 def _strip_times(value: object) -> object:
     if isinstance(value, dict):
         return {k: _strip_times(v) for k, v in value.items() if k not in TIME_KEYS}
+    if isinstance(value, list):
+        return [_strip_times(v) for v in value]
     return value
 
 

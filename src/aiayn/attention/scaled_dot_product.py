@@ -69,15 +69,7 @@ def scaled_dot_product_attention(
             return output, None
         # one new query (incremental decoding) sees every key: nothing to mask
         mask = None if t == 1 else mask.build(t, s, query.device)  # (1, 1, T, S)
-    row_has_key: Tensor | None = None
-    if mask is not None:
-        if mask.dtype != torch.bool:
-            raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
-        # A row with no allowed key would be softmax over nothing: allow all keys there for the
-        # arithmetic and zero the row afterwards, so no NaN reaches the output or the gradient.
-        row_has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, T|1, 1)
-        mask = mask | ~row_has_key
-
+    mask, row_has_key = _mend_blocked_rows(mask)
     weights: Tensor | None = None
     if need_weights:
         output, weights = _explicit_attention(query, key, value, mask, bias, scale, dropout_p)
@@ -92,12 +84,25 @@ def scaled_dot_product_attention(
             dropout_p=dropout_p,
             scale=scale,
         )  # (B, H, T, d_v)
-
     if row_has_key is not None:
         output = output * row_has_key  # (B, H, T, d_v): zero the fully blocked rows
         if weights is not None:
             weights = weights * row_has_key  # (B, H, T, S)
     return output, weights
+
+
+def _mend_blocked_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """(the mask with every fully blocked row opened, which rows have an allowed key).
+
+    A row with no allowed key would be softmax over nothing: the caller computes it with all
+    keys allowed and zeroes it afterwards, so no NaN reaches the output or the gradient.
+    """
+    if mask is None:
+        return None, None
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+    row_has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, T|1, 1)
+    return mask | ~row_has_key, row_has_key
 
 
 def _cpu_dropout(query: Tensor, dropout_p: float) -> bool:

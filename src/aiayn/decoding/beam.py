@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -133,29 +134,66 @@ def beam_search(
         at_limit = [t >= last[s] for s in active]  # (b,) on the host
         log_probs = rules.constrain(log_probs, t, at_limit)
         candidates = (scores[:, :, None] + log_probs).view(len(active), k * vocab)  # (b, K·V)
-        top_scores, top_index = top_candidates(candidates, min(2 * k, k * vocab))  # (b, 2K)
-        parents: list[int] = []  # rows of the surviving beams' parents, (b'·K,)
-        survivors: list[tuple[float, int]] = []  # their log-probs and newest tokens
-        kept = []  # sentences still searching
-        for r, (s, row_scores, row_index) in enumerate(
-            zip(active, top_scores.tolist(), top_index.tolist(), strict=True)
-        ):
-            outcome = _advance(row_scores, row_index, r * k, vocab, paths, rules, at_limit[r])
-            finished[s] = rules.keep(finished[s] + outcome.finished)
-            live = [lp for lp, _ in outcome.survivors]
-            if not rules.done(finished[s], live, t, limits[s], at_limit[r]):
-                kept.append(s)
-                parents.extend(outcome.parents)
-                survivors.extend(outcome.survivors)
-        if not kept:
+        top = top_candidates(candidates, min(2 * k, k * vocab))  # (b, 2K) scores and indices
+        chosen = _select(active, top, _Row(k, vocab, t, at_limit), paths, rules, finished, limits)
+        if not chosen.kept:
             break
-        active = kept
+        active, parents, survivors = chosen.kept, chosen.parents, chosen.survivors
         paths = [paths[row] + (token,) for row, (_, token) in zip(parents, survivors, strict=True)]
         live_scores = [lp for lp, _ in survivors]  # float32 values: the round trip is exact
         scores = torch.tensor(live_scores, dtype=torch.float32, device=device).view(-1, k)
         tokens = torch.tensor([token for _, token in survivors], device=device)[:, None]
         state = state.index_select(torch.tensor(parents, device=device))  # (b'·K,) rows
     return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
+
+
+class _Row(NamedTuple):
+    """What :func:`_select` needs of the step: K, V, the step t and which sentences are at
+    their length limit."""
+
+    k: int
+    vocab: int
+    t: int
+    at_limit: list[bool]
+
+
+@dataclass
+class _Chosen:
+    """One step's outcome: the sentences still searching, the rows of their surviving beams'
+    parents (b'·K,), and the survivors' (log-prob, newest token)."""
+
+    kept: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    survivors: list[tuple[float, int]] = field(default_factory=list)
+
+
+def _select(
+    active: list[int],
+    top: tuple[Tensor, Tensor],
+    row: _Row,
+    paths: list[tuple[int, ...]],
+    rules: _Rules,
+    finished: list[list[Hypothesis]],
+    limits: list[int],
+) -> _Chosen:
+    """On the host, from one copy of each sentence's 2K best candidates ``top`` (scores,
+    indices): end hypotheses (added to ``finished``), and keep the K survivors of each sentence
+    still searching."""
+    chosen = _Chosen()
+    top_scores, top_index = top
+    for r, (s, row_scores, row_index) in enumerate(
+        zip(active, top_scores.tolist(), top_index.tolist(), strict=True)
+    ):
+        outcome = _advance(
+            row_scores, row_index, r * row.k, row.vocab, paths, rules, row.at_limit[r]
+        )
+        finished[s] = rules.keep(finished[s] + outcome.finished)
+        live = [lp for lp, _ in outcome.survivors]
+        if not rules.done(finished[s], live, row.t, limits[s], row.at_limit[r]):
+            chosen.kept.append(s)
+            chosen.parents.extend(outcome.parents)
+            chosen.survivors.extend(outcome.survivors)
+    return chosen
 
 
 @dataclass
