@@ -59,7 +59,7 @@ from aiayn.decoding import (
 from aiayn.decoding.packed import LinearKernel, step_weights_stay_in_cache
 from aiayn.decoding.step import DecoderState
 from aiayn.models import Transformer
-from aiayn.training.performance import keep_freed_memory
+from aiayn.performance import keep_freed_memory
 
 PAD, BOS, EOS = 0, 1, 2
 

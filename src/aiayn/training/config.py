@@ -325,7 +325,7 @@ class TrainConfig:
             CPU).
         keep_freed_memory: on CPU (Linux/glibc), let the allocator keep freed memory for the
             next step instead of returning it to the OS (faster; the process keeps its peak
-            memory). See :func:`aiayn.training.performance.keep_freed_memory`.
+            memory). See :func:`aiayn.performance.keep_freed_memory`.
         label_smoothing: ε_ls of the loss; None = the task's default: 0.1 for translation
             (§5.4), 0 (plain cross-entropy) for a language model and an image classifier. A
             training setting, so it is not part of the model config (nor of its checkpoints'
@@ -588,7 +588,7 @@ def _model_section(family: str, values: dict[str, Any], init_from: Any) -> tuple
 def checkpoint_model_config(path: str, family: str = "gpt2") -> GPT2Config | BertConfig:
     """The config of ``family`` (gpt2 or bert) recorded in a checkpoint folder (or a run
     folder's latest)."""
-    from aiayn.training.checkpoint import read_checkpoint_config
+    from aiayn.checkpoint import read_checkpoint_config
 
     wanted = {"gpt2": GPT2Config, "bert": BertConfig}[family]
     try:
