@@ -32,10 +32,14 @@ import torch
 from safetensors.torch import save_file, save_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import aiayn.checkpoint as ck
+import aiayn.checkpoint.checksums as ck_checksums
+import aiayn.checkpoint.files as ck_files
+import aiayn.checkpoint.load as ck_load
+import aiayn.checkpoint.optimizer as ck_optimizer
 from _common import command_line, fmt, machine, spread, time_interleaved, write_report
 from aiayn.config import preset
 from aiayn.models import Transformer
-from aiayn.training import checkpoint as ck
 
 
 def _optimizer(model: Transformer) -> torch.optim.Optimizer:
@@ -51,7 +55,7 @@ def _plain_save(folder: Path, model: Transformer, opt: torch.optim.Optimizer) ->
     """The files of a checkpoint, written as before checksums: no hash, no sync."""
     folder.mkdir()
     save_model(model, str(folder / ck.MODEL_FILE))
-    flat = ck._optimizer_to_flat(opt.state_dict())
+    flat = ck_optimizer._optimizer_to_flat(opt.state_dict())
     save_file(flat, str(folder / ck.OPTIMIZER_FILE))
     (folder / ck.STATE_FILE).write_text(json.dumps({"step": 1}), encoding="utf-8")
 
@@ -59,25 +63,30 @@ def _plain_save(folder: Path, model: Transformer, opt: torch.optim.Optimizer) ->
 @contextmanager
 def _unsynced() -> Iterator[None]:
     """Saving without syncing the files to disk (the checksums still computed)."""
-    fsync, sync_dir = ck.os.fsync, ck._sync_dir
-    ck.os.fsync = lambda fd: None
-    ck._sync_dir = lambda folder: None
+    fsync, sync_dir = ck_files.os.fsync, ck_files.sync_dir
+    ck_files.os.fsync = lambda fd: None
+    ck_files.sync_dir = lambda folder: None
     try:
         yield
     finally:
-        ck.os.fsync, ck._sync_dir = fsync, sync_dir
+        ck_files.os.fsync, ck_files.sync_dir = fsync, sync_dir
+
+
+_CHECKS = [(ck_load, "verify_files"), (ck_load, "check_digest"), (ck_optimizer, "verify_files")]
+"""Where loading calls the SHA-256 checks."""
 
 
 @contextmanager
 def _unchecked() -> Iterator[None]:
     """Loading with the SHA-256 checks switched off."""
-    verify, check = ck.verify_files, ck._check_digest
-    ck.verify_files = lambda *args, **kwargs: None
-    ck._check_digest = lambda *args, **kwargs: None
+    saved = [(m, n, getattr(m, n)) for m, n in _CHECKS]
+    for module, name, _ in saved:
+        setattr(module, name, lambda *args, **kwargs: None)
     try:
         yield
     finally:
-        ck.verify_files, ck._check_digest = verify, check
+        for module, name, real in saved:
+            setattr(module, name, real)
 
 
 def _saves(root: Path, model: Transformer, opt: torch.optim.Optimizer, tokenizer: Path) -> dict:
@@ -144,7 +153,7 @@ def main() -> None:
         fns: dict[str, Callable[[], object]] = {
             **_saves(root, model, opt, tokenizer),
             **_loads(folder),
-            "sha256_all_files": lambda: [ck._sha256(p) for p in folder.iterdir()],
+            "sha256_all_files": lambda: [ck_checksums.sha256(p) for p in folder.iterdir()],
         }
         times = {name: spread(t) for name, t in time_interleaved(fns, args.repeats).items()}
     gb = total / 1e9

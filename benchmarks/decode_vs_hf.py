@@ -60,7 +60,7 @@ from aiayn.inference import pack_for_inference
 from aiayn.inference.kernels import LinearKernel
 from aiayn.inference.packed import step_weights_stay_in_cache
 from aiayn.models import Transformer
-from aiayn.training.performance import keep_freed_memory
+from aiayn.performance import keep_freed_memory
 
 PAD, BOS, EOS = 0, 1, 2
 

@@ -32,7 +32,7 @@ from aiayn.convert.gpt2 import gpt2_from_hf_tensors
 from aiayn.decoding.generate import GenerateOptions, generate_ids
 from aiayn.inference import pack_for_inference
 from aiayn.models import GPT2, gpt2_preset
-from aiayn.training.performance import keep_freed_memory
+from aiayn.performance import keep_freed_memory
 
 
 def hf_model(preset: str, seed: int):  # type: ignore[no-untyped-def]

@@ -32,11 +32,11 @@ import numpy as np
 import sacrebleu
 import torch
 
+from aiayn.checkpoint import load_checkpoint, load_translation_tokenizer
 from aiayn.data import normalize
 from aiayn.data.corpus import read_lines
 from aiayn.decoding.translate import DecodeOptions, translate_ids
 from aiayn.models.transformer import EncoderDecoder
-from aiayn.training.checkpoint import load_checkpoint, load_translation_tokenizer
 
 CAP = 50  # aiayn's output limit: source length + 50 tokens
 

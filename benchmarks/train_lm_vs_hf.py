@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, fmt, machine, matmul_peak, spread, write_report
 from aiayn.convert.gpt2 import gpt2_from_hf_tensors
 from aiayn.models import GPT2Config
+from aiayn.performance import keep_freed_memory
 from aiayn.training.objective import LanguageModelObjective
-from aiayn.training.performance import keep_freed_memory
 from generate_vs_hf import hf_model
 
 

@@ -163,9 +163,9 @@ def aiayn_config(args: argparse.Namespace, direction: str, run_dir: Path) -> Any
 
 def run_aiayn(args: argparse.Namespace, direction: str, run_dir: Path) -> dict[str, Any]:
     """Train with ``aiayn train``'s trainer, score the last and the averaged checkpoint."""
+    from aiayn.checkpoint import load_checkpoint
     from aiayn.data import Tokenizer
     from aiayn.decoding.translate import DecodeOptions, translate_texts
-    from aiayn.training.checkpoint import load_checkpoint
     from aiayn.training.trainer import resolve_device, train
 
     config = aiayn_config(args, direction, run_dir)
@@ -305,7 +305,7 @@ def run_peer(args: argparse.Namespace, direction: str) -> dict[str, Any]:
 
 def _peer_device(args: argparse.Namespace) -> torch.device:
     """The device (as aiayn resolves it), with the process settings ``--peer-settings`` asks."""
-    from aiayn.training.performance import configure_device, keep_freed_memory
+    from aiayn.performance import configure_device, keep_freed_memory
     from aiayn.training.trainer import resolve_device
 
     device = resolve_device(args.device)

@@ -28,9 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, command_line, machine, write_report
+from aiayn.checkpoint import load_checkpoint
 from aiayn.models import count_parameters
 from aiayn.models.vit import ViT
-from aiayn.training.checkpoint import load_checkpoint
 from aiayn.training.config import load_run_config
 from aiayn.training.images import ImageData, image_metrics
 from aiayn.training.trainer import Trainer

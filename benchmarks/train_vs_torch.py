@@ -50,8 +50,8 @@ from _common import command_line, fmt, machine, matmul_peak, spread, sync, write
 from _peer_nmt import PeerConfig, TorchReference
 from aiayn.data import Batch, TokenBatchSampler
 from aiayn.models.flops import training_flops
+from aiayn.performance import configure_device, keep_freed_memory
 from aiayn.training.config import RunConfig, run_config_from_dict
-from aiayn.training.performance import configure_device, keep_freed_memory
 from aiayn.training.schedule import transformer_lr
 from aiayn.training.trainer import Trainer, autocast_dtype, prepare_data, resolve_device
 from aiayn.training.translation import TRANSLATION_LABEL_SMOOTHING

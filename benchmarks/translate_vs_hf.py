@@ -59,7 +59,7 @@ from aiayn.convert.marian import marian_from_hf_tensors, marian_generation_defau
 from aiayn.convert.t5 import t5_from_hf_tensors, t5_generation_defaults
 from aiayn.decoding.translate import DecodeOptions, options_for_checkpoint, translate_ids
 from aiayn.inference import pack_for_inference
-from aiayn.training.performance import keep_freed_memory
+from aiayn.performance import keep_freed_memory
 
 GOALS = {1: 2.0, 32: 1.5}
 """The issue's goals: aiayn / HF tokens/s at least this, per batch size, greedy and beam 4."""

@@ -19,9 +19,9 @@ from transformers import (
     BertTokenizerFast,
 )
 
+from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint, save_checkpoint
 from aiayn.cli.main import main
 from aiayn.models.bert import BERT
-from aiayn.training.checkpoint import checkpoint_tokenizer, load_checkpoint, save_checkpoint
 
 RunCli = Callable[..., tuple[int, str, str]]  # the run_cli fixture (tests/cli/conftest.py)
 

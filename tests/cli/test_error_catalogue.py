@@ -26,6 +26,7 @@ from PIL import Image
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models
 
+from aiayn.checkpoint import save_checkpoint
 from aiayn.cli.main import main
 from aiayn.config import preset
 from aiayn.data import Tokenizer
@@ -35,7 +36,6 @@ from aiayn.models import Transformer
 from aiayn.models.bert import BERT, BertConfig
 from aiayn.models.gpt2 import GPT2, GPT2Config
 from aiayn.models.vit import ViT, ViTConfig
-from aiayn.training.checkpoint import save_checkpoint
 
 TEXTS = ["a small dog runs", "the cat sleeps on the mat", "two men play chess", "hello world"]
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "."]
@@ -673,7 +673,7 @@ def test_average_replaces_only_with_force_and_survives_a_full_disk(
         (staged / "model.safetensors").write_bytes(b"half a checkpoint")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("aiayn.training.checkpoint.average_checkpoints", full_disk)
+    monkeypatch.setattr("aiayn.checkpoint.average_checkpoints", full_disk)
     status, _, err = run_cli(capsys, [*argv, str(out), "--force"])
     assert status == 2
     assert_one_line_error(err, "average", f"cannot write {out}: No space left on device")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import load_checkpoint, save_checkpoint
 from aiayn.cli.main import main
 from aiayn.config import preset
 from aiayn.data import Tokenizer
@@ -18,7 +19,6 @@ from aiayn.data.text_tokenizer import TextTokenizer
 from aiayn.decoding import GenerateOptions, generate
 from aiayn.models import Transformer
 from aiayn.models.gpt2 import GPT2, GPT2Config
-from aiayn.training.checkpoint import load_checkpoint, save_checkpoint
 
 TEXTS = ["a small dog runs", "the cat sleeps on the mat", "two men play chess", "hello world"]
 PROMPTS = ["the cat", "two men play", "a"]

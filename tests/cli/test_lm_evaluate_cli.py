@@ -12,11 +12,11 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from aiayn.checkpoint import save_checkpoint
 from aiayn.cli.main import main
 from aiayn.config import preset
 from aiayn.data import Tokenizer
 from aiayn.models import Transformer
-from aiayn.training.checkpoint import save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 

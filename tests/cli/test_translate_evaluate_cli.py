@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import save_checkpoint
 from aiayn.cli.main import main
 from aiayn.config import preset
 from aiayn.data import Tokenizer
 from aiayn.models import Transformer
-from aiayn.training.checkpoint import save_checkpoint
 
 TEXTS = ["a small dog runs", "the cat sleeps on the mat", "two men play chess", "hello world"]
 

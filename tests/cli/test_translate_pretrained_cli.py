@@ -31,12 +31,12 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
+from aiayn.checkpoint import record_checksums, save_checkpoint
 from aiayn.cli.main import main
 from aiayn.data import Tokenizer, demo_corpus_path, normalize, read_parallel
 from aiayn.data.pretrained_tokenizer import MANIFEST
 from aiayn.evaluation import corpus_bleu, corpus_chrf
 from aiayn.models.gpt2 import GPT2, GPT2Config
-from aiayn.training.checkpoint import record_checksums, save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 # transformers.MarianTokenizer without sacremoses (whose normaliser transformers 5 does not use)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import save_checkpoint
 from aiayn.cli.main import build_parser, main
 from aiayn.cli.translate import load_for_decoding
 from aiayn.config import preset
@@ -16,7 +17,6 @@ from aiayn.data import Tokenizer
 from aiayn.errors import UserError
 from aiayn.evaluation.tuning import TUNED_ALPHA_FILE, LengthScore, choose_alpha
 from aiayn.models import Transformer
-from aiayn.training.checkpoint import save_checkpoint
 from aiayn.training.config import run_config_from_dict
 
 TEXTS = ["a small dog runs", "the cat sleeps on the mat", "two men play chess", "hello world"]

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from transformers import GPT2LMHeadModel, GPT2TokenizerFast
 
+from aiayn.checkpoint import load_checkpoint
 from aiayn.cli.main import main
 from aiayn.data.text_tokenizer import TextTokenizer
 from aiayn.models.gpt2 import GPT2
-from aiayn.training.checkpoint import load_checkpoint
 
 MakeHF = Callable[..., Any]
 Gap = Callable[[GPT2LMHeadModel, GPT2], float]

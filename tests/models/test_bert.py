@@ -11,15 +11,17 @@ import torch
 from transformers import BertConfig as HFBertConfig
 from transformers import BertForMaskedLM, BertForSequenceClassification, BertModel
 
+from aiayn.checkpoint import load_checkpoint, save_checkpoint
 from aiayn.errors import ConfigError
 from aiayn.models import BERT, BertConfig, bert_preset, count_parameters, expected_bert_parameters
 from aiayn.models.families import family_of
-from aiayn.training.checkpoint import load_checkpoint, save_checkpoint
 
 PUBLISHED = {"bert-base-uncased": 109_482_240, "bert-large-uncased": 335_141_888}
 """Hugging Face's BertModel (with the pooler) of the two released sizes."""
 
-TOKENIZER = Path(__file__).parents[1] / "training" / "fixtures" / "format1_tied" / "tokenizer.json"
+TOKENIZER = (
+    Path(__file__).parents[1] / "checkpoint" / "fixtures" / "format1_tied" / "tokenizer.json"
+)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.errors import ConfigError
 from aiayn.training import trainer as trainer_module
 from aiayn.training.averaging import (
@@ -24,7 +25,6 @@ from aiayn.training.averaging import (
     step_budget,
     steps_per_epoch,
 )
-from aiayn.training.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.training.config import RunConfig, TrainConfig
 from aiayn.training.trainer import Trainer
 

@@ -18,12 +18,12 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.cli.main import main
 from aiayn.data.bert_tokenizer import load_bert_tokenizer
 from aiayn.data.masking import IGNORE_INDEX
 from aiayn.errors import ConfigError, UserError
 from aiayn.models.bert import BERT, bert_preset
-from aiayn.training.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.training.config import RunConfig, load_run_config, run_config_from_dict
 from aiayn.training.masked_lm import MaskedLMObjective, MaskedLMTask
 from aiayn.training.text_classification import TextClassificationObjective

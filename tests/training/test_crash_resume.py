@@ -29,11 +29,12 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from aiayn.training.checkpoint import MODEL_FILE, OPTIMIZER_FILE, list_checkpoints
+from aiayn.checkpoint import MODEL_FILE, OPTIMIZER_FILE, list_checkpoints
 from aiayn.training.config import RunConfig
 
-WRITERS = ("_write_model", "_write_optimizer", "_write_state", "_write_tokenizer")
-"""The checkpoint writers a "file" kill counts (then ``_write_checksums``)."""
+WRITERS = ("_write_model", "write_optimizer", "_write_state", "write_tokenizer")
+"""The checkpoint writers (of :mod:`aiayn.checkpoint.save`) a "file" kill counts (then
+``write_checksums``)."""
 
 
 def _plan(seed: int) -> list[dict[str, Any]]:
@@ -192,7 +193,7 @@ def _status(pid: int) -> int:
 
 def _arm(kill: dict[str, Any]) -> None:
     """Make this process SIGKILL itself at the plan's point."""
-    import aiayn.training.checkpoint as ck
+    import aiayn.checkpoint.save as ck
 
     left = [kill.get("count", 0)]
 
@@ -202,7 +203,7 @@ def _arm(kill: dict[str, Any]) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     if kill["kind"] == "file":
-        for name in (*WRITERS, "_write_checksums"):
+        for name in (*WRITERS, "write_checksums"):
             setattr(ck, name, _after(getattr(ck, name), kill["folder"], tick))
     elif kill["kind"] == "rename":
         rename = os.rename

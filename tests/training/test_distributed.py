@@ -26,8 +26,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.errors import UserError
-from aiayn.training.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.training.config import run_config_from_dict
 from aiayn.training.trainer import Trainer
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.cli.main import main
 from aiayn.data.digits import (
     DIGITS_COUNT,
@@ -29,7 +30,6 @@ from aiayn.data.digits import (
 from aiayn.data.images import ImagePreprocessor
 from aiayn.errors import ConfigError
 from aiayn.models.vit import ViT, vit_preset
-from aiayn.training.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.training.config import (
     RunConfig,
     load_run_config,

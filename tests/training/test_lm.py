@@ -15,18 +15,18 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from aiayn.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from aiayn.cli.main import main
 from aiayn.data import Tokenizer
 from aiayn.errors import ConfigError
+from aiayn.layers.loss import label_smoothed_nll
 from aiayn.models import GPT2, gpt2_preset
-from aiayn.training.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from aiayn.training.config import (
     RunConfig,
     load_run_config,
     run_config_from_dict,
 )
 from aiayn.training.lm import LM_DEMO_CONFIG
-from aiayn.training.loss import label_smoothed_nll
 from aiayn.training.objective import LanguageModelObjective
 from aiayn.training.trainer import Trainer
 

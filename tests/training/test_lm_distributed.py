@@ -16,7 +16,7 @@ import torch
 import yaml
 from test_lm import lm_config  # the tiny GPT-2 config of the task's tests
 
-from aiayn.training.checkpoint import load_checkpoint
+from aiayn.checkpoint import load_checkpoint
 from aiayn.training.config import run_config_from_dict
 from aiayn.training.trainer import Trainer
 

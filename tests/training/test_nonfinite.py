@@ -27,10 +27,10 @@ import yaml
 from safetensors.torch import load_file
 from torch import Tensor
 
+from aiayn.checkpoint import list_checkpoints
 from aiayn.cli.main import main
-from aiayn.training.checkpoint import list_checkpoints
+from aiayn.layers.loss import LossSums
 from aiayn.training.config import DataConfig, RunConfig
-from aiayn.training.loss import LossSums
 from aiayn.training.objective import TranslationObjective
 from aiayn.training.trainer import DIVERGED_EXIT_STATUS, Trainer, TrainingDiverged
 

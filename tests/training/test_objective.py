@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from aiayn.config import preset
+from aiayn.layers.loss import label_smoothed_nll
 from aiayn.models import T5, Transformer, t5_preset
 from aiayn.models.transformer import EncoderDecoder
-from aiayn.training.loss import label_smoothed_nll
 from aiayn.training.objective import TranslationObjective
 
 

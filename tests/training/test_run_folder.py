@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
+from aiayn.checkpoint import list_checkpoints
 from aiayn.cli.main import main
 from aiayn.errors import UserError
-from aiayn.training.checkpoint import list_checkpoints
 from aiayn.training.config import DataConfig, RunConfig, run_config_from_dict
 from aiayn.training.run_folder import (
     RESUMABLE,

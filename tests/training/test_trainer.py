@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.data import padding_fraction
 from aiayn.decoding.translate import translate_texts
-from aiayn.training.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.training.config import RunConfig
 from aiayn.training.trainer import Trainer
 

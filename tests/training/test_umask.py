@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import save_checkpoint
 from aiayn.cli.main import main
 from aiayn.models import GPT2, GPT2Config
-from aiayn.training.checkpoint import save_checkpoint
 from aiayn.training.config import RunConfig, run_config_from_dict
 from aiayn.training.trainer import Trainer
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "checkpoint" / "fixtures"
 
 
 @pytest.fixture(params=[0o022, 0o077], ids=["umask022", "umask077"])

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import save_checkpoint
 from aiayn.config import preset
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.models import Transformer
-from aiayn.training.checkpoint import save_checkpoint
 
 PAIRS = [
     ("the cat sat on the mat", "die katze sass auf der matte"),

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.checkpoint import load_checkpoint
 from aiayn.cli.main import main
 from aiayn.config import preset
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import UserError
 from aiayn.models import Transformer
-from aiayn.training.checkpoint import load_checkpoint
 from aiayn.visualization.attention_maps import (
     KINDS,
     AttentionMaps,

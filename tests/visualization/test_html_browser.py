@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from aiayn.checkpoint import load_checkpoint
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.training.checkpoint import load_checkpoint
 from aiayn.visualization.attention_maps import collect_attention
 from aiayn.visualization.html_report import write_attention_html
 

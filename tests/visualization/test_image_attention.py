@@ -21,10 +21,10 @@ import torch
 from PIL import Image
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
+from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint
 from aiayn.cli.main import main
 from aiayn.data.images import ImagePreprocessor
 from aiayn.models.vit import ViT
-from aiayn.training.checkpoint import checkpoint_tokenizer, load_checkpoint
 from aiayn.visualization.image_attention import (
     ImageAttention,
     attention_rollout,

@@ -77,9 +77,9 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the arguments against the checkpoint's family and draw its attention."""
+    from aiayn.checkpoint import read_checkpoint_config
     from aiayn.errors import UserError
     from aiayn.models.vit import ViT
-    from aiayn.training.checkpoint import read_checkpoint_config
 
     if not Path(args.checkpoint).exists():
         raise UserError(f"checkpoint not found: {args.checkpoint}")
@@ -113,10 +113,10 @@ def _check_out(args: argparse.Namespace, out: Path, png_patterns: Sequence[str])
 
 def _run_translation(args: argparse.Namespace, out: Path) -> int:
     """Load the checkpoint, collect the maps, write the PNGs and the HTML page."""
+    from aiayn.checkpoint import load_checkpoint
     from aiayn.cli.outputs import staged_files
     from aiayn.data.tokenizer import Tokenizer
     from aiayn.errors import UserError
-    from aiayn.training.checkpoint import load_checkpoint
     from aiayn.visualization.attention_maps import (
         KINDS,
         collect_attention,
@@ -151,11 +151,11 @@ def _run_translation(args: argparse.Namespace, out: Path) -> int:
 
 def _run_image(args: argparse.Namespace, out: Path) -> int:
     """Load the ViT and its preprocessing, draw the class token's attention and the rollout."""
+    from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint
     from aiayn.cli.outputs import staged_files
     from aiayn.data.images import ImagePreprocessor
     from aiayn.errors import UserError
     from aiayn.models.vit import ViT
-    from aiayn.training.checkpoint import checkpoint_tokenizer, load_checkpoint
     from aiayn.visualization.image_attention import (
         collect_image_attention,
         draw_overlays,

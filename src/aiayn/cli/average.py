@@ -35,9 +35,9 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Average and report which checkpoints went in."""
+    from aiayn.checkpoint import average_checkpoints, list_checkpoints
     from aiayn.cli.outputs import check_checkpoint_out, staged_tree
     from aiayn.errors import UserError
-    from aiayn.training.checkpoint import average_checkpoints, list_checkpoints
 
     if args.checkpoints and args.run_dir:
         raise UserError("give checkpoint folders or --run-dir, not both")

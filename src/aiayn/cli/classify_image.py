@@ -34,11 +34,11 @@ def run(args: argparse.Namespace) -> int:
     """Classify every image and print the top labels."""
     import torch
 
+    from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint
     from aiayn.data.images import ImagePreprocessor
     from aiayn.errors import UserError
     from aiayn.inference.encoder import ViTInference
     from aiayn.models.vit import ViT
-    from aiayn.training.checkpoint import checkpoint_tokenizer, load_checkpoint
     from aiayn.validation import resolve_device
 
     ckpt = load_checkpoint(args.checkpoint, map_location=resolve_device(args.device), expect=ViT)

@@ -57,13 +57,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _from_hf(source: str, out: Path, force: bool) -> int:
+    from aiayn.checkpoint import TOKENIZER_FILE, save_checkpoint
     from aiayn.cli.outputs import check_checkpoint_out, staged_tree
     from aiayn.convert import from_hf
     from aiayn.data.text_tokenizer import TextTokenizer
     from aiayn.errors import UserError
     from aiayn.models import count_parameters
     from aiayn.models.families import family_of
-    from aiayn.training.checkpoint import TOKENIZER_FILE, save_checkpoint
 
     check_checkpoint_out(out, force=force, flag="--to")
     converted = from_hf(source)
@@ -99,11 +99,11 @@ def _from_hf(source: str, out: Path, force: bool) -> int:
 def _to_hf(checkpoint: Path, out: Path, force: bool) -> int:
     from torch import nn
 
+    from aiayn.checkpoint import load_checkpoint
     from aiayn.cli.outputs import check_tree, staged_tree
     from aiayn.convert import to_hf
     from aiayn.data.text_tokenizer import TextTokenizer
     from aiayn.models import count_parameters
-    from aiayn.training.checkpoint import load_checkpoint
 
     check_tree(
         out,

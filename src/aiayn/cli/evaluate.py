@@ -120,12 +120,12 @@ def _references(path: str) -> list[str]:
 
 def perplexity(args: argparse.Namespace) -> int:
     """Tokens, NLL per token and perplexity of the --checkpoint language model on --text."""
-    from aiayn.data.lm import TextBlocks, token_stream
+    from aiayn.checkpoint import load_checkpoint
+    from aiayn.data.lm import TextBlocks, read_documents, token_stream
     from aiayn.data.text_tokenizer import load_lm_tokenizer
     from aiayn.errors import UserError
+    from aiayn.evaluation.perplexity import block_metrics
     from aiayn.models import GPT2
-    from aiayn.training.checkpoint import load_checkpoint
-    from aiayn.training.lm import block_metrics, read_documents
     from aiayn.validation import resolve_device
 
     given = [f"--{n}" for n in ("ref", "hyp", "src", "hyp_out") if getattr(args, n) is not None]

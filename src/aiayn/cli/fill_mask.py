@@ -53,10 +53,10 @@ def load_bert(checkpoint: str, device: str, *, head: str | None = None) -> tuple
     Raises:
         UserError: another family, another head, or a checkpoint without BERT's vocabulary.
     """
+    from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint
     from aiayn.data.bert_tokenizer import BertTokenizer
     from aiayn.errors import UserError
     from aiayn.models.bert import BERT
-    from aiayn.training.checkpoint import checkpoint_tokenizer, load_checkpoint
     from aiayn.validation import resolve_device
 
     ckpt = load_checkpoint(checkpoint, map_location=resolve_device(device), expect=BERT)

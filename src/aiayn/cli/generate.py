@@ -101,11 +101,11 @@ def options_from(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Generate and print the results in input order."""
+    from aiayn.checkpoint import load_checkpoint
     from aiayn.cli.translate import read_input
     from aiayn.data.text_tokenizer import load_lm_tokenizer
     from aiayn.decoding.generate import generate
     from aiayn.models.gpt2 import GPT2
-    from aiayn.training.checkpoint import load_checkpoint
     from aiayn.validation import resolve_device
 
     options = options_from(args)  # bad values fail before anything is loaded

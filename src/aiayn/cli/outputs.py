@@ -151,7 +151,7 @@ def check_checkpoint_out(path: str | Path, *, force: bool, flag: str) -> Path:
     (a folder with ``state.json``) or an empty folder, and a name training writes in a run's
     ``checkpoints/`` (``step_*``, ``best``, ``averaged``) needs ``force`` even when free — resume
     and pruning would take the folder for training's own."""
-    from aiayn.training.checkpoint import STATE_FILE
+    from aiayn.checkpoint import STATE_FILE
 
     path = Path(path)
     reserved = None

@@ -97,10 +97,10 @@ def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(model, tokenizer, options) from the shared options: an encoder–decoder checkpoint (the
     paper's model, or a converted T5 or Marian), its tokenizer, and the decoding options —
     those given, else the checkpoint's recorded generation settings, else the paper's."""
+    from aiayn.checkpoint import load_checkpoint, load_translation_tokenizer
     from aiayn.decoding.translate import options_for_checkpoint
     from aiayn.models.transformer import EncoderDecoder
-    from aiayn.training.checkpoint import load_checkpoint, load_translation_tokenizer
-    from aiayn.training.performance import keep_freed_memory
+    from aiayn.performance import keep_freed_memory
     from aiayn.validation import resolve_device
 
     device = resolve_device(args.device)

@@ -74,12 +74,12 @@ def _alphas(text: str) -> tuple[float, ...]:
 
 def run(args: argparse.Namespace) -> int:
     """Tune, print the table, save the choice."""
+    from aiayn.checkpoint import load_checkpoint, load_translation_tokenizer
     from aiayn.data import normalize
     from aiayn.decoding.translate import DecodeOptions, translate_texts
     from aiayn.errors import UserError
     from aiayn.evaluation.tuning import DEFAULT_ALPHAS, LengthScore, tune_alpha, tuned_record
     from aiayn.models.transformer import EncoderDecoder
-    from aiayn.training.checkpoint import load_checkpoint, load_translation_tokenizer
     from aiayn.validation import resolve_device
 
     if args.beam == 1:

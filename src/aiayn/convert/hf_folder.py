@@ -184,7 +184,7 @@ def write_hf_folder(
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     contiguous = {name: t.detach().contiguous().cpu() for name, t in tensors.items()}
-    from aiayn.training.checkpoint import save_safetensors  # the user's umask, not 0600
+    from aiayn.checkpoint import save_safetensors  # the user's umask, not 0600
 
     save_safetensors(contiguous, out / SAFETENSORS_FILE, metadata={"format": "pt"})
     if tokenizer is not None:

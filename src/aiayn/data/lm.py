@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -27,7 +28,14 @@ import torch
 from numpy.typing import NDArray
 from torch import Tensor
 
-__all__ = ["BlockBatchSampler", "LMBatch", "TextBlocks", "token_stream"]
+from aiayn.data.corpus import read_lines
+
+__all__ = ["BlockBatchSampler", "LMBatch", "TextBlocks", "read_documents", "token_stream"]
+
+
+def read_documents(path: str | Path) -> list[str]:
+    """The non-blank lines of a UTF-8 text file (plain or .gz): a language model's documents."""
+    return [line for line in read_lines(path) if line.strip()]
 
 
 class TextEncoder(Protocol):

@@ -16,10 +16,8 @@ To add a family: its config and model (``aiayn/models/<family>.py``), its conver
 (``aiayn/convert/<family>.py``), its training task if it trains, and one :class:`Family` entry
 in :data:`FAMILIES` below (docs/architecture.md lists the steps).
 
-Checkpoints record ``family`` and ``format_version`` in their ``state.json``. Format 1 (before
-families existed) held only the paper's model, with each stack's embedding and positional
-encoding directly under the stack; :func:`upgrade_state_dict` moves them under the stack's
-embedder (format 2).
+Checkpoints record their family's name in ``state.json`` (format versions and their upgrades:
+:mod:`aiayn.checkpoint.upgrade`).
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
 from aiayn.config import PRESETS, ModelConfig, Presets, TransformerConfig
 from aiayn.errors import UserError
@@ -39,9 +37,6 @@ from aiayn.models.params import expected_parameter_count
 from aiayn.models.t5 import T5, T5_PRESETS, T5Config, expected_t5_parameters
 from aiayn.models.transformer import Transformer
 from aiayn.models.vit import VIT_PRESETS, ViT, ViTConfig, expected_vit_parameters
-
-FORMAT_VERSION = 2
-"""The checkpoint format this version of aiayn writes (and the newest it reads)."""
 
 COMMANDS = (
     "translate",
@@ -384,40 +379,3 @@ def conversion_directions() -> str:
         f"From Hugging Face (by config.json's model_type): {', '.join(sources)}. "
         f"Back to Hugging Face: {', '.join(back) or 'none yet'}."
     )
-
-
-RETIRED_CONFIG_KEYS: dict[str, tuple[str, ...]] = {DEFAULT_FAMILY: ("label_smoothing",)}
-"""Keys older checkpoints recorded in a family's model config that are no longer part of it
-(label smoothing is a training setting: ``train.label_smoothing``)."""
-
-
-def upgrade_config(family: str, values: dict[str, object]) -> dict[str, object]:
-    """A recorded model config without the keys its family retired."""
-    retired = RETIRED_CONFIG_KEYS.get(family, ())
-    return {k: v for k, v in values.items() if k not in retired}
-
-
-_FORMAT_1_MOVES = {
-    f"{stack}.{part}.": f"{stack}.embedder.{part}."
-    for stack in ("encoder", "decoder")
-    for part in ("embedding", "positional")
-}
-
-
-def upgrade_state_dict(tensors: dict[str, Tensor], format_version: int) -> dict[str, Tensor]:
-    """Tensor names of a checkpoint written in ``format_version`` -> the current names."""
-    if format_version > FORMAT_VERSION:
-        raise UserError(
-            f"checkpoint format {format_version} is newer than this aiayn reads "
-            f"({FORMAT_VERSION}): upgrade aiayn"
-        )
-    if format_version >= 2:
-        return tensors
-    upgraded = {}
-    for name, tensor in tensors.items():
-        for old, new in _FORMAT_1_MOVES.items():
-            if name.startswith(old):
-                name = new + name[len(old) :]
-                break
-        upgraded[name] = tensor
-    return upgraded

@@ -1,5 +1,6 @@
-"""Training (§5): label-smoothed loss, the eq. (3) schedule, checkpoints and the trainer, which
-runs a task: translation or a language model."""
+"""Training (§5): the eq. (3) schedule, the run config, the objectives and the trainer, which
+runs a task: translation or a language model. (The label-smoothed loss is in
+:mod:`aiayn.layers.loss`, checkpoints in :mod:`aiayn.checkpoint`.)"""
 
 from aiayn.training.config import (
     DataConfig,
@@ -8,16 +9,13 @@ from aiayn.training.config import (
     TrainConfig,
     load_run_config,
 )
-from aiayn.training.loss import LossSums, label_smoothed_nll
 from aiayn.training.schedule import transformer_lr
 
 __all__ = [
     "DataConfig",
     "LMDataConfig",
-    "LossSums",
     "RunConfig",
     "TrainConfig",
-    "label_smoothed_nll",
     "load_run_config",
     "transformer_lr",
 ]

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.training.checkpoint import tidy_checkpoints
+from aiayn.checkpoint import tidy_checkpoints
 
 WINDOW_DIR = "window"
 """The subfolder of a run's ``checkpoints/`` that holds the averaging checkpoints."""
@@ -181,7 +181,7 @@ class AveragingWindow:
 
     def written(self) -> list[tuple[int, Path]]:
         """(step, folder) of the averaging checkpoints on disk, oldest first (after cleaning up
-        what a crash left: see :func:`~aiayn.training.checkpoint.tidy_checkpoints`)."""
+        what a crash left: see :func:`~aiayn.checkpoint.folders.tidy_checkpoints`)."""
         tidy_checkpoints(self.folder)
         if not self.folder.is_dir():
             return []

@@ -76,7 +76,7 @@ def checkpoint_bert_tokenizer(folder: str | Path) -> BertTokenizer:
     Raises:
         UserError: the folder holds no BERT tokenizer (``bert_tokenizer.json``).
     """
-    from aiayn.training.checkpoint import checkpoint_tokenizer, resolve_checkpoint
+    from aiayn.checkpoint import checkpoint_tokenizer, resolve_checkpoint
 
     path = resolve_checkpoint(folder)
     tokenizer = checkpoint_tokenizer(path)
@@ -121,7 +121,7 @@ class StartingBert:
 def load_start_weights(model: BERT, init_from: str, log: Log) -> None:
     """Copy into ``model`` the tensors of the checkpoint ``init_from`` it has a place for (see
     the module docstring); log which parts start fresh and which of the checkpoint go unused."""
-    from aiayn.training.checkpoint import load_checkpoint
+    from aiayn.checkpoint import load_checkpoint
 
     start = load_checkpoint(init_from, expect=BERT)
     theirs, ours = start.model.state_dict(), model.state_dict()

@@ -351,7 +351,7 @@ class TrainConfig:
             CPU).
         keep_freed_memory: on CPU (Linux/glibc), let the allocator keep freed memory for the
             next step instead of returning it to the OS (faster; the process keeps its peak
-            memory). See :func:`aiayn.training.performance.keep_freed_memory`.
+            memory). See :func:`aiayn.performance.keep_freed_memory`.
         label_smoothing: ε_ls of the loss; None = the task's default: 0.1 for translation
             (§5.4), 0 (plain cross-entropy) for a language model and an image classifier. A
             training setting, so it is not part of the model config (nor of its checkpoints'
@@ -552,7 +552,7 @@ def _model_section(family: Family, values: dict[str, Any], init_from: Any) -> tu
 
 def checkpoint_model_config(path: str, family: str) -> ModelConfig:
     """The config of ``family`` recorded in a checkpoint folder (or a run folder's latest)."""
-    from aiayn.training.checkpoint import read_checkpoint_config
+    from aiayn.checkpoint import read_checkpoint_config
 
     try:
         folder, found, config, _ = read_checkpoint_config(path)

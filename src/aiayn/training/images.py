@@ -43,12 +43,12 @@ from aiayn.data.digits import (
 )
 from aiayn.data.images import ImagePreprocessor
 from aiayn.errors import ConfigError, UserError
+from aiayn.evaluation.perplexity import EvalTally
+from aiayn.layers.loss import LossSums, label_smoothed_nll
 from aiayn.models.vit import ViT, ViTConfig
 from aiayn.training.config import ImageDataConfig, RunConfig
-from aiayn.training.loss import LossSums, label_smoothed_nll
 from aiayn.training.task import (
     Criterion,
-    EvalTally,
     FinalOutputs,
     Log,
     TaskData,

@@ -23,21 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
-from aiayn.data import BOS_ID, EOS_ID, PAD_ID, Tokenizer, demo_corpus_path, read_lines
+from aiayn.data import BOS_ID, EOS_ID, PAD_ID, Tokenizer, demo_corpus_path
 from aiayn.data.corpus import read_parallel
-from aiayn.data.lm import BlockBatchSampler, LMBatch, TextBlocks, token_stream
+from aiayn.data.lm import BlockBatchSampler, LMBatch, TextBlocks, read_documents, token_stream
 from aiayn.data.text_tokenizer import LMTokenizer, load_lm_tokenizer
 from aiayn.errors import ConfigError, UserError
+from aiayn.evaluation.perplexity import block_metrics
 from aiayn.models import GPT2, GPT2Config
 from aiayn.training.config import LMDataConfig, RunConfig
 from aiayn.training.objective import LanguageModelObjective
 from aiayn.training.task import (
     Criterion,
-    EvalTally,
     FinalOutputs,
     Log,
     TaskData,
@@ -66,11 +65,6 @@ class LMData:
     valid: TextBlocks
     test: TextBlocks | None = None
     prompts: list[str] = field(default_factory=list)
-
-
-def read_documents(path: str | Path) -> list[str]:
-    """The non-blank lines of a UTF-8 text file (plain or .gz)."""
-    return [line for line in read_lines(path) if line.strip()]
 
 
 def demo_documents(side: str) -> list[str]:
@@ -160,7 +154,7 @@ class LanguageModelTask:
             return load_lm_tokenizer(file), file
         file.parent.mkdir(parents=True, exist_ok=True)
         if self.run.init_from is not None:
-            from aiayn.training.checkpoint import resolve_checkpoint
+            from aiayn.checkpoint import resolve_checkpoint
 
             source = resolve_checkpoint(self.run.init_from) / "tokenizer.json"
             shutil.copyfile(source, file)
@@ -205,7 +199,7 @@ class LanguageModelTask:
         assert isinstance(config, GPT2Config)
         model = GPT2(config)
         if self.run.init_from is not None:
-            from aiayn.training.checkpoint import load_checkpoint
+            from aiayn.checkpoint import load_checkpoint
 
             start = load_checkpoint(self.run.init_from, expect=GPT2)
             model.load_state_dict(start.model.state_dict())
@@ -269,26 +263,6 @@ class LanguageModelTask:
             print("\nsamples (greedy continuations of the prompts):")
             for prompt, text in result.samples:
                 print(f"  {prompt!r} -> {text!r}")
-
-
-def block_metrics(
-    model: GPT2, blocks: TextBlocks, max_tokens: int, label_smoothing: float = 0.0
-) -> dict[str, float]:
-    """Loss, NLL per token and perplexity of ``model`` (eval mode) over all ``blocks``.
-
-    Each block predicts its tokens after the first from the tokens before it in the block
-    (:mod:`aiayn.data.lm`); the sums run over every block, in batches of
-    ``max(1, max_tokens // block_size)`` blocks.
-    """
-    objective = LanguageModelObjective(model, label_smoothing)
-    device = model.output_proj.weight.device
-    sampler = BlockBatchSampler(blocks, max_tokens, seed=0, shuffle=False)
-    tally = EvalTally()
-    with torch.no_grad():
-        for ids in sampler.batches(0):
-            batch = blocks.collate(ids).to(device)
-            tally.add(objective(batch.inputs, batch.targets))
-    return tally.metrics(blocks.num_targets, "tokens")
 
 
 def greedy_samples(

@@ -21,9 +21,10 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.attention import CAUSAL
+from aiayn.evaluation.perplexity import next_token_loss
+from aiayn.layers.loss import LossSums, label_smoothed_nll, linear_label_smoothed_cross_entropy
 from aiayn.models import GPT2
 from aiayn.models.transformer import EncoderDecoder
-from aiayn.training.loss import LossSums, label_smoothed_nll, linear_label_smoothed_cross_entropy
 
 
 class TranslationObjective(nn.Module):
@@ -94,10 +95,4 @@ class LanguageModelObjective(nn.Module):
         inputs: (B, T) block tokens but the last (no padding).
         targets: (B, T) the next token at each position (block tokens but the first).
         """
-        hidden = self.model(inputs).hidden  # (B, T, D); no key padding: the CAUSAL kernel
-        hidden = hidden.reshape(-1, hidden.size(-1))  # (B, T, D) -> (B·T, D)
-        gold = targets.reshape(-1)  # (B, T) -> (B·T,)
-        # the LM head (B·T, D) @ (D, V) happens inside, a chunk of positions at a time
-        return linear_label_smoothed_cross_entropy(
-            hidden, self.model.output_proj.weight, gold, self.label_smoothing
-        )
+        return next_token_loss(self.model, inputs, targets, self.label_smoothing)

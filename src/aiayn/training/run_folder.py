@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from aiayn.checkpoint import STATE_FILE, list_checkpoints
 from aiayn.errors import UserError
-from aiayn.training.checkpoint import STATE_FILE, list_checkpoints
 from aiayn.training.config import RunConfig, run_config_from_dict
 
 RUN_FILES = ("checkpoints", "tokenizer.json", "metrics.jsonl", "curves.png", "test.hyp.txt")

@@ -55,8 +55,7 @@ from aiayn.training import distributed as dist
 from aiayn.training.config import RunConfig
 
 if TYPE_CHECKING:
-    from aiayn.training.checkpoint import TokenizerSource
-    from aiayn.training.loss import LossSums
+    from aiayn.checkpoint import TokenizerSource
 
 Log = Callable[[str], None]
 
@@ -212,45 +211,9 @@ class Task(Protocol):
         ...
 
 
-# exp(700) ≈ 1e304 is still a float: a diverged model's perplexity is huge, never an error
-PPL_LOG_CAP = 700.0
-
-
-def perplexity(nll: float) -> float:
-    """exp(``nll``), the mean negative log-likelihood per unit; exp(:data:`PPL_LOG_CAP`) above
-    it instead of an ``OverflowError``. ``perplexity(math.log(4)) == 4``."""
-    return math.exp(min(nll, PPL_LOG_CAP))
-
-
-@dataclass
-class EvalTally:
-    """Running sums of an evaluation pass, on the host: Σ loss and Σ NLL of each batch's
-    :class:`~aiayn.training.loss.LossSums`, and how many predictions were right (classifiers)."""
-
-    loss: float = 0.0
-    nll: float = 0.0
-    correct: int = 0
-
-    def add(self, sums: LossSums, correct: int | torch.Tensor = 0) -> None:
-        """Add one batch: its loss sums and its count of right predictions."""
-        self.loss += sums.loss.item()
-        self.nll += sums.nll.item()
-        self.correct += int(correct)
-
-    def metrics(self, count: int, unit: str, *, accuracy: bool = False) -> dict[str, float]:
-        """Loss and NLL per unit over ``count`` units (tokens, images…), the perplexity and,
-        with ``accuracy``, the % right and the count right; the key ``unit`` holds ``count``."""
-        n = max(count, 1)
-        out = {"loss": self.loss / n, "nll": self.nll / n, "ppl": perplexity(self.nll / n)}
-        if accuracy:
-            out |= {"accuracy": 100.0 * self.correct / n, "correct": self.correct}
-        out[unit] = count
-        return out
-
-
 def accuracy_line(metrics: Mapping[str, float], unit: str) -> str:
     """A classifier's validation metrics in one log line (``unit``: as in
-    :meth:`EvalTally.metrics`)."""
+    :meth:`~aiayn.evaluation.perplexity.EvalTally.metrics`)."""
     return (
         f"loss {metrics['loss']:.3f} accuracy {metrics['accuracy']:.2f}% "
         f"({int(metrics[unit])} {unit})"

@@ -51,6 +51,8 @@ from aiayn.data.bert_data import (
 )
 from aiayn.data.bert_tokenizer import BertTokenizer
 from aiayn.errors import UserError
+from aiayn.evaluation.perplexity import EvalTally
+from aiayn.layers.loss import LossSums, label_smoothed_nll
 from aiayn.models.bert import BERT, BertConfig
 from aiayn.training.bert_start import (
     StartingBert,
@@ -59,10 +61,8 @@ from aiayn.training.bert_start import (
     sized_config,
 )
 from aiayn.training.config import BertDataConfig, RunConfig
-from aiayn.training.loss import LossSums, label_smoothed_nll
 from aiayn.training.task import (
     Criterion,
-    EvalTally,
     FinalOutputs,
     Log,
     TaskData,

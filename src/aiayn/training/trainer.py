@@ -27,8 +27,23 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from aiayn.checkpoint import (
+    CORRUPT,
+    Checkpoint,
+    CheckpointError,
+    average_checkpoints,
+    list_checkpoints,
+    load_checkpoint,
+    load_optimizer_state,
+    prune_checkpoints,
+    save_checkpoint,
+    set_aside,
+    tidy_checkpoints,
+)
 from aiayn.errors import UserError
+from aiayn.evaluation.perplexity import perplexity
 from aiayn.models import count_parameters
+from aiayn.performance import configure_device, keep_freed_memory
 from aiayn.training import distributed as dist
 from aiayn.training.averaging import (
     WINDOW_DIR,
@@ -38,27 +53,12 @@ from aiayn.training.averaging import (
     step_budget,
     steps_per_epoch,
 )
-from aiayn.training.checkpoint import (
-    CORRUPT,
-    Checkpoint,
-    CheckpointError,
-    average_checkpoints,
-    list_checkpoints,
-    load_checkpoint,
-    load_optimizer_state,
-    prune_checkpoints,
-    rng_state,
-    save_checkpoint,
-    set_aside,
-    set_rng_state,
-    tidy_checkpoints,
-)
 from aiayn.training.config import RunConfig, TrainConfig
-from aiayn.training.performance import configure_device, keep_freed_memory
 from aiayn.training.plot import plot_curves
+from aiayn.training.rng import rng_state, set_rng_state
 from aiayn.training.run_folder import check_resume, claim_fresh, resume_metrics
 from aiayn.training.schedule import transformer_lr
-from aiayn.training.task import Task, TaskData, make_task, perplexity
+from aiayn.training.task import Task, TaskData, make_task
 from aiayn.training.translation import PreparedData as PreparedData
 from aiayn.training.translation import prepare_data as prepare_data
 from aiayn.validation import resolve_device as resolve_device

@@ -32,12 +32,12 @@ from aiayn.data.hf_datasets import HFCorpus, hf_pairs, read_eval_source
 from aiayn.decoding.translate import DecodeOptions, translate_ids, translate_texts
 from aiayn.errors import UserError
 from aiayn.evaluation import corpus_bleu, corpus_chrf
+from aiayn.evaluation.perplexity import EvalTally
 from aiayn.models import Transformer
 from aiayn.training.config import DataConfig, RunConfig
 from aiayn.training.objective import TranslationObjective
 from aiayn.training.task import (
     Criterion,
-    EvalTally,
     FinalOutputs,
     Log,
     TaskData,
@@ -301,7 +301,7 @@ class TranslationTask:
 
     @staticmethod
     def _demo_translations(checkpoint: Path) -> None:
-        from aiayn.training.checkpoint import load_checkpoint
+        from aiayn.checkpoint import load_checkpoint
 
         ckpt = load_checkpoint(checkpoint)
         tokenizer = Tokenizer.load(ckpt.tokenizer_path)

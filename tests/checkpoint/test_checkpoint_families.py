@@ -11,10 +11,9 @@ import pytest
 import torch
 from torch import nn
 
+from aiayn.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 from aiayn.errors import UserError
 from aiayn.models import GPT2, GPT2Config, Transformer
-from aiayn.models.families import FORMAT_VERSION
-from aiayn.training.checkpoint import load_checkpoint, save_checkpoint
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

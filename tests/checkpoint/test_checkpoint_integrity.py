@@ -1,7 +1,7 @@
 """Checkpoints are verifiable: every file's SHA-256 is recorded and checked at load, damage of
-any kind is a one-line error naming the file, ``--resume`` falls back past unusable
-checkpoints, replacing a checkpoint leaves a complete one after a crash at any point, and a
-full disk or read-only folder loses nothing."""
+any kind is a one-line error naming the file, replacing a checkpoint leaves a complete one after
+a crash at any point, and a full disk or read-only folder loses nothing. (``--resume`` falling
+back past unusable checkpoints: tests/training/test_resume_fallback.py.)"""
 
 from __future__ import annotations
 
@@ -20,32 +20,32 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
-import aiayn.training.checkpoint as ck
-from aiayn.cli.main import main
-from aiayn.errors import UserError
-from aiayn.models import GPT2, GPT2Config
-from aiayn.training.checkpoint import (
+import aiayn.checkpoint.files as ck_files
+import aiayn.checkpoint.save as ck_save
+from aiayn.checkpoint import (
     CHECKSUM_FILE,
     MODEL_FILE,
     OPTIMIZER_FILE,
     STATE_FILE,
     TOKENIZER_FILE,
     CheckpointError,
+    average_checkpoints,
     list_checkpoints,
     load_checkpoint,
     load_optimizer,
     prune_checkpoints,
+    read_checksums,
     read_optimizer_state,
     record_checksums,
     resolve_checkpoint,
     save_checkpoint,
     tidy_checkpoints,
 )
-from aiayn.training.config import RunConfig, run_config_from_dict
-from aiayn.training.trainer import Trainer
+from aiayn.cli.main import main
+from aiayn.errors import UserError
+from aiayn.models import GPT2, GPT2Config
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOKENIZER = FIXTURES / "format1_tied" / TOKENIZER_FILE
@@ -125,13 +125,13 @@ def test_averaged_and_converted_checkpoints_have_checksums(
 ) -> None:
     _save(tmp_path / "a", 1)
     _save(tmp_path / "b", 2)
-    ck.average_checkpoints([tmp_path / "a", tmp_path / "b"], tmp_path / "avg")
+    average_checkpoints([tmp_path / "a", tmp_path / "b"], tmp_path / "avg")
     assert (
         main(["convert", "--checkpoint", str(tmp_path / "a"), "--to-hf", str(tmp_path / "hf")]) == 0
     )
     assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--to", str(tmp_path / "conv")]) == 0
     for name in ("avg", "conv"):
-        sums = ck.read_checksums(tmp_path / name)
+        sums = read_checksums(tmp_path / name)
         assert sums is not None and {MODEL_FILE, STATE_FILE, TOKENIZER_FILE} <= set(sums), name
         _flip_byte(tmp_path / name / MODEL_FILE, -1)
         with pytest.raises(CheckpointError, match=r"model\.safetensors: corrupt"):
@@ -297,12 +297,12 @@ def crash_after(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], list[str]]:
             real_rmtree(path, *args, **kwargs)
             step(f"rmtree {Path(path).name}")
 
-        for name in ("_write_model", "_write_optimizer", "_write_state", "_write_tokenizer"):
-            monkeypatch.setattr(ck, name, wrap(name, getattr(ck, name)))
-        monkeypatch.setattr(ck, "_write_checksums", wrap("checksums", ck._write_checksums))
-        monkeypatch.setattr(ck, "_sync_dir", wrap("sync", ck._sync_dir))
-        monkeypatch.setattr(ck.os, "rename", wrap("rename", os.rename, where=1))
-        monkeypatch.setattr(ck.shutil, "rmtree", rmtree)
+        for name in ("_write_model", "write_optimizer", "_write_state", "write_tokenizer"):
+            monkeypatch.setattr(ck_save, name, wrap(name, getattr(ck_save, name)))
+        monkeypatch.setattr(ck_save, "write_checksums", wrap("checksums", ck_save.write_checksums))
+        monkeypatch.setattr(ck_files, "sync_dir", wrap("sync", ck_files.sync_dir))
+        monkeypatch.setattr(ck_files.os, "rename", wrap("rename", os.rename, where=1))
+        monkeypatch.setattr(ck_files.shutil, "rmtree", rmtree)
         return steps
 
     real_rmtree = shutil.rmtree
@@ -386,10 +386,10 @@ def _no_space(*args: Any, **kwargs: Any) -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-@pytest.fixture(params=["_write_model", "_write_optimizer", "_write_state", "_write_checksums"])
+@pytest.fixture(params=["_write_model", "write_optimizer", "_write_state", "write_checksums"])
 def full_disk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The disk fills up while one of the checkpoint's files is written."""
-    monkeypatch.setattr(ck, request.param, _no_space)
+    monkeypatch.setattr(ck_save, request.param, _no_space)
     yield
 
 
@@ -426,7 +426,7 @@ def test_a_failed_rename_puts_the_old_checkpoint_back(
             raise OSError(errno.EIO, os.strerror(errno.EIO), str(dst))
         real(src, dst)
 
-    monkeypatch.setattr(ck.os, "rename", rename)
+    monkeypatch.setattr(ck_files.os, "rename", rename)
     with pytest.raises(UserError, match="Input/output error"):
         _save(best, 2)
     monkeypatch.undo()
@@ -439,7 +439,7 @@ def test_the_cli_reports_a_full_disk_in_one_line(
 ) -> None:
     _save(tmp_path / "a", 1)
     _save(tmp_path / "b", 2)
-    monkeypatch.setattr(ck, "_write_model", _no_space)
+    monkeypatch.setattr(ck_save, "_write_model", _no_space)
     out = tmp_path / "avg"
     code = main(["average", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)])
     error = capsys.readouterr().err
@@ -465,87 +465,3 @@ def test_a_read_only_folder_is_one_line_and_loses_nothing(tmp_path: Path) -> Non
         root.chmod(0o755)
     assert _listing(root) == before
     assert _same(_weights(root / "best"), _model(1).state_dict())
-
-
-# -- --resume falls back past unusable checkpoints ---------------------------------------------
-
-
-@pytest.fixture
-def six_steps(
-    tmp_path: Path, reverse_task: Callable[..., Path], make_run: Callable[..., RunConfig]
-) -> Iterator[Callable[[], RunConfig]]:
-    """A run of 6 steps that saves every 2, trained once (step_2, step_4, step_6); one thread
-    (the trainer sets it for the process: restored after)."""
-    train = reverse_task(tmp_path, 200, seed=1)
-
-    def run() -> RunConfig:
-        short = {"positional": "learned", "max_len": 24}  # a cheap validation
-        config = make_run(tmp_path / "r", train, model=short, max_steps=6, save_every=2)
-        values = config.to_dict()
-        values["data"].update(valid_size=5, bleu_sentences=2)
-        values["train"].update(threads=1)
-        return run_config_from_dict(values)
-
-    threads = torch.get_num_threads()
-    try:
-        Trainer(run()).fit()
-        yield run
-    finally:
-        torch.set_num_threads(threads)
-
-
-def test_resume_falls_back_past_unusable_checkpoints_with_a_warning(
-    tmp_path: Path, six_steps: Callable[[], RunConfig], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    root = tmp_path / "r" / "checkpoints"
-    straight = load_file(str(root / "step_00000006" / MODEL_FILE))
-    _flip_byte(root / "step_00000006" / OPTIMIZER_FILE, -1)  # bit rot in the optimizer
-    (root / "step_00000004" / MODEL_FILE).write_bytes(b"")  # empty weights
-    lines: list[str] = []
-    monkeypatch.setattr("aiayn.training.trainer.log", lines.append)
-    trainer = Trainer(six_steps(), resume=True)
-    assert trainer.step == 2
-    warnings = [line for line in lines if "warning" in line]
-    assert len(warnings) == 2, lines
-    assert "step_00000006 is unusable" in warnings[0]
-    assert "step_00000006/optimizer.safetensors: corrupt" in warnings[0]
-    assert "step_00000004/model.safetensors: corrupt" in warnings[1]
-    assert "resuming from step_00000002" in warnings[1]
-    assert "kept as step_00000004.corrupt" in warnings[1]
-    trainer.fit()  # steps 3-6 again, into fresh step_4 and step_6
-    assert [p.name for p in list_checkpoints(tmp_path / "r")] == [
-        "step_00000002",
-        "step_00000004",
-        "step_00000006",
-    ]
-    assert {"step_00000004.corrupt", "step_00000006.corrupt"} <= {p.name for p in root.iterdir()}
-    again = load_file(str(root / "step_00000006" / MODEL_FILE))
-    assert all(torch.equal(straight[k], again[k]) for k in straight)
-
-
-def test_resume_with_no_intact_checkpoint_is_an_error_listing_each(
-    tmp_path: Path, six_steps: Callable[[], RunConfig]
-) -> None:
-    root = tmp_path / "r" / "checkpoints"
-    for step in (2, 4, 6):
-        _truncate(root / f"step_{step:08d}" / MODEL_FILE)
-    before = _listing(root)
-    with pytest.raises(UserError, match="no intact checkpoint to resume from") as error:
-        Trainer(six_steps(), resume=True)
-    message = str(error.value)
-    assert "\n" not in message and message.count("model.safetensors: corrupt") == 3
-    assert _listing(root) == before  # nothing set aside when nothing can be resumed
-
-
-def test_ranks_that_find_different_intact_checkpoints_are_refused(
-    six_steps: Callable[[], RunConfig], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    calls: list[object] = []
-
-    def gather(obj: object) -> list[object]:  # the 2nd gather: which checkpoint is intact
-        calls.append(obj)
-        return [obj, "step_00000004" if len(calls) == 2 else obj]
-
-    monkeypatch.setattr("aiayn.training.trainer.dist.all_gather_object", gather)
-    with pytest.raises(UserError, match="the ranks find different intact checkpoints"):
-        Trainer(six_steps(), resume=True)

@@ -1,4 +1,5 @@
-"""Process-level settings that make training faster: the CPU allocator, the GPU matmul mode.
+"""Process-level settings that make training and inference faster: the CPU allocator, the GPU
+matmul mode.
 
 CPU: PyTorch allocates every activation and gradient with ``malloc``. glibc serves blocks above
 its mmap threshold (≤ 32 MiB, adaptive) with fresh ``mmap`` calls and returns them to the OS on

@@ -1,4 +1,5 @@
-"""Label smoothing and the eq. (3) schedule: hand-checked numbers and torch parity."""
+"""Label smoothing (§5.4) and the fused output layer + loss: hand-checked numbers and torch
+parity."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.training import label_smoothed_nll, transformer_lr
-from aiayn.training.loss import linear_label_smoothed_cross_entropy
+from aiayn.layers.loss import label_smoothed_nll, linear_label_smoothed_cross_entropy
 
 
 def test_label_smoothing_by_hand() -> None:
@@ -39,21 +39,6 @@ def test_label_smoothing_equals_torch_cross_entropy_and_skips_padding() -> None:
     assert sums.tokens.item() == 15 - 2 - 4
     with pytest.raises(ValueError, match="epsilon"):
         label_smoothed_nll(logits.log_softmax(-1), target, 1.0, pad_id=0)
-
-
-def test_schedule_hand_values() -> None:
-    # base: d_model = 512, warmup = 4000
-    assert transformer_lr(1, 512, 4000) == pytest.approx(512**-0.5 * 4000**-1.5)
-    assert transformer_lr(4000, 512, 4000) == pytest.approx(6.987712e-4, rel=1e-6)  # the peak
-    assert transformer_lr(16000, 512, 4000) == pytest.approx(6.987712e-4 / 2, rel=1e-6)
-    assert transformer_lr(100, 512, 4000, scale=2.0) == pytest.approx(
-        2 * transformer_lr(100, 512, 4000)
-    )
-    lrs = [transformer_lr(s, 512, 4000) for s in range(1, 20000, 97)]
-    peak = max(range(len(lrs)), key=lrs.__getitem__)
-    assert lrs[:peak] == sorted(lrs[:peak]) and lrs[peak:] == sorted(lrs[peak:], reverse=True)
-    with pytest.raises(ValueError, match="1-based"):
-        transformer_lr(0, 512, 4000)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 512])

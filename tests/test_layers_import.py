@@ -1,0 +1,189 @@
+"""The package layers: a lower package never imports a higher one, and running a model never
+imports :mod:`aiayn.training`.
+
+Packages, low to high (:data:`LAYERS`); the top-level modules (``aiayn.config``,
+``aiayn.errors``, ``aiayn.validation``…) are below them all and importable by all, except the
+entry point ``aiayn.__main__``, which stands with ``cli``. A package may import its own layer
+and any lower one. Every import statement counts, function-local ones and those under
+``TYPE_CHECKING`` included (read with :mod:`ast`, nothing is run).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+import aiayn
+
+SRC = Path(aiayn.__file__).resolve().parent
+
+LAYERS = (
+    "attention",
+    "layers",
+    "models",
+    "data",
+    "checkpoint",
+    "inference",
+    "decoding",
+    "evaluation",
+    "training",
+    "visualization",
+    "convert",
+    "serving",
+    "cli",
+)
+"""The packages of aiayn, low to high (one that does not exist yet is skipped)."""
+
+ENTRY_POINTS = {"aiayn.__main__": "cli"}
+"""Top-level modules that stand with a package rather than at the bottom."""
+
+MODEL_RUNNING = (
+    "aiayn.checkpoint",
+    "aiayn.decoding",
+    "aiayn.convert",
+    "aiayn.evaluation",
+    *(
+        f"aiayn.cli.{name}"
+        for name in (
+            "translate",
+            "generate",
+            "embed",
+            "fill_mask",
+            "classify_text",
+            "classify_image",
+            "attention",
+            "convert",
+            "evaluate",
+            "explain",
+            "params",
+        )
+    ),
+)
+"""What runs a model (and the commands that do): none of it may need ``aiayn.training``."""
+
+ALLOWED: dict[tuple[str, str], str] = {
+    # Known, not yet fixed: the explicit attention path draws its dropout mask with aiayn's own
+    # dropout (a function-local import, as aiayn.layers imports aiayn.attention). The fix is
+    # to move that dropout below both packages; until then this is the one exception.
+    ("aiayn.attention.scaled_dot_product", "aiayn.layers.dropout"): "dropout's shared mask",
+}
+"""(importing module, imported module) -> why a layering exception is accepted for now."""
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every module of aiayn (``aiayn.x.y``) -> its file."""
+    found = {}
+    for file in sorted(SRC.rglob("*.py")):
+        parts = file.relative_to(SRC.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = file
+    return found
+
+
+@cache
+def imports_of(module: str) -> frozenset[str]:
+    """The aiayn modules ``module`` imports anywhere in its source (statically)."""
+    file = modules()[module]
+    package = module if file.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"), str(file))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in modules() else base)
+    return frozenset(_known(name) for name in found if name.split(".")[0] == "aiayn")
+
+
+def _known(name: str) -> str:
+    """``name``, or its longest prefix that is a module of aiayn (``aiayn.x.Class`` ->
+    ``aiayn.x``)."""
+    while name not in modules() and "." in name:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def layer_of(module: str) -> int:
+    """The rank of ``module``'s package in :data:`LAYERS`; -1 for a top-level module."""
+    if module in ENTRY_POINTS:
+        return LAYERS.index(ENTRY_POINTS[module])
+    parts = module.split(".")
+    if len(parts) < 2 or not (SRC / parts[1]).is_dir():
+        return -1
+    assert parts[1] in LAYERS, f"aiayn.{parts[1]} is not in LAYERS: give it its place there"
+    return LAYERS.index(parts[1])
+
+
+def test_no_package_imports_a_higher_one() -> None:
+    violations = [
+        f"{module} ({LAYERS[layer_of(module)] if layer_of(module) >= 0 else 'top level'}) "
+        f"imports {target} ({LAYERS[layer_of(target)]})"
+        for module in modules()
+        for target in sorted(imports_of(module))
+        if layer_of(target) > layer_of(module) and (module, target) not in ALLOWED
+    ]
+    assert not violations, "\n".join(violations)
+
+
+def test_the_layers_cover_the_packages_that_exist() -> None:
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}
+    assert packages <= set(LAYERS), packages - set(LAYERS)
+    assert {"checkpoint", "training", "cli"} <= packages
+
+
+def _closure(module: str) -> set[str]:
+    """``module`` and every aiayn module it imports, directly or not (statically)."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name not in seen and name in modules():
+            seen.add(name)
+            todo.extend(imports_of(name))
+            parent = name.rpartition(".")[0]
+            todo.extend([parent] if parent.startswith("aiayn") else [])  # a package's __init__
+    return seen
+
+
+@pytest.mark.parametrize("module", MODEL_RUNNING)
+def test_running_a_model_never_reaches_training_statically(module: str) -> None:
+    """Function-local imports included: a command's ``run`` imports what it needs late."""
+    reached = sorted(m for m in _closure(module) if m.startswith("aiayn.training"))
+    assert not reached, f"{module} reaches {reached}"
+
+
+def test_running_a_model_never_imports_training() -> None:
+    """Each model-running module imported in a fresh interpreter: no ``aiayn.training``
+    module is loaded (the first module that loads one is named)."""
+    script = (
+        "import importlib, json, sys\n"
+        "pulled = {}\n"
+        f"for name in {list(MODEL_RUNNING)!r}:\n"
+        "    importlib.import_module(name)\n"
+        "    loaded = sorted(m for m in sys.modules if m.startswith('aiayn.training'))\n"
+        "    if loaded and not pulled:\n"
+        "        pulled[name] = loaded\n"
+        "print(json.dumps(pulled))\n"
+    )
+    path = os.pathsep.join([str(SRC.parent), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {}
