@@ -68,12 +68,7 @@ MODEL_RUNNING = (
 )
 """What runs a model (and the commands that do): none of it may need ``aiayn.training``."""
 
-ALLOWED: dict[tuple[str, str], str] = {
-    # Known, not yet fixed: the explicit attention path draws its dropout mask with aiayn's own
-    # dropout (a function-local import, as aiayn.layers imports aiayn.attention). The fix is
-    # to move that dropout below both packages; until then this is the one exception.
-    ("aiayn.attention.scaled_dot_product", "aiayn.layers.dropout"): "dropout's shared mask",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 """(importing module, imported module) -> why a layering exception is accepted for now."""
 
 

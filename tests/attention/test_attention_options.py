@@ -94,7 +94,7 @@ def test_a_bias_cannot_be_shared_by_grouped_queries() -> None:
 def test_attention_dropout_on_cpu_uses_aiayns_mask_on_the_causal_weights() -> None:
     """With dropout on the weights (training), CPU attention is the explicit computation with
     aiayn's dropout mask (torch's fused kernel would fall back to a Bernoulli draw per weight)."""
-    from aiayn.layers.dropout import dropout
+    from aiayn.dropout import dropout
 
     q, k, v = torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
     torch.manual_seed(5)

@@ -108,7 +108,7 @@ def _mend_blocked_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | Non
 def _cpu_dropout(query: Tensor, dropout_p: float) -> bool:
     """Dropout on the attention weights on CPU: the fused kernel then falls back to PyTorch's
     unfused path with a Bernoulli draw per weight; the explicit path draws aiayn's cheaper
-    dropout mask (:mod:`aiayn.layers.dropout`, same drop rate) over the same products."""
+    dropout mask (:mod:`aiayn.dropout`, same drop rate) over the same products."""
     return dropout_p > 0 and query.device.type == "cpu"
 
 
@@ -171,7 +171,7 @@ def _explicit_attention(
     weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
     attended = weights
     if dropout_p > 0:
-        from aiayn.layers.dropout import dropout  # (aiayn.layers imports this package)
+        from aiayn.dropout import dropout
 
         attended = dropout(weights, dropout_p)  # aiayn's mask (F.dropout on GPUs)
     output = attended @ value  # (B, H, T, S) @ (B, H, S, d_v) -> (B, H, T, d_v)

@@ -1,7 +1,7 @@
 """Building blocks: embeddings and positions (§3.4–3.5), feed-forward (§3.3), norms, and the two
 blocks (§3.1) every family is built from."""
 
-from aiayn.layers.dropout import Dropout, dropout
+from aiayn.dropout import Dropout, dropout
 from aiayn.layers.embedding import (
     Embedder,
     LearnedPositionalEmbedding,

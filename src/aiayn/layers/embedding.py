@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from aiayn.layers.dropout import Dropout
+from aiayn.dropout import Dropout
 
 
 class TokenEmbedding(nn.Module):

@@ -24,7 +24,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from aiayn.attention import CrossAttention, KVCache, Mask, SelfAttention
-from aiayn.layers.dropout import Dropout
+from aiayn.dropout import Dropout
 from aiayn.layers.norm import NormFactory
 
 
