@@ -12,8 +12,14 @@ mapping of operating-system errors and of bugs (traceback kept, exit status 1).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
+import socket
+import stat
+import struct
+import warnings
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +128,171 @@ def _read_only(folder: str) -> Callable[[Path, pytest.MonkeyPatch], None]:
         monkeypatch.setattr("aiayn.cli.outputs.os.access", access)
 
     return setup
+
+
+# -- hostile files: helpers that build them -----------------------------------------------------
+
+_HF_VOCAB = 300  # the byte-level BPE's size
+
+
+def _hf_gpt2(tmp: Path, name: str = "hf", vocab_size: int = _HF_VOCAB) -> Path:
+    """A tiny random Hugging Face GPT-2 folder with its BPE (vocab.json + merges.txt) at
+    ``tmp/name``, copied from one built per session beside the test's folder."""
+    base = tmp.parent / f"hf-gpt2-{vocab_size}"
+    if not base.is_dir():
+        from tokenizers import ByteLevelBPETokenizer
+        from transformers import GPT2Config as HFGPT2Config
+        from transformers import GPT2LMHeadModel
+
+        torch.manual_seed(0)
+        config = HFGPT2Config(
+            vocab_size=vocab_size, n_positions=32, n_embd=16, n_layer=1, n_head=2,
+            bos_token_id=0, eos_token_id=0,
+        )  # fmt: skip
+        building = tmp.parent / f".{base.name}.{os.getpid()}"
+        GPT2LMHeadModel(config).save_pretrained(building)
+        bpe = ByteLevelBPETokenizer()
+        bpe.train_from_iterator(
+            TEXTS * 20, vocab_size=_HF_VOCAB, min_frequency=1, special_tokens=["<|endoftext|>"]
+        )
+        bpe.save_model(str(building))
+        try:
+            os.replace(building, base)
+        except OSError:  # another worker built it first
+            shutil.rmtree(building)
+    shutil.copytree(base, tmp / name)
+    return tmp / name
+
+
+def _hf_edited_config(**changes: Any) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    def setup(tmp: Path, _: pytest.MonkeyPatch) -> None:
+        config = _hf_gpt2(tmp) / "config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), **changes}))
+
+    return setup
+
+
+def _hf_weights_replaced(make: Callable[[Path], Any]) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    """The folder with ``model.safetensors`` removed and ``make(path)`` made in its place."""
+
+    def setup(tmp: Path, _: pytest.MonkeyPatch) -> None:
+        weights = _hf_gpt2(tmp) / "model.safetensors"
+        weights.unlink()
+        make(weights)
+
+    return setup
+
+
+def _hf_poisoned(value: float) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    """The folder with one weight of ``transformer.h.0.mlp.c_fc.weight`` set to ``value``."""
+
+    def setup(tmp: Path, _: pytest.MonkeyPatch) -> None:
+        from safetensors.torch import load_file, save_file
+
+        weights = _hf_gpt2(tmp) / "model.safetensors"
+        tensors = load_file(weights)
+        tensors["transformer.h.0.mlp.c_fc.weight"][0, 1] = value
+        save_file(tensors, weights, metadata={"format": "pt"})
+
+    return setup
+
+
+class _Payload:
+    """Unpickling this runs ``touch PAYLOAD_RAN`` (in the folder of the inputs)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _hf_bin(kind: str) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    """The folder with its weights replaced by a hostile ``pytorch_model.bin``."""
+
+    def setup(tmp: Path, _: pytest.MonkeyPatch) -> None:
+        folder = _hf_gpt2(tmp)
+        (folder / "model.safetensors").unlink()
+        weights = folder / "pytorch_model.bin"
+        if kind == "pickle":
+            torch.save({"wte.weight": _Payload(tmp / "PAYLOAD_RAN")}, weights)
+        else:
+            weights.write_bytes({"garbage": bytes(range(256)) * 4, "empty": b""}.get(kind, b"hi"))
+
+    return setup
+
+
+def _hf_sharded(shard: str, link_out: bool = False) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    """The folder sharded: an index mapping every tensor to ``shard`` (``{tmp}``: the inputs'
+    folder), with ``model.safetensors`` moved outside the folder; ``link_out``: the shard is a
+    link inside the folder to it."""
+
+    def setup(tmp: Path, _: pytest.MonkeyPatch) -> None:
+        from safetensors import safe_open
+
+        folder = _hf_gpt2(tmp)
+        outside = tmp / "elsewhere.safetensors"
+        (folder / "model.safetensors").rename(outside)
+        with safe_open(str(outside), "pt") as weights:
+            names = list(weights.keys())
+        name = shard.format(tmp=tmp)
+        if link_out:
+            (folder / name).symlink_to(outside)
+        index = {"metadata": {}, "weight_map": dict.fromkeys(names, name)}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+    return setup
+
+
+def _huge_png(name: str) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    def setup(tmp: Path, _: pytest.MonkeyPatch) -> None:
+        png_header(tmp / name, 12000, 12000)
+
+    return setup
+
+
+def png_header(path: Path, width: int, height: int) -> None:
+    """A PNG of a few dozen bytes whose header claims ``width`` × ``height`` 1-bit pixels."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data)
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    idat = zlib.compress(b"\0" * 64)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+    )
+
+
+def _full_device(tmp: Path, _: pytest.MonkeyPatch) -> None:
+    """``tmp/full``: a device node like ``/dev/full`` (every write fails: disk full) where the
+    tests may create one (as root), else a link to ``/dev/full`` — never the system's own node,
+    which a regression would replace."""
+    try:
+        os.mknod(tmp / "full", 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    except PermissionError:
+        (tmp / "full").symlink_to("/dev/full")
+
+
+def _link(name: str, target: str) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    def setup(tmp: Path, _: pytest.MonkeyPatch) -> None:
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).symlink_to(target)
+
+    return setup
+
+
+def _socket(name: str) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    def setup(tmp: Path, _: pytest.MonkeyPatch) -> None:
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(str(tmp / name))
+
+    return setup
+
+
+def _blank_lines(tmp: Path, _: pytest.MonkeyPatch) -> None:
+    (tmp / "masks.txt").write_text("the [MASK]\n\n   \nthe mat\n")
 
 
 @dataclass(frozen=True)
@@ -422,6 +593,146 @@ CASES = {
         2,
         "already holds scaling.md",
         lambda tmp, _: (tmp / "exp").mkdir() or (tmp / "exp" / "scaling.md").write_text("x"),
+    ),
+    # -- hostile files: Hugging Face folders, outputs, inputs --------------------------------
+    "convert/config field of the wrong type": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "config.json: vocab_size='400' has the wrong type (expected an integer)",
+        _hf_edited_config(vocab_size="400"),
+    ),
+    "convert/config flag of the wrong type": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "config.json: tie_word_embeddings='yes' has the wrong type (expected true or false)",
+        _hf_edited_config(tie_word_embeddings="yes"),
+    ),
+    "convert/NaN weight": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "model.safetensors: tensor 'transformer.h.0.mlp.c_fc.weight' holds NaN or infinite",
+        _hf_poisoned(float("nan")),
+    ),
+    "convert/infinite weight": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "tensor 'transformer.h.0.mlp.c_fc.weight' holds NaN or infinite values",
+        _hf_poisoned(float("-inf")),
+    ),
+    "convert/garbage pytorch_model.bin": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "pytorch_model.bin: cannot read the weights (not a PyTorch weights file)",
+        _hf_bin("garbage"),
+    ),
+    "convert/empty pytorch_model.bin": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "pytorch_model.bin: cannot read the weights (empty or truncated)",
+        _hf_bin("empty"),
+    ),
+    "convert/text pytorch_model.bin": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "pytorch_model.bin: cannot read the weights (not a PyTorch weights file)",
+        _hf_bin("text"),
+    ),
+    "convert/pickle payload in pytorch_model.bin": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "holds pickled code or objects other than tensors (posix.system), which aiayn never runs",
+        _hf_bin("pickle"),
+    ),
+    "convert/shard index with ..": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "shard '../elsewhere.safetensors' is not a file name inside the folder",
+        _hf_sharded("../elsewhere.safetensors"),
+    ),
+    "convert/shard index with an absolute path": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "is not a file name inside the folder",
+        _hf_sharded("{tmp}/elsewhere.safetensors"),
+    ),
+    "convert/shard index naming /etc/passwd": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "shard '../../etc/passwd' is not a file name inside the folder",
+        _hf_sharded("../../etc/passwd"),
+    ),
+    "convert/shard linked out of the folder": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "model-00001-of-00001.safetensors: the shard leads out of the folder",
+        _hf_sharded("model-00001-of-00001.safetensors", link_out=True),
+    ),
+    "convert/weights linked to /dev/zero": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "model.safetensors: the weights file leads out of the folder (to /dev/zero)",
+        _hf_weights_replaced(lambda weights: weights.symlink_to("/dev/zero")),
+    ),
+    "convert/weights are a FIFO": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "model.safetensors: the weights file is not a regular file",
+        _hf_weights_replaced(os.mkfifo),
+    ),
+    "convert/tokenizer larger than the vocabulary": Case(
+        "convert --from-hf {tmp}/hf --to {tmp}/c",
+        2,
+        "the tokenizer has 300 tokens but the model's vocabulary has 200",
+        lambda tmp, _: _hf_gpt2(tmp, vocab_size=200) and None,
+    ),
+    "embed/--force over a full device": Case(
+        "embed --checkpoint {bert} -i {tmp}/one.txt --out {tmp}/full --force",
+        2,
+        "cannot write {tmp}/full: ",  # No space left on device (or a nodev mount's refusal)
+        _full_device,
+    ),
+    "embed/output a link to nothing": Case(
+        "embed --checkpoint {bert} -i {tmp}/one.txt --out {tmp}/dangling --force",
+        2,
+        "--out {tmp}/dangling is a symbolic link to nothing",
+        _link("dangling", "nowhere.npy"),
+    ),
+    "translate/output a socket": Case(
+        "translate --checkpoint {mt} -i {tmp}/one.txt -o {tmp}/sock --force",
+        2,
+        "--output {tmp}/sock is a socket: aiayn writes regular files, FIFOs and character devices",
+        _socket("sock"),
+    ),
+    "average/--force over a link to a checkpoint": Case(
+        "average {mt} --out {tmp}/linked --force",
+        2,
+        "--out {tmp}/linked is a symbolic link: --force replaces only an aiayn checkpoint",
+        _link("linked", "truncated"),
+    ),
+    "attention/--force over a link among its files": Case(
+        "attention --checkpoint {mt} --src hi --out {tmp}/links --no-png --force",
+        2,
+        "{tmp}/links/attention.html is a symbolic link: --force replaces only regular files",
+        _link("links/attention.html", "../one.txt"),
+    ),
+    "fill-mask/a line without a mask, after blank lines": Case(
+        "fill-mask --checkpoint {bert} -i {tmp}/masks.txt",
+        2,
+        "{tmp}/masks.txt, line 4: no [MASK] in 'the mat'",
+        _blank_lines,
+    ),
+    "classify-image/too many pixels": Case(
+        "classify-image --checkpoint {vit} {tmp}/huge.png",
+        2,
+        "huge.png: the image is too large to decode (12000 × 12000 = 144,000,000 pixels; the "
+        "limit is 64,000,000 pixels)",
+        _huge_png("huge.png"),
+    ),
+    "attention/image with too many pixels": Case(
+        "attention --checkpoint {vit} --image {tmp}/huge.png --out {tmp}/m",
+        2,
+        "the image is too large to decode",
+        _huge_png("huge.png"),
     ),
 }
 
@@ -727,3 +1038,68 @@ def test_convert_back_replaces_only_a_hugging_face_folder(
     assert run_cli(capsys, [*argv, "--force"])[0] == 0
     assert not (out / "stale.txt").exists() and (out / "config.json").is_file()
     assert _hidden(tmp_path) == []
+
+
+# -- hostile files: what the catalogue cannot see ------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["garbage", "empty", "text", "pickle"])
+def test_a_refused_pytorch_bin_never_advises_weights_only_false_nor_runs_its_payload(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _hf_bin(kind)(tmp_path, pytest.MonkeyPatch())
+    argv = ["convert", "--from-hf", str(tmp_path / "hf"), "--to", str(tmp_path / "c")]
+    status, _, err = run_cli(capsys, argv)
+    assert status == 2
+    assert_one_line_error(err, "convert", "pytorch_model.bin: cannot read the weights")
+    assert "weights_only" not in err and "False" not in err
+    assert not (tmp_path / "PAYLOAD_RAN").exists() and not (tmp_path / "c").exists()
+
+
+def test_the_payload_would_run_if_unpickled_unsafely(tmp_path: Path) -> None:
+    """The pickle case above is a real payload: torch.load without weights_only runs it."""
+    _hf_bin("pickle")(tmp_path, pytest.MonkeyPatch())
+    torch.load(tmp_path / "hf" / "pytorch_model.bin", weights_only=False)
+    assert (tmp_path / "PAYLOAD_RAN").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").is_char_device(), reason="needs /dev/full")
+def test_force_over_a_device_or_a_link_replaces_neither(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _bad_files(tmp_path, ckpts)
+    for name in ("embed/--force over a full device", "average/--force over a link to a checkpoint",
+                 "attention/--force over a link among its files"):  # fmt: skip
+        case = CASES[name]
+        assert case.setup is None or case.setup(tmp_path, pytest.MonkeyPatch()) is None
+        assert run_cli(capsys, _argv(case.argv, tmp_path, ckpts))[0] == 2
+    full = tmp_path / "full"
+    assert full.is_symlink() or stat.S_ISCHR(full.lstat().st_mode)
+    assert (tmp_path / "linked").is_symlink() and os.readlink(tmp_path / "linked") == "truncated"
+    assert (tmp_path / "links" / "attention.html").is_symlink()
+    assert (tmp_path / "one.txt").read_text() == "hello world\n"
+
+
+def test_fill_mask_skips_blank_lines(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "in.txt").write_text("the [MASK]\n\n  \n[MASK] cat\n")
+    argv = ["fill-mask", "--checkpoint", str(ckpts["bert"]), "-i", str(tmp_path / "in.txt")]
+    status, out, err = run_cli(capsys, [*argv, "--top-k", "2"])
+    assert status == 0, err
+    blocks = out.strip("\n").split("\n\n")
+    assert [len(block.splitlines()) for block in blocks] == [2, 2]
+    assert all(line.split("\t")[2].endswith("cat") for line in blocks[1].splitlines())
+
+
+def test_a_huge_image_is_refused_without_pillows_warning(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    png_header(tmp_path / "huge.png", 12000, 12000)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        argv = ["classify-image", "--checkpoint", str(ckpts["vit"]), str(tmp_path / "huge.png")]
+        status, _, err = run_cli(capsys, argv)
+    assert status == 2
+    assert_one_line_error(err, "classify-image", "the image is too large to decode")
+    assert [w for w in caught if issubclass(w.category, Image.DecompressionBombWarning)] == []

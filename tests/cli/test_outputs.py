@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -242,3 +243,98 @@ def test_experiment_refuses_its_own_files_without_force(
     assert (tmp_path / "positional.csv").read_text().startswith("distance,")
     assert (tmp_path / "scaling.md").read_text() == "another experiment's"
     assert _hidden(tmp_path) == []
+
+
+# -- special files and links: written through, or refused; never replaced ------------------------
+
+
+def test_a_link_to_a_regular_file_replaces_that_file_and_stays_a_link(tmp_path: Path) -> None:
+    (tmp_path / "real.txt").write_text("old\n")
+    (tmp_path / "link.txt").symlink_to("real.txt")
+    with pytest.raises(UserError, match=r"link\.txt exists: pass --force"):
+        outputs.check_file(tmp_path / "link.txt", force=False, flag="-o")
+    outputs.check_file(tmp_path / "link.txt", force=True, flag="-o")
+    outputs.write_text(tmp_path / "link.txt", "new\n")
+    assert (tmp_path / "link.txt").is_symlink() and (tmp_path / "real.txt").read_text() == "new\n"
+    assert _hidden(tmp_path) == []
+
+
+def test_a_fifo_is_written_through_without_force(tmp_path: Path) -> None:
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert outputs.write_target(fifo).kind == "stream"
+    outputs.check_file(fifo, force=False, flag="-o")  # nothing stored is replaced
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    outputs.write_text(fifo, "through\n")
+    reader.join(timeout=10)
+    assert received == [b"through\n"] and fifo.is_fifo() and _hidden(tmp_path) == []
+
+
+def test_the_process_own_descriptors_are_written_to_not_replaced(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    try:
+        link = tmp_path / "out"
+        link.symlink_to(f"/proc/self/fd/{write_end}")
+        for path in (link, Path(f"/dev/fd/{write_end}")):
+            target = outputs.write_target(path)
+            assert (target.kind, target.fd) == ("descriptor", write_end)
+            outputs.write_text(path, "to the pipe\n")
+            assert os.read(read_end, 100) == b"to the pipe\n"
+        assert link.is_symlink() and os.fstat(write_end)  # the descriptor stays open
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+@pytest.mark.skipif(not Path("/dev/full").is_char_device(), reason="needs /dev/full")
+def test_a_full_device_is_one_error_and_stays_a_device(tmp_path: Path) -> None:
+    full = tmp_path / "full"  # a node like /dev/full (as root), else a link to it: never /dev/full
+    try:
+        os.mknod(full, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+    except PermissionError:
+        full.symlink_to("/dev/full")
+    assert outputs.write_target(full).kind == "stream"
+    with (
+        pytest.raises(UserError, match=rf"^cannot write {full}: "),
+        outputs.atomic_file(full, "wb") as handle,
+    ):
+        handle.write(b"x" * 10000)
+    assert full.is_symlink() or full.is_char_device()
+    assert _hidden(tmp_path) == []
+
+
+def test_what_is_not_written_through_is_refused(tmp_path: Path) -> None:
+    import socket
+
+    (tmp_path / "dangling").symlink_to("nowhere")
+    with pytest.raises(UserError, match=r"-o .*dangling is a symbolic link to nothing"):
+        outputs.check_file(tmp_path / "dangling", force=True, flag="-o")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tmp_path / "sock"))
+    with pytest.raises(UserError, match=r"sock is a socket: aiayn writes regular files"):
+        outputs.check_file(tmp_path / "sock", force=True, flag="-o")
+    with pytest.raises(UserError, match=r"sock is a socket"):
+        outputs.write_text(tmp_path / "sock", "x")
+    assert (tmp_path / "dangling").is_symlink() and (tmp_path / "sock").is_socket()
+
+
+def test_force_never_replaces_a_link_among_a_folders_files_or_for_a_whole_folder(
+    tmp_path: Path,
+) -> None:
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    (tmp_path / "mine.txt").write_text("mine")
+    (maps / "a.html").symlink_to("../mine.txt")
+    with pytest.raises(UserError, match=r"a\.html is a symbolic link: --force replaces only"):
+        outputs.check_folder(maps, force=True, flag="--out", names=["a.html"])
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "state.json").write_text("{}")
+    (tmp_path / "link").symlink_to("ckpt")
+    with pytest.raises(UserError, match=r"link is a symbolic link: --force replaces only"):
+        outputs.check_checkpoint_out(tmp_path / "link", force=True, flag="--out")
+    assert (maps / "a.html").is_symlink() and (tmp_path / "link").is_symlink()

@@ -4,15 +4,24 @@ ids transformers gives."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import save_file
 from transformers import AutoTokenizer, GPT2TokenizerFast
 
 from aiayn.convert import gpt2_from_hf, gpt2_to_hf
-from aiayn.convert.hf_folder import read_hf_config, read_hf_weights, resolve_hf_source
+from aiayn.convert.checks import check_field_types
+from aiayn.convert.hf_folder import (
+    folder_file,
+    read_hf_config,
+    read_hf_weights,
+    resolve_hf_source,
+)
 from aiayn.data.text_tokenizer import TextTokenizer
 from aiayn.errors import UserError
 
@@ -128,3 +137,88 @@ def test_tokenizer_written_back_loads_in_transformers(make_hf: MakeHF, tmp_path:
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
     _assert_same_ids(tokenizer, AutoTokenizer.from_pretrained(out))
     _assert_same_ids(TextTokenizer.load(out), GPT2TokenizerFast.from_pretrained(hf.path))
+
+
+# -- files from others: only regular files inside the folder, typed fields, finite tensors --------
+
+
+def test_folder_file_takes_only_regular_files_inside_the_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "a.safetensors").write_bytes(b"x")
+    (tmp_path / "out.safetensors").write_bytes(b"x")
+    (folder / "inner").symlink_to("a.safetensors")
+    (folder / "outer").symlink_to("../out.safetensors")
+    os.mkfifo(folder / "fifo")
+    assert folder_file(folder, "a.safetensors") == folder / "a.safetensors"
+    assert folder_file(folder, "inner") == folder / "inner"  # a link that stays inside
+    for name, why in [
+        ("../out.safetensors", "is not a file name inside the folder"),
+        (str(tmp_path / "out.safetensors"), "is not a file name inside the folder"),
+        ("", "is not a file name inside the folder"),
+        ("outer", "leads out of the folder"),
+        ("fifo", "is not a regular file"),
+        ("missing", "cannot read the shard"),
+    ]:
+        with pytest.raises(UserError, match=why):
+            folder_file(folder, name, what="shard")
+
+
+def test_a_hub_snapshot_may_link_to_its_blobs(tmp_path: Path) -> None:
+    repo = tmp_path / "models--x"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "abc").write_bytes(b"x")
+    snapshot = repo / "snapshots" / "rev"
+    snapshot.mkdir(parents=True)
+    (snapshot / "model.safetensors").symlink_to("../../blobs/abc")
+    assert folder_file(snapshot, "model.safetensors") == snapshot / "model.safetensors"
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "model.safetensors").symlink_to("../models--x/blobs/abc")
+    with pytest.raises(UserError, match="leads out of the folder"):
+        folder_file(tmp_path / "plain", "model.safetensors")
+
+
+def test_a_shard_index_outside_the_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"wte.weight": "../../etc/passwd"}})
+    )
+    with pytest.raises(UserError, match=r"shard '\.\./\.\./etc/passwd' is not a file name"):
+        read_hf_weights(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"wte.weight": 3}})
+    )
+    with pytest.raises(UserError, match="not a readable shard index"):
+        read_hf_weights(tmp_path)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_tensors_are_refused_by_name(tmp_path: Path, value: float) -> None:
+    tensors = {"a": torch.zeros(3), "b": torch.ones(2, 2), "ids": torch.arange(3)}
+    tensors["b"][1, 0] = value
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(UserError, match=r"model\.safetensors: tensor 'b' holds NaN or infinite"):
+        read_hf_weights(tmp_path)
+    tensors["b"][1, 0] = 0.0
+    save_file(tensors, tmp_path / "model.safetensors")
+    assert read_hf_weights(tmp_path).keys() == {"a", "b", "ids"}
+
+
+def test_fields_of_the_wrong_type_are_named() -> None:
+    defaults = {"vocab_size": 10, "dropout": 0.1, "tied": True, "act": "gelu", "inner": None}
+    check_field_types(
+        {"vocab_size": 5, "dropout": 0, "tied": False, "act": "relu", "inner": 3}, defaults
+    )
+    check_field_types({"inner": None, "other": "anything"}, defaults)
+    for field, value, expected in [
+        ("vocab_size", "400", "an integer"),
+        ("vocab_size", 4.0, "an integer"),
+        ("vocab_size", True, "an integer"),
+        ("dropout", "0.1", "a number"),
+        ("tied", 1, "true or false"),
+        ("act", ["gelu"], "a string"),
+        ("inner", "3", "a number or null"),
+    ]:
+        wrong = rf"config\.json: {field}=.* has the wrong type \(expected {expected}\)"
+        with pytest.raises(UserError, match=wrong):
+            check_field_types({field: value}, defaults)
+    check_field_types({"vocab_size": "x"}, defaults, skip=("vocab_size",))

@@ -5,6 +5,7 @@ the default and for other settings; unreadable files and unsupported options ref
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +186,39 @@ def test_unsupported_settings_refused_by_name(
 def test_missing_config_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"preprocessor_config\.json: cannot read"):
         ImagePreprocessor.from_folder(tmp_path)
+
+
+def _png_header(path: Path, width: int, height: int) -> Path:
+    """A PNG of a few dozen bytes whose header claims ``width`` × ``height`` 1-bit pixels."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data)
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + body)
+    return path
+
+
+def test_the_pixel_limit_is_checked_before_decoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiayn import limits
+
+    monkeypatch.setattr(limits, "MAX_IMAGE_PIXELS", 400)
+    Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(tmp_path / "at.png")  # 400: read
+    assert open_image(tmp_path / "at.png").size == (20, 20)
+    Image.fromarray(np.zeros((20, 21, 3), np.uint8)).save(tmp_path / "over.png")
+    with pytest.raises(UserError, match=r"over\.png: the image is too large to decode \(21 × 20"):
+        open_image(tmp_path / "over.png")
+    monkeypatch.undo()  # the real limit, on files that claim huge sizes in a few bytes
+    for side in (12000, 20000):  # below, then beyond, twice Pillow's own limit
+        huge = _png_header(tmp_path / f"huge{side}.png", side, side)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(UserError, match=r"too large to decode .*the limit is 64,000,000"):
+                open_image(huge)
+        assert caught == []  # Pillow's DecompressionBombWarning is not printed

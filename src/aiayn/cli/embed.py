@@ -59,10 +59,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     vectors = embed(read_input(args.input))
     if args.out:
+        import io
+
         import numpy as np
 
+        npy = io.BytesIO()  # np.save to a real file seeks, which a pipe or FIFO cannot
+        np.save(npy, vectors.numpy())
         with atomic_file(args.out, "wb") as handle:  # exactly --out (np.save adds .npy to a name)
-            np.save(handle, vectors.numpy())
+            handle.write(npy.getbuffer())
         print(f"wrote {tuple(vectors.shape)} embeddings to {args.out}", file=sys.stderr)
     else:
         sys.stdout.write("".join(json.dumps(v) + "\n" for v in vectors.tolist()))

@@ -15,9 +15,10 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "fill-mask",
         help="predict the tokens at [MASK] with a BERT checkpoint",
-        description="For each text (the arguments, else one per line from --input or stdin), "
-        "print the --top-k most probable tokens at each mask token, one line each: "
-        "probability, token and the text with it filled in; a blank line between texts.",
+        description="For each text (the arguments, else one per line from --input or stdin; "
+        "blank lines are skipped), print the --top-k most probable tokens at each mask token, "
+        "one line each: probability, token and the text with it filled in; a blank line "
+        "between texts.",
     )
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts with [MASK] (default: read)")
     p.add_argument("--checkpoint", required=True, help="a BERT checkpoint with its MLM head")
@@ -31,20 +32,36 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the predictions of every text."""
-    from aiayn.cli.translate import read_input
+    from aiayn.errors import UserError
     from aiayn.inference.encoder_tasks import fill_mask
 
     model, tokenizer = load_bert(args.checkpoint, args.device, head="mlm")
-    texts = args.texts or read_input(args.input)
     blocks = []
-    for text in texts:
+    for where, text in _texts(args):
         lines = []
-        for predictions in fill_mask(model, tokenizer, text, top_k=args.top_k):
+        try:
+            filled = fill_mask(model, tokenizer, text, top_k=args.top_k)
+        except UserError as error:
+            raise UserError(f"{where}: {error}") from None
+        for predictions in filled:
             for p in predictions:
                 lines.append(f"{p.probability:.4f}\t{p.token}\t{p.sequence}")
         blocks.append("\n".join(lines))
     sys.stdout.write("".join(block + "\n\n" for block in blocks).rstrip("\n") + "\n")
     return 0
+
+
+def _texts(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(where, text) of each text to fill: the arguments (``text N``), else the non-blank lines
+    of --input or standard input (``FILE, line N``; a blank line is skipped, as in ``evaluate
+    --text`` and the masked-LM training data, since it holds no mask to fill)."""
+    from aiayn.cli.translate import read_input
+
+    if args.texts:
+        return [(f"text {number}", text) for number, text in enumerate(args.texts, start=1)]
+    name = args.input if args.input is not None else "standard input"
+    lines = enumerate(read_input(args.input), start=1)
+    return [(f"{name}, line {number}", line) for number, line in lines if line.strip()]
 
 
 def load_bert(checkpoint: str, device: str, *, head: str | None = None) -> tuple[Any, Any]:

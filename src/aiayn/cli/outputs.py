@@ -16,6 +16,14 @@ Every command that writes files uses this module for its output paths, in two st
 
 Files are created with mode ``0o666`` less the umask, as :func:`open` creates them (not the
 ``0o600`` of :func:`tempfile.mkstemp`); a replaced file keeps its permission bits.
+
+What is not a regular file is never replaced (:func:`write_target`). A file output named by a
+symbolic link to a regular file replaces that file (atomically; the link stays); one naming a
+stream — a character device such as ``/dev/null``, a FIFO, or one of the process's own
+descriptors (``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``) — is written through in
+place, without ``--force`` (nothing stored is replaced) and without a temporary. A block device,
+a socket or a dangling link is refused. Among the files a folder output would replace, and for
+a folder written as a whole, a symbolic link or a special file is refused even with ``--force``.
 """
 
 from __future__ import annotations
@@ -23,14 +31,16 @@ from __future__ import annotations
 import errno
 import fnmatch
 import os
+import re
 import secrets
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from aiayn.errors import UserError
 
@@ -64,10 +74,84 @@ def check_file(path: str | Path, *, force: bool, flag: str) -> Path:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{flag} {path} is a folder: give a file name")
+    target = write_target(path, flag=flag)
+    if target.kind != "file":
+        return path  # a stream: written through, nothing stored is replaced
     if exists(path) and not force:
         raise UserError(f"{path} exists: pass --force to replace it")
-    check_writable(path.parent, flag=flag, target=path)
+    check_writable(target.path.parent, flag=flag, target=path)
     return path
+
+
+class WriteTarget(NamedTuple):
+    """Where a file output goes: ``kind`` "file" (written to a temporary beside ``path`` and
+    renamed over it: the path itself, or the regular file a symbolic link leads to), "stream"
+    (a character device or FIFO, opened at ``path`` and written in place) or "descriptor"
+    (``fd``, one of the process's own open files)."""
+
+    kind: str
+    path: Path
+    fd: int | None = None
+
+
+_OWN_DESCRIPTOR = re.compile(r"/(?:proc/(?:self|(\d+))/fd|dev/fd)/(\d+)")
+_MAX_LINKS = 40  # as the kernel's MAXSYMLINKS
+
+
+def write_target(path: str | Path, *, flag: str = "the output") -> WriteTarget:
+    """Where writing the file output ``path`` goes; never a replacement of what is not a
+    regular file (see the module's docstring).
+
+    Raises:
+        UserError: a block device, socket or other special file; a dangling or looping link.
+    """
+    path = Path(path)
+    fd = _own_descriptor(path)
+    if fd is not None:
+        return WriteTarget("descriptor", path, fd)
+    try:
+        mode = os.stat(path).st_mode  # through links
+    except (FileNotFoundError, NotADirectoryError):  # a new file (its folder checked apart)
+        if path.is_symlink():
+            raise UserError(
+                f"{flag} {path} is a symbolic link to nothing: name a file, or remove the link"
+            ) from None
+        return WriteTarget("file", path)
+    except OSError as error:
+        raise UserError(f"{flag} {path}: {error.strerror}") from None
+    if stat.S_ISREG(mode):
+        return WriteTarget("file", path.resolve() if path.is_symlink() else path)
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return WriteTarget("stream", path)
+    if stat.S_ISDIR(mode):
+        raise UserError(f"{flag} {path} is a folder: give a file name")
+    raise UserError(
+        f"{flag} {path} is a {_kind(mode)}: aiayn writes regular files, FIFOs and character "
+        "devices only"
+    )
+
+
+def _own_descriptor(path: Path) -> int | None:
+    """The descriptor number when ``path`` (or a link it goes through) names one of this
+    process's open files (``/dev/stdout`` -> ``/proc/self/fd/1``), else None."""
+    current = os.path.abspath(path)
+    for _ in range(_MAX_LINKS):
+        match = _OWN_DESCRIPTOR.fullmatch(current)
+        if match is not None and match.group(1) in (None, str(os.getpid())):
+            return int(match.group(2))
+        if not os.path.islink(current):
+            return None
+        link = os.readlink(current)
+        current = os.path.normpath(os.path.join(os.path.dirname(current), link))
+    return None
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISBLK(mode):
+        return "block device"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "special file"
 
 
 def check_folder(
@@ -102,9 +186,15 @@ def check_folder(
             f"{flag} {path} already holds {_some(clash)}: pass --force to replace them, or "
             "choose another folder"
         )
-    folders = [name for name in clash if (path / name).is_dir()]
-    if folders:
-        raise UserError(f"{flag} {path / folders[0]} is a folder where a file goes: remove it")
+    for name in clash:
+        entry = path / name
+        if entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
+            raise UserError(
+                f"{flag} {entry} is {'a symbolic link' if entry.is_symlink() else 'a special file'}"
+                ": --force replaces only regular files; remove it, or choose another folder"
+            )
+        if entry.is_dir():
+            raise UserError(f"{flag} {entry} is a folder where a file goes: remove it")
     return path
 
 
@@ -131,6 +221,12 @@ def check_tree(
     if exists(path):
         if not force:
             raise UserError(f"{path} exists: pass --force to replace it")
+        if path.is_symlink() or not (path.is_dir() or path.is_file()):
+            kind = "a symbolic link" if path.is_symlink() else "not a folder"
+            raise UserError(
+                f"{flag} {path} is {kind}: --force replaces only {what} (a folder) or an empty "
+                "folder; name the folder itself"
+            )
         if not path.is_dir():
             raise UserError(f"{flag} {path} is a file, not {what}: --force replaces only {what}")
         if any(path.iterdir()) and not is_what(path):
@@ -220,6 +316,12 @@ def atomic_file(
     path = Path(path)
     if mode not in ("w", "wb"):
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
+    target = write_target(path)
+    if target.kind != "file":
+        with _written_through(target, mode, encoding=encoding, newline=newline) as handle:
+            yield handle
+        return
+    user_path, path = path, target.path  # a link to a regular file: that file is replaced
     created = _make_folders(path.parent, path)
     tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
     try:
@@ -236,10 +338,36 @@ def atomic_file(
     except BaseException as error:
         _remove(tmp)
         _remove_empty(created)
-        converted = _write_error(error, path, tmp)
+        converted = _write_error(error, user_path, tmp)
         if converted is None:
             raise
         raise converted from None
+
+
+@contextmanager
+def _written_through(
+    target: WriteTarget, mode: str, *, encoding: str | None, newline: str | None
+) -> Iterator[IO[Any]]:
+    """An open file writing in place to a stream (:func:`write_target`): no temporary, no
+    rename, no sync; a write the device refuses (``/dev/full``) names the output."""
+    binary = mode == "wb"
+    try:
+        if target.fd is not None:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()  # what was printed before comes first
+            fd = os.dup(target.fd)
+        else:
+            fd = os.open(target.path, os.O_WRONLY)
+        with os.fdopen(
+            fd, mode, encoding=None if binary else encoding, newline=None if binary else newline
+        ) as handle:
+            yield handle
+    except OSError as error:
+        named = None if error.filename is None else Path(os.fsdecode(error.filename))
+        ours = error.errno in _WRITE_ERRNOS if named is None else named == target.path
+        if not ours or isinstance(error, BrokenPipeError):
+            raise  # the writer's own error, or a closed pipe (the caller ends quietly)
+        raise UserError(f"cannot write {target.path}: {error.strerror or error}") from None
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -81,7 +81,26 @@ def from_hf(source: str | Path) -> HFConversion:
         specials = resolve(how.generation)(hf_config, generation_config)
         unapplied = unapplied_settings(hf_config, generation_config)
     tokenizer = resolve(how.tokenizer)(folder)
+    check_vocabulary(model, tokenizer)
     return HFConversion(model, tokenizer, hf_config, specials, unapplied, folder, mapped)
+
+
+def check_vocabulary(model: nn.Module, tokenizer: object) -> None:
+    """Every id the tokenizer gives has a row in the model's embeddings: its ``vocab_size``
+    (and an encoder–decoder's ``target_vocab_size``) at most the model config's. A smaller
+    tokenizer is fine (T5 pads its embeddings to a multiple of 128).
+
+    Raises:
+        UserError: naming both sizes.
+    """
+    config = getattr(model, "config", None)
+    for side, field in (("", "vocab_size"), ("target ", "target_vocab_size")):
+        tokens, rows = getattr(tokenizer, field, None), getattr(config, field, None)
+        if isinstance(tokens, int) and isinstance(rows, int) and tokens > rows:
+            raise UserError(
+                f"the tokenizer has {tokens:,} {side}tokens but the model's {side}vocabulary "
+                f"has {rows:,} (config.json vocab_size): ids from {rows:,} on have no embedding"
+            )
 
 
 def to_hf(model: nn.Module, out_dir: str | Path, tokenizer: TextTokenizer | None = None) -> Path:

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from aiayn.convert.checks import HF_ACTIVATIONS, Rule, label_names, rename
+from aiayn.convert.checks import HF_ACTIVATIONS, Rule, check_field_types, label_names, rename
 from aiayn.errors import UserError
 from aiayn.models.bert import BERT, BertConfig
 
@@ -146,6 +146,7 @@ def bert_config_from_hf(
     ``tensor_names`` (the checkpoint's) decide the head when ``architectures`` is absent, and
     whether there is a pooler; without them a masked LM has none and the other heads have one.
     """
+    check_field_types(hf_config, HF_DEFAULTS)
     _check_supported(hf_config)
     hf = {**HF_DEFAULTS, **{k: v for k, v in hf_config.items() if k in HF_DEFAULTS}}
     names = None if tensor_names is None else {_body_name(n) for n in tensor_names}

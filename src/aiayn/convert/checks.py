@@ -8,7 +8,7 @@ Shape legend:  (any tensor shapes; the model's state dict is the reference)
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -91,6 +91,37 @@ def load_exactly(
                 f"{tuple(expected[key].shape)}"
             )
     model.load_state_dict(dict(state), strict=True, assign=True)
+
+
+def check_field_types(
+    hf_config: Mapping[str, Any], defaults: Mapping[str, Any], *, skip: Collection[str] = ()
+) -> None:
+    """Every field of ``hf_config`` that ``defaults`` (transformers' defaults of the family's
+    config class) lists has the type of its default: an integer, a number (an integer or a
+    float), a bool or a string; a field whose default is None takes None or a number. ``skip``:
+    fields the converter checks itself (a ViT's ``image_size``, an int or a pair).
+
+    Raises:
+        UserError: naming the first field of the wrong type, its value and what it must be.
+    """
+    for key, default in defaults.items():
+        if key not in hf_config or key in skip:
+            continue
+        value = hf_config[key]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if isinstance(default, bool):
+            ok, expected = isinstance(value, bool), "true or false"
+        elif isinstance(default, int):
+            ok, expected = number and isinstance(value, int), "an integer"
+        elif isinstance(default, float):
+            ok, expected = number, "a number"
+        elif isinstance(default, str):
+            ok, expected = isinstance(value, str), "a string"
+        else:
+            ok, expected = value is None or number, "a number or null"
+        if not ok:
+            wrong = f"{key}={value!r} has the wrong type (expected {expected})"
+            raise UserError(f"config.json: {wrong}")
 
 
 def label_names(hf_config: Mapping[str, Any]) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from aiayn.convert.checks import check_field_types
 from aiayn.convert.hf_folder import (
     read_hf_config,
     read_hf_tokenizer,
@@ -119,6 +120,7 @@ HF_DEFAULTS: dict[str, Any] = {
 
 def gpt2_config_from_hf(hf_config: Mapping[str, Any]) -> GPT2Config:
     """aiayn's config of a Hugging Face GPT-2 ``config.json`` (a dict)."""
+    check_field_types(hf_config, HF_DEFAULTS)
     _check_supported(hf_config)
     hf = {**HF_DEFAULTS, **{k: v for k, v in hf_config.items() if k in HF_DEFAULTS}}
     eos = _token_id(hf, "eos_token_id")

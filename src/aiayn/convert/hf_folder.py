@@ -13,7 +13,14 @@ A folder written by ``save_pretrained`` (or downloaded from the Hub) holds::
 
 Formats: Hugging Face, "Models" and "Sharded checkpoints" in the transformers documentation;
 safetensors, https://huggingface.co/docs/safetensors. ``.bin`` files are read with
-``torch.load(weights_only=True)``: tensors only, no pickled code runs.
+``torch.load(weights_only=True)``: tensors only, no pickled code runs; a file it refuses is
+named without torch's advice to turn that off.
+
+A folder may come from anyone, so only regular files inside it are read
+(:func:`folder_file`): a shard index naming an absolute path, a ``..`` or a link leading out
+of the folder, a FIFO or a device is refused by name (the one way out allowed is the Hub
+cache's own layout, ``snapshots/<revision>/<file>`` linking to ``../../blobs/``). A tensor
+holding NaN or an infinity is refused by name.
 
 A source that is not an existing folder is taken for a Hub name (``gpt2``, ``openai-community/
 gpt2``) and fetched with ``huggingface_hub.snapshot_download`` (the weights in one format only).
@@ -22,7 +29,11 @@ gpt2``) and fetched with ``huggingface_hub.snapshot_download`` (the weights in o
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
+import pickle
+import re
+import stat
+from pathlib import Path, PurePath
 from typing import Any
 
 import torch
@@ -93,9 +104,46 @@ def _download(name: str, patterns: list[str]) -> Path:
         ) from None
 
 
+def folder_file(folder: Path, name: str, *, what: str = "file") -> Path:
+    """``folder / name`` when it is a regular file inside ``folder`` (through links that stay
+    inside it, or lead to the Hub cache's ``blobs/`` from a snapshot folder).
+
+    Raises:
+        UserError: ``name`` is absolute or holds ``..``; the file is missing, leads out of
+            ``folder``, or is not a regular file (a FIFO, a device, a folder).
+    """
+    parts = PurePath(name).parts if isinstance(name, str) else ()
+    if not parts or PurePath(name).is_absolute() or ".." in parts:
+        raise UserError(f"{folder}: {what} {name!r} is not a file name inside the folder")
+    path = folder / name
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the {what} ({exc.strerror})") from None
+    real = path.resolve()
+    if not any(real.is_relative_to(root) for root in _roots(folder)):
+        raise UserError(f"{path}: the {what} leads out of the folder (to {real})")
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{path}: the {what} is not a regular file")
+    return path
+
+
+def _roots(folder: Path) -> list[Path]:
+    """The folders a file of ``folder`` may really be in: itself, and for a snapshot of the Hub
+    cache (``models--x/snapshots/<revision>``) that repository's ``blobs/`` (a real folder)."""
+    real = folder.resolve()
+    roots = [real]
+    blobs = real.parent.parent / "blobs"
+    if real.parent.name == "snapshots" and blobs.is_dir() and not blobs.is_symlink():
+        roots.append(blobs)
+    return roots
+
+
 def read_hf_config(folder: Path) -> dict[str, Any]:
     """``config.json`` of ``folder`` as a dict."""
     file = folder / CONFIG_FILE
+    if os.path.lexists(file):
+        folder_file(folder, CONFIG_FILE, what="model config")
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -109,8 +157,9 @@ def read_hf_generation(folder: Path) -> dict[str, Any]:
     """The folder's ``generation_config.json`` as a dict ({} when it has none; older folders keep
     the same keys in ``config.json``)."""
     file = folder / GENERATION_CONFIG
-    if not file.is_file():
+    if not os.path.lexists(file):
         return {}
+    folder_file(folder, GENERATION_CONFIG, what="generation config")
     try:
         source = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -135,12 +184,14 @@ def read_hf_weights(folder: Path) -> dict[str, Tensor]:
 
 
 def _weight_files(folder: Path) -> list[Path]:
-    """The weight files of one format, safetensors first; [] when there are none."""
+    """The weight files of one format, safetensors first, each a regular file inside
+    ``folder`` (:func:`folder_file`); [] when there are none."""
     for single, index in ((SAFETENSORS_FILE, SAFETENSORS_INDEX), (TORCH_FILE, TORCH_INDEX)):
-        if (folder / single).is_file():
-            return [folder / single]
-        if (folder / index).is_file():
-            return [folder / name for name in _shards(folder / index)]
+        if os.path.lexists(folder / single):
+            return [folder_file(folder, single, what="weights file")]
+        if os.path.lexists(folder / index):
+            shards = _shards(folder_file(folder, index, what="shard index"))
+            return [folder_file(folder, name, what="shard") for name in shards]
     return []
 
 
@@ -148,21 +199,58 @@ def _shards(index: Path) -> list[str]:
     """The shard file names an ``*.index.json`` maps tensor names to, in order."""
     try:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        return sorted(set(weight_map.values()))
+        names = set(weight_map.values())
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UserError(f"{index}: not a readable shard index ({exc})") from None
+    strange = [name for name in names if not isinstance(name, str)]
+    if strange or not names:
+        raise UserError(f"{index}: not a readable shard index (shard names {strange or 'none'})")
+    return sorted(names)
 
 
 def _read_weight_file(file: Path) -> dict[str, Tensor]:
-    try:
-        if file.suffix == ".safetensors":
-            return load_file(str(file))
-        loaded = torch.load(file, map_location="cpu", weights_only=True)
-    except (OSError, SafetensorError, RuntimeError, ValueError) as exc:
-        raise UserError(f"{file}: cannot read the weights ({exc})") from None
+    if file.suffix == ".safetensors":
+        try:
+            loaded = load_file(str(file))
+        except (OSError, SafetensorError, RuntimeError, ValueError) as exc:
+            raise UserError(f"{file}: cannot read the weights ({exc})") from None
+    else:
+        loaded = _torch_load(file)
     if not isinstance(loaded, dict) or not all(isinstance(t, Tensor) for t in loaded.values()):
         raise UserError(f"{file}: not a state dict of tensors")
+    for name, tensor in loaded.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise UserError(f"{file}: tensor {name!r} holds NaN or infinite values")
     return loaded
+
+
+def _torch_load(file: Path) -> Any:
+    """A ``.bin`` file's contents, unpickled with ``weights_only=True`` (tensors and plain
+    containers only: no pickled code ever runs).
+
+    Raises:
+        UserError: naming the file and what is wrong, never advising ``weights_only=False``.
+    """
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # any bytes reach the unpickler: every failure is the file's
+        raise UserError(f"{file}: cannot read the weights ({_load_failure(exc)})") from None
+
+
+def _load_failure(exc: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in aiayn's words: torch's own
+    message advises the unsafe ``weights_only=False``, so it is not repeated."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+    if isinstance(exc, pickle.UnpicklingError) and found:
+        return (
+            f"it holds pickled code or objects other than tensors ({found.group(1)}), which "
+            "aiayn never runs; ask for the model as safetensors"
+        )
+    if isinstance(exc, EOFError) or "EOF" in str(exc):
+        return "empty or truncated"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return "not a PyTorch weights file"
 
 
 def read_hf_tokenizer(folder: Path) -> TextTokenizer | None:

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from aiayn.config import Activation, TransformerConfig
+from aiayn.convert.checks import check_field_types
 from aiayn.convert.generation import Seq2SeqSpecials, generation_defaults, is_token_id
 from aiayn.data.pretrained_tokenizer import PretrainedTokenizer, pretrained_tokenizer_from_hf
 from aiayn.errors import UserError
@@ -183,6 +184,7 @@ HF_DEFAULTS: dict[str, Any] = {
 
 
 def _hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
+    check_field_types(hf_config, HF_DEFAULTS)
     return {**HF_DEFAULTS, **{k: v for k, v in hf_config.items() if k in HF_DEFAULTS}}
 
 

@@ -24,7 +24,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.convert.checks import HF_ACTIVATIONS, Rule, fuse_parts, load_exactly, rename
+from aiayn.convert.checks import (
+    HF_ACTIVATIONS,
+    Rule,
+    check_field_types,
+    fuse_parts,
+    load_exactly,
+    rename,
+)
 from aiayn.convert.generation import Seq2SeqSpecials, generation_defaults
 from aiayn.data.pretrained_tokenizer import PretrainedTokenizer, pretrained_tokenizer_from_hf
 from aiayn.errors import UserError
@@ -107,6 +114,7 @@ HF_DEFAULTS: dict[str, Any] = {
 def t5_config_from_hf(hf_config: Mapping[str, Any]) -> T5Config:
     """aiayn's config of a Hugging Face T5 ``config.json`` (a dict); options aiayn does not
     compute are refused by name."""
+    check_field_types(hf_config, HF_DEFAULTS)
     if hf_config.get("model_type") != "t5":
         raise UserError(f"model_type {hf_config.get('model_type')!r} is not T5 ('t5')")
     hf = {**HF_DEFAULTS, **{k: v for k, v in hf_config.items() if k in HF_DEFAULTS}}

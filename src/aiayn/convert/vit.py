@@ -30,6 +30,7 @@ from torch import Tensor
 from aiayn.convert.checks import (
     HF_ACTIVATIONS,
     Rule,
+    check_field_types,
     fuse_parts,
     label_names,
     load_exactly,
@@ -105,6 +106,7 @@ def vit_config_from_hf(hf_config: Mapping[str, Any]) -> ViTConfig:
     pooler, a ViTForImageClassification a head of ``len(id2label)`` labels);
     :func:`vit_from_hf_tensors` then follows the tensors, as transformers does.
     """
+    check_field_types(hf_config, HF_DEFAULTS, skip=("image_size", "patch_size"))  # int or pair
     _check_supported(hf_config)
     hf = {**HF_DEFAULTS, **{k: v for k, v in hf_config.items() if k in HF_DEFAULTS}}
     classifier = "ViTForImageClassification" in hf_config.get("architectures", [])

@@ -15,6 +15,7 @@ Shape legend:  B images   C channels   H, W height and width (pixels)
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 from PIL import Image, ImageOps
 from torch import Tensor
 
+from aiayn import limits
 from aiayn.errors import ConfigError, UserError
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
@@ -238,11 +240,36 @@ def open_image(path: str | Path) -> Image.Image:
         UserError: naming the file when it is missing, unreadable or not an image.
     """
     try:
-        with Image.open(path) as image:
-            image.load()
-            return ImageOps.exif_transpose(image)
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        with warnings.catch_warnings():  # the size is checked below, in aiayn's words
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                check_pixels(path, image.width, image.height)  # from the header: nothing decoded
+                image.load()
+                return ImageOps.exif_transpose(image)
+    except Image.DecompressionBombError:  # beyond twice Pillow's limit, refused on opening
+        bound = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+        raise UserError(_too_large(path, f"more than {bound:,} pixels")) from None
+    except (OSError, ValueError) as exc:  # UserError is a ValueError
+        if isinstance(exc, UserError):
+            raise
         raise UserError(f"{path}: cannot read the image ({exc})") from None
+
+
+def check_pixels(path: str | Path, width: int, height: int) -> None:
+    """Refuse an image of more than :data:`aiayn.limits.MAX_IMAGE_PIXELS` pixels.
+
+    Raises:
+        UserError: naming the file, its size and the limit.
+    """
+    if width * height > limits.MAX_IMAGE_PIXELS:
+        raise UserError(_too_large(path, f"{width} × {height} = {width * height:,} pixels"))
+
+
+def _too_large(path: str | Path, size: str) -> str:
+    return (
+        f"{path}: the image is too large to decode ({size}; the limit is "
+        f"{limits.MAX_IMAGE_PIXELS:,} pixels): make it smaller first"
+    )
 
 
 def _flatten_to(image: Image.Image, mode: str) -> Image.Image:
