@@ -144,3 +144,18 @@ def test_the_task_module_imports_no_task() -> None:
         ref.partition(":")[0] for f in trainable().values() for ref in f.training.tasks.values()
     }  # type: ignore[union-attr]
     assert not imported & tasks
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_command_refuses_the_families_that_do_not_serve_it(command: str) -> None:
+    from aiayn.models.families import families_serving, refuse_unless_serving
+
+    serving = families_serving(command)
+    assert serving, command
+    for family in FAMILIES.values():
+        if family in serving:
+            refuse_unless_serving(family, command, "ckpt")
+            continue
+        names = " or ".join(f.name for f in serving)
+        with pytest.raises(UserError, match=f"^ckpt holds a {family.name} model; .* of {names}$"):
+            refuse_unless_serving(family, command, "ckpt")

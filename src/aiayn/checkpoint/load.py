@@ -32,7 +32,13 @@ from aiayn.checkpoint.upgrade import upgrade_config, upgrade_state_dict
 from aiayn.config import ModelConfig
 from aiayn.errors import UserError
 from aiayn.models import Transformer
-from aiayn.models.families import DEFAULT_FAMILY, FAMILIES, Family, family_named
+from aiayn.models.families import (
+    DEFAULT_FAMILY,
+    FAMILIES,
+    Family,
+    family_named,
+    refuse_unless_serving,
+)
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -65,13 +71,17 @@ class Checkpoint(Generic[M]):
 
 @overload
 def load_checkpoint(
-    path: str | Path, *, map_location: str | torch.device = "cpu"
+    path: str | Path, *, map_location: str | torch.device = "cpu", command: str | None = None
 ) -> Checkpoint[Transformer]: ...
 
 
 @overload
 def load_checkpoint(
-    path: str | Path, *, map_location: str | torch.device = "cpu", expect: type[M]
+    path: str | Path,
+    *,
+    map_location: str | torch.device = "cpu",
+    expect: type[M],
+    command: str | None = None,
 ) -> Checkpoint[M]: ...
 
 
@@ -80,12 +90,15 @@ def load_checkpoint(
     *,
     map_location: str | torch.device = "cpu",
     expect: type[nn.Module] = Transformer,
+    command: str | None = None,
 ) -> Checkpoint[Any]:
     """Load a checkpoint folder (or a run folder: its latest checkpoint) into a model.
 
-    ``expect``: the model class the caller needs (the paper's :class:`Transformer` by default;
-    ``nn.Module`` for any family). A checkpoint of another family is a :class:`UserError` naming
-    both, as is an unknown family or a format newer than this aiayn reads. Checkpoints written
+    ``command``: what the checkpoint is loaded for (``translate``…): its family must serve it
+    (the family registry's ``commands``). ``expect``: the model class the caller needs (the
+    paper's :class:`Transformer` by default; ``nn.Module`` for any family). A checkpoint of
+    another family is a :class:`UserError` naming both, as is an unknown family or a format
+    newer than this aiayn reads. Checkpoints written
     before families existed (no ``family`` recorded) hold the paper's model. Every file but the
     optimizer's is checked against ``SHA256SUMS`` (while the model is built).
 
@@ -93,6 +106,8 @@ def load_checkpoint(
         CheckpointError: a file is missing, corrupt, truncated or does not fit, naming it.
     """
     folder, family, config, state = read_checkpoint_config(path)
+    if command is not None:
+        refuse_unless_serving(family, command, folder)
     if not issubclass(family.model, expect):
         wanted = [f.name for f in FAMILIES.values() if issubclass(f.model, expect)]
         raise UserError(

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     """Check the arguments against the checkpoint's family and draw its attention."""
     from aiayn.checkpoint import read_checkpoint_config
     from aiayn.errors import UserError
-    from aiayn.models.vit import ViT
+    from aiayn.models.families import refuse_unless_serving
 
     if not Path(args.checkpoint).exists():
         raise UserError(f"checkpoint not found: {args.checkpoint}")
@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a folder")
     folder, family, _, _ = read_checkpoint_config(args.checkpoint)
-    if issubclass(family.model, ViT):
+    refuse_unless_serving(family, "attention", folder)
+    if family.reads == "image":
         if args.src is not None or args.tgt is not None:
             flag = "--src" if args.src is not None else "--tgt"
             raise UserError(f"{flag} is for translation models; {folder} holds a ViT: give --image")
@@ -130,7 +131,7 @@ def _run_translation(args: argparse.Namespace, out: Path) -> int:
         raise UserError("--tgt is empty: give a target sentence, or leave --tgt out")
     _check_out(args, out, [f"{kind}_{rest}" for kind in KINDS for rest in ("L*_H*.png", "all.png")])
 
-    checkpoint = load_checkpoint(args.checkpoint)
+    checkpoint = load_checkpoint(args.checkpoint, command="attention")
     tokenizer = Tokenizer.load(checkpoint.tokenizer_path)
     maps = collect_attention(
         checkpoint.model, tokenizer, args.src, args.tgt, max_tokens=args.max_tokens
@@ -164,7 +165,7 @@ def _run_image(args: argparse.Namespace, out: Path) -> int:
     )
 
     _check_out(args, out, ("cls_L*_H*.png", "cls_L*_all.png", "rollout.png"))
-    checkpoint = load_checkpoint(args.checkpoint, expect=ViT)
+    checkpoint = load_checkpoint(args.checkpoint, expect=ViT, command="attention")
     preprocessor = checkpoint_tokenizer(checkpoint.path)
     if not isinstance(preprocessor, ImagePreprocessor):
         raise UserError(f"{checkpoint.path} has no image preprocessing (preprocessor_config.json)")

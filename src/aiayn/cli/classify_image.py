@@ -41,7 +41,12 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.models.vit import ViT
     from aiayn.validation import resolve_device
 
-    ckpt = load_checkpoint(args.checkpoint, map_location=resolve_device(args.device), expect=ViT)
+    ckpt = load_checkpoint(
+        args.checkpoint,
+        map_location=resolve_device(args.device),
+        expect=ViT,
+        command="classify-image",
+    )
     model, config = ckpt.model, ckpt.model.config
     if config.num_labels < 1:
         raise UserError(f"{ckpt.path} holds a ViT without a classifier (num_labels = 0)")

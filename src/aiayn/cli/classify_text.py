@@ -48,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.errors import UserError
     from aiayn.inference.classify_text import classify_texts
 
-    model, tokenizer = load_bert(args.checkpoint, args.device, head="classification")
+    model, tokenizer = load_bert(
+        args.checkpoint, args.device, "classify-text", head="classification"
+    )
     labels = model.config.num_labels
     if args.top_k > labels:
         raise UserError(f"--top-k must be in 1..{labels} (the model's labels), got {args.top_k}")

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--similarity reads its two files: leave out --input and --out")
     if args.out:
         check_file(args.out, force=args.force, flag="--out")
-    model, tokenizer = load_bert(args.checkpoint, args.device)
+    model, tokenizer = load_bert(args.checkpoint, args.device, "embed")
 
     def embed(lines: list[str]) -> Any:
         return sentence_embeddings(

@@ -136,7 +136,9 @@ def perplexity(args: argparse.Namespace) -> int:
         raise UserError(f"--text measures perplexity: leave out {', '.join(given)} (for BLEU)")
     if not args.checkpoint:
         raise UserError("--text needs --checkpoint DIR, a language-model (GPT-2) checkpoint")
-    ckpt = load_checkpoint(args.checkpoint, map_location=resolve_device(args.device), expect=GPT2)
+    ckpt = load_checkpoint(
+        args.checkpoint, map_location=resolve_device(args.device), expect=GPT2, command="generate"
+    )
     config = ckpt.model.config
     block = config.max_len if args.block_size is None else args.block_size
     if not 1 <= block <= config.max_len:

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.errors import UserError
     from aiayn.inference.encoder_tasks import fill_mask
 
-    model, tokenizer = load_bert(args.checkpoint, args.device, head="mlm")
+    model, tokenizer = load_bert(args.checkpoint, args.device, "fill-mask", head="mlm")
     blocks = []
     for where, text in _texts(args):
         lines = []
@@ -64,8 +64,11 @@ def _texts(args: argparse.Namespace) -> list[tuple[str, str]]:
     return [(f"{name}, line {number}", line) for number, line in lines if line.strip()]
 
 
-def load_bert(checkpoint: str, device: str, *, head: str | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) of a BERT checkpoint; ``head`` ("mlm"), when given, must be its own.
+def load_bert(
+    checkpoint: str, device: str, command: str, *, head: str | None = None
+) -> tuple[Any, Any]:
+    """(model, tokenizer) of a BERT checkpoint for ``command``; ``head`` ("mlm"), when given,
+    must be its own.
 
     Raises:
         UserError: another family, another head, or a checkpoint without BERT's vocabulary.
@@ -76,7 +79,9 @@ def load_bert(checkpoint: str, device: str, *, head: str | None = None) -> tuple
     from aiayn.models.bert import BERT
     from aiayn.validation import resolve_device
 
-    ckpt = load_checkpoint(checkpoint, map_location=resolve_device(device), expect=BERT)
+    ckpt = load_checkpoint(
+        checkpoint, map_location=resolve_device(device), expect=BERT, command=command
+    )
     if head is not None and ckpt.model.config.head != head:
         raise UserError(
             f"{ckpt.path} holds a BERT with head {ckpt.model.config.head!r}; this needs {head!r}"

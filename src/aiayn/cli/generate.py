@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts and args.input is not None:
         raise UserError("give prompts as arguments or with --input, not both")
     device = resolve_device(args.device)
-    ckpt = load_checkpoint(args.checkpoint, map_location=device, expect=GPT2)
+    ckpt = load_checkpoint(args.checkpoint, map_location=device, expect=GPT2, command="generate")
     tokenizer = load_lm_tokenizer(ckpt.tokenizer_path)
     prompts = list(args.prompts) or read_input(args.input)
     texts = generate(ckpt.model, tokenizer, prompts, options) if prompts else []

@@ -106,7 +106,9 @@ def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     device = resolve_device(args.device)
     if device.type == "cpu":
         keep_freed_memory()  # beam search reallocates its caches every step: keep them mapped
-    ckpt = load_checkpoint(args.checkpoint, map_location=device, expect=EncoderDecoder)
+    ckpt = load_checkpoint(
+        args.checkpoint, map_location=device, expect=EncoderDecoder, command="translate"
+    )
     beam, alpha, length_penalty = args.beam, args.alpha, args.length_penalty
     if alpha == "auto":  # tuned on the validation set (aiayn tune-alpha)
         from aiayn.evaluation.tuning import read_tuned_alpha

@@ -87,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
     if (args.src is None) != (args.ref is None):
         raise UserError("give --src and --ref together (or neither: the run's validation set)")
     ckpt = load_checkpoint(
-        args.checkpoint, map_location=resolve_device(args.device), expect=EncoderDecoder
+        args.checkpoint,
+        map_location=resolve_device(args.device),
+        expect=EncoderDecoder,
+        command="translate",
     )
     run_config = ckpt.state.get("run_config")
     pairs, source, reference = validation_pairs(run_config, args.src, args.ref)

@@ -46,9 +46,11 @@ COMMANDS = (
     "classify-text",
     "classify-image",
     "attention",
-    "evaluate",
 )
-"""What a family's checkpoint may be used for, by command (and, later, service endpoint)."""
+"""What a family's checkpoint may be used for, by command (and, later, service endpoint):
+``translate`` (also ``aiayn evaluate --src``, BLEU), ``generate`` (also ``aiayn evaluate
+--text``, perplexity), ``embed``, ``fill-mask``, ``classify-text``, ``classify-image`` and
+``attention`` (its maps, step by step)."""
 
 
 def resolve(ref: str) -> Any:
@@ -113,6 +115,7 @@ class Family:
         count: the closed-form parameter count of a config (checked against the model).
         commands: the commands (:data:`COMMANDS`) its checkpoints serve.
         modules: the modules that are its own (a test holds its name to them and this one).
+        reads: what its input is, "text" or "image".
         from_hf: Hugging Face ``model_type`` -> how to convert it.
         to_hf: ``(model, folder, tokenizer) -> folder``: writes it back as transformers loads
             it, or None.
@@ -131,6 +134,7 @@ class Family:
     count: Callable[[Any], int]
     commands: frozenset[str]
     modules: tuple[str, ...]
+    reads: str = "text"
     from_hf: Mapping[str, HFSource] = field(default_factory=dict)
     to_hf: str | None = None
     inference: str | None = None
@@ -165,7 +169,7 @@ FAMILIES: dict[str, Family] = {
             PRESETS,
             "small",
             expected_parameter_count,
-            frozenset({"translate", "attention", "evaluate"}),
+            frozenset({"translate", "attention"}),
             (
                 "aiayn.config",
                 "aiayn.models.transformer",
@@ -196,7 +200,7 @@ FAMILIES: dict[str, Family] = {
             GPT2_PRESETS,
             "gpt2-tiny",
             expected_gpt2_parameters,
-            frozenset({"generate", "evaluate"}),
+            frozenset({"generate"}),
             ("aiayn.models.gpt2", "aiayn.convert.gpt2", "aiayn.training.lm"),
             from_hf={
                 "gpt2": HFSource(
@@ -278,6 +282,7 @@ FAMILIES: dict[str, Family] = {
             expected_vit_parameters,
             frozenset({"classify-image", "attention"}),
             ("aiayn.models.vit", "aiayn.convert.vit", "aiayn.training.images"),
+            reads="image",
             from_hf={
                 "vit": HFSource(
                     "aiayn.convert.vit:vit_from_hf_tensors",
@@ -341,6 +346,14 @@ def preset_names() -> list[str]:
 def trainable() -> dict[str, Family]:
     """The families ``aiayn train`` can train, by name."""
     return {name: f for name, f in FAMILIES.items() if f.training is not None}
+
+
+def refuse_unless_serving(family: Family, command: str, where: object) -> None:
+    """A :class:`UserError` naming ``where`` (a checkpoint folder), its family and the families
+    that serve ``command``, unless ``family`` does."""
+    if not family.supports(command):
+        names = " or ".join(f.name for f in families_serving(command))
+        raise UserError(f"{where} holds a {family.name} model; this needs a checkpoint of {names}")
 
 
 def demo_runs() -> dict[str, str]:
