@@ -492,6 +492,17 @@ def _attend(x: Tensor, matrices: Mapping[str, Tensor], num_heads: int, causal: b
     return _Attention(q, k, v, scores, sqrt_d_k, scaled_scores, mask, masked_scores, weights, heads)
 
 
+def _concat_and_project(heads: Tensor, w_o: Tensor) -> tuple[Tensor, Tensor]:
+    """Steps 5–6: Concat(head_1, …, head_H) and Concat · W_O (§3.2.2).
+
+    heads (H, T, d_k), w_o (D, D) -> concat (T, D), output (T, D).
+    """
+    num_heads, t, d_k = heads.shape
+    # (H, T, d_k) -> (T, H, d_k) -> (T, D)
+    concat = heads.transpose(0, 1).reshape(t, num_heads * d_k)
+    return concat, concat @ w_o  # (T, D) @ (D, D) -> (T, D)
+
+
 def build_trace(
     tokens: Sequence[str] = DEFAULT_TOKENS,
     *,
@@ -529,16 +540,9 @@ def build_trace(
         d_model = given.inferred_d_model() or 4
     _validate_sizes(tokens, d_model, num_heads)
     matrices, embeddings = _resolve_weights(tokens, d_model, seed, given)
-    steps_1_3 = _attention_input(
-        embeddings, positional=positional, scale_embeddings=scale_embeddings
-    )
-    step_4 = _attend(steps_1_3.x, matrices, num_heads, causal)
-    # Steps 5–6: Concat(head_1, …, head_H) W_O (§3.2.2).
-    t = len(tokens)
-    concat = step_4.heads.transpose(0, 1).reshape(
-        t, d_model
-    )  # (H, T, d_k) -> (T, H, d_k) -> (T, D)
-    output = concat @ matrices["W_O"]  # (T, D) @ (D, D) -> (T, D)
+    inputs = _attention_input(embeddings, positional=positional, scale_embeddings=scale_embeddings)
+    attention = _attend(inputs.x, matrices, num_heads, causal)
+    concat, output = _concat_and_project(attention.heads, matrices["W_O"])
     return AttentionTrace(
         tokens=tokens,
         d_model=d_model,
@@ -555,8 +559,8 @@ def build_trace(
         W_O=matrices["W_O"],
         concat=concat,
         output=output,
-        **steps_1_3._asdict(),
-        **step_4._asdict(),
+        **inputs._asdict(),
+        **attention._asdict(),
     )
 
 
