@@ -440,7 +440,7 @@ def _check_flags(
         raise UserError(f"strip_accents must be true, false or null, got {strip_accents!r}")
 
 
-def _check_special_tokens(tokenizer: _HFTokenizer, tokens: Mapping[str, object]) -> None:
+def _check_special_tokens(tokenizer: _HFTokenizer, tokens: Mapping[str, str]) -> None:
     """Refuse a special token (name -> string) that is empty, not a string, or not in the
     vocabulary."""
     for name, token in tokens.items():
