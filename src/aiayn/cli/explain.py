@@ -31,6 +31,13 @@ def register(subparsers: Any) -> None:
             "one-hot embeddings and identity weight matrices."
         ),
     )
+    _add_example_options(p)
+    _add_step_options(p)
+    p.set_defaults(func=run)
+
+
+def _add_example_options(p: argparse.ArgumentParser) -> None:
+    """The example: its tokens, sizes and matrices (default, seeded or from a file)."""
     p.add_argument(
         "--tokens",
         default=" ".join(DEFAULT_TOKENS),
@@ -65,6 +72,10 @@ def register(subparsers: Any) -> None:
         'per token, or an object token -> row), "W_Q", "W_K", "W_V", "W_O" (d_model×d_model, '
         "used as x @ W); missing keys keep their default",
     )
+
+
+def _add_step_options(p: argparse.ArgumentParser) -> None:
+    """Which optional steps run (positions, scaling, mask) and how numbers are printed."""
     p.add_argument(
         "--no-positional",
         dest="positional",
@@ -88,7 +99,6 @@ def register(subparsers: Any) -> None:
         default=4,
         help="digits after the decimal point (default: %(default)s)",
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -161,66 +161,27 @@ class BertTokenizer:
         model = tokenizer.model
         if not isinstance(model, models.WordPiece):
             raise UserError(f"not a WordPiece vocabulary (a {type(model).__name__} model)")
-        for name, value in (
-            ("do_lower_case", do_lower_case),
-            ("tokenize_chinese_chars", tokenize_chinese_chars),
-            ("clean_up_tokenization_spaces", clean_up_tokenization_spaces),
-        ):
-            if not isinstance(value, bool):
-                raise UserError(f"{name} must be true or false, got {value!r}")
-        if strip_accents is not None and not isinstance(strip_accents, bool):
-            raise UserError(f"strip_accents must be true, false or null, got {strip_accents!r}")
+        _check_flags(
+            do_lower_case=do_lower_case,
+            strip_accents=strip_accents,
+            tokenize_chinese_chars=tokenize_chinese_chars,
+            clean_up_tokenization_spaces=clean_up_tokenization_spaces,
+        )
         values = (cls_token, sep_token, pad_token, mask_token, unk_token)
         tokens = dict(zip(_NAMES, values, strict=True))
-        for name, token in tokens.items():
-            if not isinstance(token, str) or not token:
-                raise UserError(f"{name} must be a non-empty string, got {token!r}")
-        missing = [t for t in tokens.values() if tokenizer.token_to_id(t) is None]
-        if missing:
-            raise UserError(f"special token {missing[0]!r} is not in the vocabulary")
-        if model_max_length is not None and (
-            isinstance(model_max_length, bool)
-            or not isinstance(model_max_length, int)
-            or model_max_length < 3
-        ):
-            raise UserError(
-                f"model_max_length must be an integer >= 3 or null, got {model_max_length!r}"
-            )
+        _check_special_tokens(tokenizer, tokens)
+        _check_model_max_length(model_max_length)
 
-        # transformers' BERT pipeline, whatever a tokenizer.json says.
-        model.unk_token = unk_token
-        model.continuing_subword_prefix = _PREFIX
-        model.max_input_chars_per_word = _MAX_WORD_CHARS
-        tokenizer.normalizer = normalizers.BertNormalizer(
-            clean_text=True,
-            handle_chinese_chars=tokenize_chinese_chars,
+        _set_bert_pipeline(
+            tokenizer,
+            model,
+            unk_token=unk_token,
+            do_lower_case=do_lower_case,
             strip_accents=strip_accents,
-            lowercase=do_lower_case,
+            tokenize_chinese_chars=tokenize_chinese_chars,
         )
-        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tokenizer.decoder = decoders.WordPiece(prefix=_PREFIX)
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
-        present = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
-        for added in added_tokens:
-            if added.content not in present:
-                present.add(added.content)
-                if added.special:
-                    tokenizer.add_special_tokens([added])
-                else:
-                    tokenizer.add_tokens([added])
-        specials = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
-        for token_str in [*tokens.values(), *additional_special_tokens]:
-            if token_str not in specials:
-                specials.add(token_str)
-                tokenizer.add_special_tokens(
-                    [AddedToken(token_str, special=True, normalized=False)]
-                )
-        ids: dict[str, int] = {}
-        for name, token in tokens.items():
-            token_id = tokenizer.token_to_id(token)
-            assert token_id is not None  # checked above
-            ids[name] = int(token_id)
+        _add_tokens(tokenizer, added_tokens, [*tokens.values(), *additional_special_tokens])
+        ids = _special_ids(tokenizer, tokens)
         tokenizer.post_processor = processors.BertProcessing(
             (sep_token, ids["sep_token"]), (cls_token, ids["cls_token"])
         )
@@ -457,6 +418,105 @@ class BertTokenizer:
             f"BertTokenizer(vocab_size={self.vocab_size}, do_lower_case={self._lower}, "
             f"model_max_length={self._max_length})"
         )
+
+
+# -- BertTokenizer's set-up ----------------------------------------------------------------------
+def _check_flags(
+    *,
+    do_lower_case: object,
+    strip_accents: object,
+    tokenize_chinese_chars: object,
+    clean_up_tokenization_spaces: object,
+) -> None:
+    """Refuse a setting that is not a bool (``strip_accents``: a bool or None)."""
+    for name, value in (
+        ("do_lower_case", do_lower_case),
+        ("tokenize_chinese_chars", tokenize_chinese_chars),
+        ("clean_up_tokenization_spaces", clean_up_tokenization_spaces),
+    ):
+        if not isinstance(value, bool):
+            raise UserError(f"{name} must be true or false, got {value!r}")
+    if strip_accents is not None and not isinstance(strip_accents, bool):
+        raise UserError(f"strip_accents must be true, false or null, got {strip_accents!r}")
+
+
+def _check_special_tokens(tokenizer: _HFTokenizer, tokens: Mapping[str, str]) -> None:
+    """Refuse a special token (name -> string) that is empty, not a string, or not in the
+    vocabulary."""
+    for name, token in tokens.items():
+        if not isinstance(token, str) or not token:
+            raise UserError(f"{name} must be a non-empty string, got {token!r}")
+    missing = [t for t in tokens.values() if tokenizer.token_to_id(t) is None]
+    if missing:
+        raise UserError(f"special token {missing[0]!r} is not in the vocabulary")
+
+
+def _check_model_max_length(model_max_length: object) -> None:
+    """Refuse a ``model_max_length`` that is neither None nor an integer >= 3."""
+    if model_max_length is not None and (
+        isinstance(model_max_length, bool)
+        or not isinstance(model_max_length, int)
+        or model_max_length < 3
+    ):
+        raise UserError(
+            f"model_max_length must be an integer >= 3 or null, got {model_max_length!r}"
+        )
+
+
+def _set_bert_pipeline(
+    tokenizer: _HFTokenizer,
+    model: models.WordPiece,
+    *,
+    unk_token: str,
+    do_lower_case: bool,
+    strip_accents: bool | None,
+    tokenize_chinese_chars: bool,
+) -> None:
+    """transformers' BERT pipeline, whatever a tokenizer.json says: WordPiece limits,
+    ``BertNormalizer``, ``BertPreTokenizer``, the WordPiece decoder; no padding or truncation."""
+    model.unk_token = unk_token
+    model.continuing_subword_prefix = _PREFIX
+    model.max_input_chars_per_word = _MAX_WORD_CHARS
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=tokenize_chinese_chars,
+        strip_accents=strip_accents,
+        lowercase=do_lower_case,
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece(prefix=_PREFIX)
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+
+
+def _add_tokens(
+    tokenizer: _HFTokenizer, added_tokens: Sequence[AddedToken], special: Sequence[str]
+) -> None:
+    """Add ``added_tokens`` (in order, with their flags) and then the ``special`` strings as
+    special tokens, each unless the tokenizer already has it."""
+    present = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+    for added in added_tokens:
+        if added.content not in present:
+            present.add(added.content)
+            if added.special:
+                tokenizer.add_special_tokens([added])
+            else:
+                tokenizer.add_tokens([added])
+    specials = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+    for token_str in special:
+        if token_str not in specials:
+            specials.add(token_str)
+            tokenizer.add_special_tokens([AddedToken(token_str, special=True, normalized=False)])
+
+
+def _special_ids(tokenizer: _HFTokenizer, tokens: Mapping[str, str]) -> dict[str, int]:
+    """The id of each special token, by name (each is in the vocabulary: checked before)."""
+    ids: dict[str, int] = {}
+    for name, token in tokens.items():
+        token_id = tokenizer.token_to_id(token)
+        assert token_id is not None  # checked by _check_special_tokens
+        ids[name] = int(token_id)
+    return ids
 
 
 def _to_list(values: Any) -> Any:

@@ -148,6 +148,12 @@ class Trainer:
         force: bool = False,
         task: Task | None = None,
     ):
+        """Set up the run folder, the device, the data, the model (and the checkpoint to resume
+        from), the optimizer, the sampler and the bookkeeping, then restore a resumed run's state.
+
+        The order is part of the result: seeding, the model's initialisation, the per-rank
+        reseeding and a resumed run's RNG state follow one another as here, so that a run is
+        reproducible from its seed and a resumed run continues exactly."""
         if resume and force:
             raise UserError(
                 "give --resume (continue the run in run_dir) or --force (delete it and start "
@@ -157,12 +163,34 @@ class Trainer:
         self.task = make_task(run, log) if task is None else task
         self.cfg = run.train
         resolve_device(self.cfg.device)  # a device this machine lacks: refused before any work
-        self.run_dir = Path(run.run_dir)
-        if resume:  # every rank checks, before any of them writes (they meet in init below)
-            check_resume(self.run_dir, run)
+        self._setup_run_dir(resume=resume, force=force)
+        self._setup_device()
+        _seed_everything(self.cfg.seed)
+        self.data = self._prepare_data(resume)
+        self._setup_model()
+        checkpoint = self._latest_checkpoint() if resume else None
+        self._setup_train_model(checkpoint)
+        self._setup_optimizer()
+        self._setup_sampler()
+        self._setup_bookkeeping()
+        if checkpoint is not None:
+            self._restore(checkpoint)
+        if resume:
+            self._setup_resumed_history()
+        self.window = self._averaging_window(resume)
+
+    # -- set-up steps, in the order __init__ runs them -------------------------------------------
+    def _setup_run_dir(self, *, resume: bool, force: bool) -> None:
+        """Check the run folder for a resume, or claim it for a fresh run; then create it."""
+        self.run_dir = Path(self.run.run_dir)
+        if resume:  # every rank checks, before any of them writes (they meet in _setup_device)
+            check_resume(self.run_dir, self.run)
         else:
             claim_fresh(self.run_dir, force=force, is_main=dist.is_main_process(), log=log)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def _setup_device(self) -> None:
+        """Threads, the process group (torchrun) and device, the autocast dtype, sharding."""
         if self.cfg.threads is not None:
             torch.set_num_threads(self.cfg.threads)
         self.dist = dist.init_distributed(self.cfg.device)
@@ -174,19 +202,27 @@ class Trainer:
         self.sharded = self.dist.distributed and self.cfg.distributed == "fsdp"
         if self.sharded and self.amp_dtype == torch.float16:
             raise UserError("train.distributed=fsdp does not support precision fp16; use bf16")
-        _seed_everything(self.cfg.seed)
-        self.data = self._prepare_data(resume)
+
+    def _setup_model(self) -> None:
+        """The task's model for the prepared data, freshly initialised (consumes the RNG); then
+        ranks above 0 reseed, for a dropout stream of their own."""
         self.model_config = self.task.model_config(self.data)
         self.model = self.task.new_model(self.model_config).to(self.device)
         if self.dist.rank > 0:  # a dropout stream of its own; rank 0 keeps the 1-process one
             _seed_everything(_rank_seed(self.cfg.seed, self.dist.rank))
-        checkpoint = self._latest_checkpoint() if resume else None
+
+    def _setup_train_model(self, checkpoint: Checkpoint | None) -> None:
+        """The checkpoint's weights (if resuming), the task's objective around the model, and
+        what the training steps run: it, DDP around it or FSDP shards of it, maybe compiled."""
         if checkpoint is not None:  # before sharding: FSDP shards the loaded weights
             self.model.load_state_dict(checkpoint.model.state_dict())
         self.objective = self.task.objective(self.model)
         self.train_model = dist.wrap_model(self.objective, self.dist, self.cfg.distributed)
         if self.cfg.compile:
             self.train_model.compile()  # in place: the module's forward runs compiled
+
+    def _setup_optimizer(self) -> None:
+        """Adam (§5.3) and, for fp16, the loss scaler; the learning rate is set at every step."""
         self.optimizer = torch.optim.AdamW(  # Adam (§5.3) with decoupled weight decay (0: Adam)
             self.model.parameters(),
             lr=0.0,
@@ -199,6 +235,10 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(
             self.device.type, enabled=self.amp_dtype == torch.float16
         )
+
+    def _setup_sampler(self) -> None:
+        """The task's token-budget batch sampler; with several processes, enough batches for
+        one step of every rank."""
         self.sampler = self.task.sampler(self.data, self.cfg.max_tokens, self.cfg.seed)
         per_step = self.dist.world_size * self.cfg.accum_steps
         if self.dist.distributed and len(self.sampler) < per_step:
@@ -207,6 +247,10 @@ class Trainer:
                 f"{per_step} ({self.dist.world_size} processes x {self.cfg.accum_steps}) one step "
                 "takes: lower train.max_tokens or use fewer processes"
             )
+
+    def _setup_bookkeeping(self) -> None:
+        """The position in the data, the best score, the last validation and save: a fresh run's
+        (a resumed one's come from its checkpoint, :meth:`_restore`)."""
         self.step, self.epoch, self.batch_index = 0, 0, 0
         self.best = self.task.criterion.worst  # the best validation score so far
         self._validated_at = -1
@@ -216,15 +260,12 @@ class Trainer:
         self._batches_epoch = -1
         self.bad_steps = 0  # steps skipped in a row for a non-finite loss or gradient
         self.history: list[dict[str, Any]] = []
-        if checkpoint is not None:
-            self._restore(checkpoint)
-        if resume:  # metrics.jsonl as of the checkpoint (none: empty); rank 0 keeps it
-            validated = self._last_valid is not None
-            history = dist.on_main(
-                lambda: resume_metrics(self.run_dir, self.step, validated=validated)
-            )
-            self.history = history or []
-        self.window = self._averaging_window(resume)
+
+    def _setup_resumed_history(self) -> None:
+        """metrics.jsonl as of the checkpoint (none: empty); rank 0 keeps it."""
+        validated = self._last_valid is not None
+        history = dist.on_main(lambda: resume_metrics(self.run_dir, self.step, validated=validated))
+        self.history = history or []
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _prepare_data(self, resume: bool) -> TaskData:

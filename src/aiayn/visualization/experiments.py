@@ -44,13 +44,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from aiayn.errors import UserError
+
+if TYPE_CHECKING:
+    from aiayn.attention import SelfAttention
 
 __all__ = [
     "EXPERIMENTS",
@@ -217,6 +220,22 @@ def _new_figure(width: float, height: float) -> Any:
     return Figure(figsize=(width, height), layout="constrained")
 
 
+def _save_figure(fig: Any, out_dir: Path, name: str) -> Path:
+    """Write ``fig`` as ``NAME.png`` into ``out_dir`` (created if need be); returns the path."""
+    plot = out_dir / f"{name}.png"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig.savefig(plot, dpi=80)
+    return plot
+
+
+def _result(
+    name: str, title: str, rows: list[dict[str, Any]], summary: str, plot: Path, out_dir: Path
+) -> ExperimentResult:
+    """Write the table (:func:`_write_outputs`) and return the experiment's result."""
+    table = _write_outputs(name, title, rows, summary, out_dir)
+    return ExperimentResult(name, title, rows, summary, plot, table)
+
+
 # -- 1. scaling --------------------------------------------------------------------------------
 def softmax_jacobian_norm(weights: Tensor) -> Tensor:
     """‖∂softmax(z)/∂z‖_F per row, from the softmax output p = softmax(z).
@@ -235,16 +254,24 @@ def softmax_jacobian_norm(weights: Tensor) -> Tensor:
     return (p2 - 2 * p3 + p2**2).clamp_min(0).sqrt()
 
 
-def scaling_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) -> ExperimentResult:
-    """§3.2.1: dot products of unit-variance vectors have variance d_k; 1/√d_k undoes it.
+def _scaling_row(dots: Tensor, d_k: int, scaled: bool) -> dict[str, Any]:
+    """One row of :func:`scaling_experiment` from the (N, S) dot products q·k."""
+    logits = dots / math.sqrt(d_k) if scaled else dots  # (N, S)
+    weights = torch.softmax(logits, dim=-1)  # (N, S)
+    entropy = -(weights * torch.log(weights.clamp_min(1e-30))).sum(-1)  # (N,)
+    return {
+        "d_k": d_k,
+        "scaling": "1/√d_k" if scaled else "none",
+        "score_std": float(logits.std()),
+        "sqrt_d_k": math.sqrt(d_k),
+        "entropy": float(entropy.mean()),
+        "max_weight": float(weights.max(-1).values.mean()),
+        "grad_norm": float(softmax_jacobian_norm(weights).mean()),
+    }
 
-    For each d_k, N queries each meet S keys, every component i.i.d. N(0, 1). Per row of S
-    scores, with and without the 1/√d_k: the standard deviation of the scores, the softmax's
-    entropy (ln S = uniform, 0 = one-hot), its largest weight, and the norm of its Jacobian
-    with respect to the scores (:func:`softmax_jacobian_norm`), averaged over the N rows.
-    """
-    d_ks = (4, 16, 64, 256) if quick else (1, 4, 16, 64, 256, 1024)
-    n, s = (128, 32) if quick else (256, 64)
+
+def _scaling_rows(d_ks: tuple[int, ...], n: int, s: int, seed: int) -> list[dict[str, Any]]:
+    """Unscaled then scaled rows for each d_k: N random queries, each against S fresh keys."""
     gen = torch.Generator().manual_seed(seed)
     rows: list[dict[str, Any]] = []
     for d_k in d_ks:
@@ -252,23 +279,22 @@ def scaling_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) -> 
         k = torch.randn(n, s, d_k, generator=gen)  # (N, S, d_k): fresh keys for every query
         dots = (k @ q.unsqueeze(-1)).squeeze(-1)  # (N, S, d_k) @ (N, d_k, 1) -> (N, S)
         for scaled in (False, True):
-            logits = dots / math.sqrt(d_k) if scaled else dots  # (N, S)
-            weights = torch.softmax(logits, dim=-1)  # (N, S)
-            entropy = -(weights * torch.log(weights.clamp_min(1e-30))).sum(-1)  # (N,)
-            rows.append(
-                {
-                    "d_k": d_k,
-                    "scaling": "1/√d_k" if scaled else "none",
-                    "score_std": float(logits.std()),
-                    "sqrt_d_k": math.sqrt(d_k),
-                    "entropy": float(entropy.mean()),
-                    "max_weight": float(weights.max(-1).values.mean()),
-                    "grad_norm": float(softmax_jacobian_norm(weights).mean()),
-                }
-            )
+            rows.append(_scaling_row(dots, d_k, scaled))
+    return rows
 
+
+def _split_scaling(
+    rows: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows without scaling, and those with 1/√d_k."""
     unscaled = [r for r in rows if r["scaling"] == "none"]
     scaled_rows = [r for r in rows if r["scaling"] != "none"]
+    return unscaled, scaled_rows
+
+
+def _plot_scaling(rows: list[dict[str, Any]], d_ks: tuple[int, ...], s: int, out_dir: Path) -> Path:
+    """Score std, softmax entropy and gradient norm against d_k, unscaled and scaled."""
+    unscaled, scaled_rows = _split_scaling(rows)
     fig = _new_figure(12, 3.6)
     axes = fig.subplots(1, 3)
     for subset, label, style in ((unscaled, "q·k", "o-"), (scaled_rows, "q·k / √d_k", "s-")):
@@ -286,15 +312,17 @@ def scaling_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) -> 
         ax.legend(fontsize=8)
         _log2_ticks(ax, list(d_ks))
     fig.suptitle("§3.2.1: why scale by 1/√d_k (unit-variance random q, k)", fontsize=10)
-    plot = out_dir / "scaling.png"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(plot, dpi=80)
+    return _save_figure(fig, out_dir, "scaling")
 
+
+def _scaling_summary(rows: list[dict[str, Any]], s: int) -> str:
+    """What :func:`scaling_experiment`'s rows show, with their numbers."""
+    unscaled, scaled_rows = _split_scaling(rows)
     first, last = unscaled[0], unscaled[-1]
     steepest = max(unscaled, key=lambda r: r["grad_norm"])
     flat = [r["entropy"] for r in scaled_rows]
     flat_grad = [r["grad_norm"] for r in scaled_rows]
-    summary = (
+    return (
         f"Without scaling the scores' std grows like √d_k ({first['score_std']:.2f} at "
         f"d_k={first['d_k']}, {last['score_std']:.1f} at d_k={last['d_k']}, √d_k = "
         f"{last['sqrt_d_k']:.1f}) and the softmax saturates: entropy {first['entropy']:.2f} → "
@@ -305,9 +333,23 @@ def scaling_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) -> 
         f"[{min(flat):.2f}, {max(flat):.2f}] nats and the gradient norm within "
         f"[{min(flat_grad):.3f}, {max(flat_grad):.3f}] for every d_k."
     )
+
+
+def scaling_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) -> ExperimentResult:
+    """§3.2.1: dot products of unit-variance vectors have variance d_k; 1/√d_k undoes it.
+
+    For each d_k, N queries each meet S keys, every component i.i.d. N(0, 1). Per row of S
+    scores, with and without the 1/√d_k: the standard deviation of the scores, the softmax's
+    entropy (ln S = uniform, 0 = one-hot), its largest weight, and the norm of its Jacobian
+    with respect to the scores (:func:`softmax_jacobian_norm`), averaged over the N rows.
+    """
+    d_ks = (4, 16, 64, 256) if quick else (1, 4, 16, 64, 256, 1024)
+    n, s = (128, 32) if quick else (256, 64)
+    rows = _scaling_rows(d_ks, n, s, seed)
+    plot = _plot_scaling(rows, d_ks, s, out_dir)
+    summary = _scaling_summary(rows, s)
     title = "Why scale by √d_k (§3.2.1): score spread, softmax entropy and gradient against d_k"
-    table = _write_outputs("scaling", title, rows, summary, out_dir)
-    return ExperimentResult("scaling", title, rows, summary, plot, table)
+    return _result("scaling", title, rows, summary, plot, out_dir)
 
 
 # -- 2. additive versus dot-product ------------------------------------------------------------
@@ -352,29 +394,22 @@ def _attention_costs(
     ]
 
 
-def additive_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) -> ExperimentResult:
-    """§3.2.1: time and peak memory of dot-product versus additive attention.
-
-    Three implementations on the same (B, H, T, d_k) queries, keys and values (self-attention
-    shapes, T = S): ``dot`` = eq. (1) computed step by step (the scores and weights are
-    materialised, as the paper's description implies), ``dot_fused`` = PyTorch's fused
-    ``scaled_dot_product_attention`` kernel (what the model uses when no weights are asked
-    for), ``additive`` = :class:`~aiayn.attention.additive.AdditiveAttention` with hidden size
-    A = d_k. Swept: T at d_k = 64, then d_k at a fixed T. Measured: forward time, forward +
-    backward time (median of a few runs) and the peak extra memory of forward + backward.
-    """
-    batch, heads = (1, 2) if quick else (1, 4)
-    repeats = 1 if quick else 5
-    if quick:
-        grid = [(8, 8), (16, 8), (16, 16)]
-    else:
-        lengths, d_ks = (32, 64, 128, 256), (16, 32, 128, 256)
-        grid = [(t, 64) for t in lengths] + [(128, d) for d in d_ks]
+def _additive_rows(
+    grid: list[tuple[int, int]], batch: int, heads: int, repeats: int, seed: int
+) -> list[dict[str, Any]]:
+    """:func:`_attention_costs` at each (T, d_k) of ``grid``, on random (B, H, T, d_k) inputs."""
     gen = torch.Generator().manual_seed(seed)
     rows: list[dict[str, Any]] = []
     for t, d_k in grid:
         q, k, v = (torch.randn(batch, heads, t, d_k, generator=gen) for _ in range(3))
         rows += _attention_costs(q, k, v, repeats)
+    return rows
+
+
+def _plot_additive(
+    rows: list[dict[str, Any]], grid: list[tuple[int, int]], title: str, out_dir: Path
+) -> Path:
+    """Forward + backward time and peak memory against T (first column) and d_k (second)."""
     fig = _new_figure(12, 7)
     axes = fig.subplots(2, 2)
     sweeps = (("T", "d_k", grid[0][1]), ("d_k", "T", grid[-1][0]))
@@ -395,26 +430,46 @@ def additive_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) ->
         axes[1][col].legend(fontsize=8)
         for ax in (axes[0][col], axes[1][col]):
             _log2_ticks(ax, sorted({r[x_key] for r in rows if r[fixed_key] == fixed}))
-    fig.suptitle(
-        f"§3.2.1: dot-product vs additive attention (B={batch}, H={heads}, {_threads()})",
-        fontsize=10,
-    )
-    plot = out_dir / "additive.png"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(plot, dpi=80)
+    fig.suptitle(title, fontsize=10)
+    return _save_figure(fig, out_dir, "additive")
 
-    def ratio(key: str) -> tuple[float, float]:
-        r = [
-            a[key] / d[key]
-            for a in rows
-            if a["kind"] == "additive"
-            for d in rows
-            if d["kind"] == "dot" and d["T"] == a["T"] and d["d_k"] == a["d_k"] and d[key] > 0
-        ]
-        return (min(r), max(r)) if r else (float("nan"), float("nan"))
 
-    time_lo, time_hi = ratio("fwd_bwd_ms")
-    mem_lo, mem_hi = ratio("fwd_bwd_peak_mib")
+def _additive_ratio(rows: list[dict[str, Any]], key: str) -> tuple[float, float]:
+    """The smallest and largest additive / ``dot`` ratio of ``key`` at the same (T, d_k)
+    (NaN, NaN if none)."""
+    r = [
+        a[key] / d[key]
+        for a in rows
+        if a["kind"] == "additive"
+        for d in rows
+        if d["kind"] == "dot" and d["T"] == a["T"] and d["d_k"] == a["d_k"] and d[key] > 0
+    ]
+    return (min(r), max(r)) if r else (float("nan"), float("nan"))
+
+
+def additive_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) -> ExperimentResult:
+    """§3.2.1: time and peak memory of dot-product versus additive attention.
+
+    Three implementations on the same (B, H, T, d_k) queries, keys and values (self-attention
+    shapes, T = S): ``dot`` = eq. (1) computed step by step (the scores and weights are
+    materialised, as the paper's description implies), ``dot_fused`` = PyTorch's fused
+    ``scaled_dot_product_attention`` kernel (what the model uses when no weights are asked
+    for), ``additive`` = :class:`~aiayn.attention.additive.AdditiveAttention` with hidden size
+    A = d_k. Swept: T at d_k = 64, then d_k at a fixed T. Measured: forward time, forward +
+    backward time (median of a few runs) and the peak extra memory of forward + backward.
+    """
+    batch, heads = (1, 2) if quick else (1, 4)
+    repeats = 1 if quick else 5
+    if quick:
+        grid = [(8, 8), (16, 8), (16, 16)]
+    else:
+        lengths, d_ks = (32, 64, 128, 256), (16, 32, 128, 256)
+        grid = [(t, 64) for t in lengths] + [(128, d) for d in d_ks]
+    rows = _additive_rows(grid, batch, heads, repeats, seed)
+    suptitle = f"§3.2.1: dot-product vs additive attention (B={batch}, H={heads}, {_threads()})"
+    plot = _plot_additive(rows, grid, suptitle, out_dir)
+    time_lo, time_hi = _additive_ratio(rows, "fwd_bwd_ms")
+    mem_lo, mem_hi = _additive_ratio(rows, "fwd_bwd_peak_mib")
     summary = (
         f"Additive / dot-product (eq. 1, step by step), forward + backward: time × "
         f"{time_lo:.1f}–{time_hi:.1f}, peak memory × {mem_lo:.1f}–{mem_hi:.1f} over the grid "
@@ -422,8 +477,7 @@ def additive_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) ->
         "materialises a (B, H, T, S, A) hidden layer where eq. (1) holds (B, H, T, S) scores."
     )
     title = "Dot-product vs additive attention (§3.2.1): time and peak memory"
-    table = _write_outputs("additive", title, rows, summary, out_dir)
-    return ExperimentResult("additive", title, rows, summary, plot, table)
+    return _result("additive", title, rows, summary, plot, out_dir)
 
 
 # -- 3. multi-head cost ------------------------------------------------------------------------
@@ -439,51 +493,58 @@ def multihead_parameter_formula(m: int, head_size: int, num_heads: int, o: int) 
     return 3 * m * head_size * num_heads + num_heads * head_size * o
 
 
-def multihead_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) -> ExperimentResult:
-    """§3.2.2: h heads of d_k = d_model / h cost about as much as one full-width head.
+def _multihead_row(
+    layer: SelfAttention, h: int, x: Tensor, with_bias: int, repeats: int
+) -> dict[str, Any]:
+    """One row of :func:`multihead_experiment`: ``layer`` (h heads, no biases) on ``x`` (B, T, D);
+    ``with_bias``: the parameter count of the same layer with biases."""
+    from aiayn.models import count_parameters
 
-    For each head count: parameters of :class:`~aiayn.attention.SelfAttention` without biases
-    (and with), the closed form :func:`multihead_parameter_formula`, the forward FLOPs
-    (projections 2·B·T·4·D², scores and weighted sum 2·2·B·T²·D; no h anywhere) and the
-    measured forward and forward + backward times of self-attention on (B, T, D) inputs.
-    """
+    batch, t, d_model = x.shape
+    d_k = d_model // h
+
+    def forward() -> None:
+        with torch.no_grad():
+            layer(x)
+
+    def train() -> None:
+        layer.zero_grad(set_to_none=True)  # every call allocates its gradients afresh
+        layer(x).output.sum().backward()
+
+    flops = 2 * batch * t * 4 * d_model**2 + 2 * 2 * batch * t * t * d_model
+    return {
+        "heads": h,
+        "d_k": d_k,
+        "params": count_parameters(layer),
+        "formula": multihead_parameter_formula(d_model, d_k, h, d_model),
+        "params_with_bias": with_bias,
+        "fwd_mflops": flops / 1e6,
+        "forward_ms": _median_ms(forward, repeats),
+        "fwd_bwd_ms": _median_ms(train, repeats),
+    }
+
+
+def _multihead_rows(
+    d_model: int, head_counts: tuple[int, ...], batch: int, t: int, repeats: int, seed: int
+) -> list[dict[str, Any]]:
+    """A row per head count, on one (B, T, D) input; the global RNG is seeded with ``seed``."""
     from aiayn.attention import SelfAttention
     from aiayn.models import count_parameters
 
-    d_model = 64 if quick else 512
-    head_counts = (1, 8) if quick else (1, 2, 4, 8, 16)
-    batch, t = (2, 8) if quick else (8, 64)
-    repeats = 1 if quick else 7
     torch.manual_seed(seed)
     x = torch.randn(batch, t, d_model)  # (B, T, D)
     rows: list[dict[str, Any]] = []
     for h in head_counts:
         layer = SelfAttention(d_model, h, bias=False)
         with_bias = count_parameters(SelfAttention(d_model, h))
-        d_k = d_model // h
+        rows.append(_multihead_row(layer, h, x, with_bias, repeats))
+    return rows
 
-        def forward(layer: SelfAttention = layer) -> None:
-            with torch.no_grad():
-                layer(x)
 
-        def train(layer: SelfAttention = layer) -> None:
-            layer.zero_grad(set_to_none=True)  # every call allocates its gradients afresh
-            layer(x).output.sum().backward()
-
-        flops = 2 * batch * t * 4 * d_model**2 + 2 * 2 * batch * t * t * d_model
-        rows.append(
-            {
-                "heads": h,
-                "d_k": d_k,
-                "params": count_parameters(layer),
-                "formula": multihead_parameter_formula(d_model, d_k, h, d_model),
-                "params_with_bias": with_bias,
-                "fwd_mflops": flops / 1e6,
-                "forward_ms": _median_ms(forward, repeats),
-                "fwd_bwd_ms": _median_ms(train, repeats),
-            }
-        )
-
+def _plot_multihead(
+    rows: list[dict[str, Any]], d_model: int, batch: int, t: int, out_dir: Path
+) -> Path:
+    """Parameters and times (forward, forward + backward) for each heads × d_k split."""
     fig = _new_figure(10, 3.6)
     ax_params, ax_time = fig.subplots(1, 2)
     labels = [f"{r['heads']}×{r['d_k']}" for r in rows]
@@ -498,10 +559,23 @@ def multihead_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) -
     ax_time.set(title=f"time, B={batch}, T={t} (ms)", xlabel="heads × d_k")
     ax_time.legend(fontsize=8, loc="lower right")
     fig.suptitle(f"§3.2.2: multi-head cost at d_model = {d_model}", fontsize=10)
-    plot = out_dir / "multihead.png"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(plot, dpi=80)
+    return _save_figure(fig, out_dir, "multihead")
 
+
+def multihead_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) -> ExperimentResult:
+    """§3.2.2: h heads of d_k = d_model / h cost about as much as one full-width head.
+
+    For each head count: parameters of :class:`~aiayn.attention.SelfAttention` without biases
+    (and with), the closed form :func:`multihead_parameter_formula`, the forward FLOPs
+    (projections 2·B·T·4·D², scores and weighted sum 2·2·B·T²·D; no h anywhere) and the
+    measured forward and forward + backward times of self-attention on (B, T, D) inputs.
+    """
+    d_model = 64 if quick else 512
+    head_counts = (1, 8) if quick else (1, 2, 4, 8, 16)
+    batch, t = (2, 8) if quick else (8, 64)
+    repeats = 1 if quick else 7
+    rows = _multihead_rows(d_model, head_counts, batch, t, repeats, seed)
+    plot = _plot_multihead(rows, d_model, batch, t, out_dir)
     one = next(r for r in rows if r["heads"] == 1)
     many = rows[-1] if quick else next(r for r in rows if r["heads"] == 8)
     summary = (
@@ -513,28 +587,16 @@ def multihead_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) -
         f"(× {many['fwd_bwd_ms'] / one['fwd_bwd_ms']:.2f}) on {_threads()}."
     )
     title = "Multi-head cost (§3.2.2): parameters, FLOPs and time for h heads of d_model / h"
-    table = _write_outputs("multihead", title, rows, summary, out_dir)
-    return ExperimentResult("multihead", title, rows, summary, plot, table)
+    return _result("multihead", title, rows, summary, plot, out_dir)
 
 
 # -- 4. positional encoding --------------------------------------------------------------------
-def positional_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) -> ExperimentResult:
-    """§3.5: the sinusoidal table, and PE(p)·PE(p + k) as a function of the offset k.
-
-    PE(p)·PE(q) = Σ_i [sin(ω_i p) sin(ω_i q) + cos(ω_i p) cos(ω_i q)] = Σ_i cos(ω_i (q − p)):
-    a function of the distance alone, even in k, largest (D / 2) at k = 0. The table lists, for
-    some offsets k, that dot product averaged over every start p with p + k in range, its spread
-    (max − min over p) and the value at −k. ``seed`` is unused (nothing is random).
-    """
-    from aiayn.layers import sinusoidal_encoding
-
-    del seed
-    d_model, positions = (32, 24) if quick else (512, 128)
-    pe = sinusoidal_encoding(positions, d_model).double()  # (P, D)
-    dots = pe @ pe.T  # (P, D) @ (D, P) -> (P, P)
-    offsets = [k for k in (0, 1, 2, 3, 4, 8, 16, 32, 64) if k < positions]
+def _positional_rows(dots: Tensor, d_model: int) -> list[dict[str, Any]]:
+    """For some offsets k: PE(p)·PE(p + k) averaged over p, its spread over p, the mean at −k,
+    and the mean as a cosine (÷ D/2). ``dots`` is the (P, P) table PE(p)·PE(q)."""
+    positions = dots.shape[0]
     rows: list[dict[str, Any]] = []
-    for k in offsets:
+    for k in [k for k in (0, 1, 2, 3, 4, 8, 16, 32, 64) if k < positions]:
         forward = torch.diagonal(dots, offset=k)  # (P − k,): PE(p)·PE(p + k) for every p
         backward = torch.diagonal(dots, offset=-k)  # (P − k,): PE(p + k)·PE(p)
         rows.append(
@@ -546,7 +608,13 @@ def positional_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) 
                 "cosine": float(forward.mean()) / (d_model / 2),
             }
         )
+    return rows
 
+
+def _plot_positional(pe: Tensor, dots: Tensor, out_dir: Path) -> Path:
+    """The (P, D) table ``pe`` as an image, the (P, P) ``dots`` = PE(p)·PE(q), and
+    PE(p)·PE(p + k) against k for two starts p."""
+    positions, d_model = pe.shape
     fig = _new_figure(13, 3.8)
     ax_table, ax_dots, ax_curve = fig.subplots(1, 3)
     # Shown as [sin dimensions 0, 2, 4, … | cos dimensions 1, 3, 5, …]: interleaved columns
@@ -574,10 +642,25 @@ def positional_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) 
     ax_curve.set(title="PE(p)·PE(p + k)", xlabel="offset k")
     ax_curve.legend(fontsize=8)
     fig.suptitle(f"§3.5: sinusoidal positional encoding, d_model = {d_model}", fontsize=10)
-    plot = out_dir / "positional.png"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(plot, dpi=80)
+    return _save_figure(fig, out_dir, "positional")
 
+
+def positional_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) -> ExperimentResult:
+    """§3.5: the sinusoidal table, and PE(p)·PE(p + k) as a function of the offset k.
+
+    PE(p)·PE(q) = Σ_i [sin(ω_i p) sin(ω_i q) + cos(ω_i p) cos(ω_i q)] = Σ_i cos(ω_i (q − p)):
+    a function of the distance alone, even in k, largest (D / 2) at k = 0. The table lists, for
+    some offsets k, that dot product averaged over every start p with p + k in range, its spread
+    (max − min over p) and the value at −k. ``seed`` is unused (nothing is random).
+    """
+    from aiayn.layers import sinusoidal_encoding
+
+    del seed
+    d_model, positions = (32, 24) if quick else (512, 128)
+    pe = sinusoidal_encoding(positions, d_model).double()  # (P, D)
+    dots = pe @ pe.T  # (P, D) @ (D, P) -> (P, P)
+    rows = _positional_rows(dots, d_model)
+    plot = _plot_positional(pe, dots, out_dir)
     worst = max(r["spread_over_p"] for r in rows)
     asym = max(abs(r["dot"] - r["dot_at_minus_k"]) for r in rows)
     summary = (
@@ -587,8 +670,7 @@ def positional_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0) 
         f"{rows[-1]['dot']:.1f} at k = {rows[-1]['distance']}."
     )
     title = "Sinusoidal positional encoding (§3.5): the table, and the dot product by distance"
-    table = _write_outputs("positional", title, rows, summary, out_dir)
-    return ExperimentResult("positional", title, rows, summary, plot, table)
+    return _result("positional", title, rows, summary, plot, out_dir)
 
 
 # -- registry ----------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -360,6 +360,149 @@ def _resolve_embeddings(
     return torch.stack([given[token].to(_DTYPE) for token in tokens])  # T × (D,) -> (T, D)
 
 
+class _AttentionInput(NamedTuple):
+    """Steps 1–3 (§3.4, §3.5), named as the fields of :class:`AttentionTrace`."""
+
+    embeddings: Tensor  # (T, D)
+    embedding_scale: float
+    scaled_embeddings: Tensor  # (T, D)
+    positional_encoding: Tensor  # (T, D)
+    x: Tensor  # (T, D)
+
+
+class _Attention(NamedTuple):
+    """Step 4 (§3.2.1, §3.2.2), named as the fields of :class:`AttentionTrace`."""
+
+    q: Tensor  # (H, T, d_k)
+    k: Tensor  # (H, T, d_k)
+    v: Tensor  # (H, T, d_k)
+    scores: Tensor  # (H, T, T)
+    sqrt_d_k: float
+    scaled_scores: Tensor  # (H, T, T)
+    mask: Tensor | None  # (T, T)
+    masked_scores: Tensor  # (H, T, T)
+    weights: Tensor  # (H, T, T)
+    heads: Tensor  # (H, T, d_k)
+
+
+def _sources(seed: int | None, given: ExplicitWeights) -> dict[str, str]:
+    """Where "embeddings" and each of W_Q, W_K, W_V, W_O come from: "default", "seed N", or
+    the given weights' source."""
+    default_source = "default" if seed is None else f"seed {seed}"
+    sources = {key: default_source for key in _ALL_KEYS}
+    for key in given.given():
+        sources[key] = given.source
+    return sources
+
+
+def _default_matrices(d_model: int, generator: torch.Generator | None) -> dict[str, Tensor]:
+    """W_Q, W_K, W_V, W_O, each (D, D): identities, or N(0, 1/D) drawn in that order."""
+    matrices: dict[str, Tensor] = {}
+    for key in WEIGHT_KEYS:
+        if generator is None:
+            matrices[key] = torch.eye(d_model, dtype=_DTYPE)  # (D, D)
+        else:
+            drawn = torch.randn(d_model, d_model, generator=generator, dtype=_DTYPE)  # (D, D)
+            matrices[key] = drawn / math.sqrt(d_model)
+    return matrices
+
+
+def _given_matrix(given: ExplicitWeights, key: str, d_model: int) -> Tensor | None:
+    """The (D, D) matrix ``given`` has under ``key``, in float64, or None if none."""
+    matrix = given.matrix(key)
+    if matrix is None:
+        return None
+    if tuple(matrix.shape) != (d_model, d_model):
+        rows, cols = matrix.shape
+        raise UserError(
+            f"{given.source}: {key} must be {d_model}×{d_model} (d_model×d_model), "
+            f"got {rows}×{cols}"
+        )
+    return matrix.to(_DTYPE)
+
+
+def _resolve_weights(
+    tokens: Sequence[str], d_model: int, seed: int | None, given: ExplicitWeights
+) -> tuple[dict[str, Tensor], Tensor]:
+    """The four (D, D) projections by name and the (T, D) embeddings: the given ones, else the
+    defaults (identities and one-hot rows, or random normal from ``seed``)."""
+    generator = None if seed is None else _generator(seed)
+    vocabulary = tuple(dict.fromkeys(tokens))  # distinct tokens, in order of first appearance
+    # Drawn first and always all four (also when some are given), so a seed gives the same
+    # matrices whatever the tokens and the weights file; the embeddings come after.
+    matrices = _default_matrices(d_model, generator)
+    default_table = _default_embeddings(vocabulary, d_model, generator)
+    for key in WEIGHT_KEYS:
+        matrix = _given_matrix(given, key, d_model)
+        if matrix is not None:
+            matrices[key] = matrix
+    embeddings = _resolve_embeddings(
+        tokens, d_model, given.embeddings, default_table, given.source
+    )  # (T, D)
+    return matrices, embeddings
+
+
+def _attention_input(
+    embeddings: Tensor, *, positional: bool, scale_embeddings: bool
+) -> _AttentionInput:
+    """Steps 1–3: X = embeddings × √D (if ``scale_embeddings``, §3.4) + PE (if
+    ``positional``, §3.5); ``embeddings`` is (T, D)."""
+    t, d_model = embeddings.shape
+    embedding_scale = math.sqrt(d_model) if scale_embeddings else 1.0
+    scaled_embeddings = embeddings * embedding_scale  # (T, D)
+    no_pe = torch.zeros(t, d_model, dtype=_DTYPE)  # (T, D)
+    pe = positional_table(t, d_model) if positional else no_pe  # (T, D)
+    x = scaled_embeddings + pe  # (T, D)
+    return _AttentionInput(embeddings, embedding_scale, scaled_embeddings, pe, x)
+
+
+def _per_head(x: Tensor, w: Tensor, num_heads: int) -> Tensor:
+    """x @ w split into heads: head h is columns h·d_k:(h+1)·d_k. (T, D) -> (H, T, d_k)."""
+    t, d_model = x.shape
+    projected = x @ w  # (T, D) @ (D, D) -> (T, D)
+    split = projected.view(t, num_heads, d_model // num_heads)  # (T, D) -> (T, H, d_k)
+    return split.transpose(0, 1).contiguous()  # (T, H, d_k) -> (H, T, d_k)
+
+
+def _softmax_rows(scores: Tensor) -> Tensor:
+    """Softmax by hand: exp(s - max) / Σ exp(s - max) over the keys of each row (eq. 1).
+
+    (H, T, T) -> (H, T, T); a −∞ score (a blocked key) gets weight exp(−∞) = 0.
+    """
+    shifted = scores - scores.amax(dim=-1, keepdim=True)  # (H, T, T)
+    exp = shifted.exp()  # (H, T, T); exp(−∞) = 0 for blocked keys
+    return exp / exp.sum(dim=-1, keepdim=True)  # (H, T, T) / (H, T, 1)
+
+
+def _attend(x: Tensor, matrices: Mapping[str, Tensor], num_heads: int, causal: bool) -> _Attention:
+    """Step 4: per head, Q, K, V, the scores, scaled by 1/√d_k, masked if ``causal`` (§3.2.3),
+    the softmax and the weighted sum of V (§3.2.1, eq. 1). ``x`` is (T, D)."""
+    t = x.shape[0]
+    q, k, v = (_per_head(x, matrices[key], num_heads) for key in ("W_Q", "W_K", "W_V"))
+    scores = q @ k.transpose(-2, -1)  # (H, T, d_k) @ (H, d_k, T) -> (H, T, T)
+    sqrt_d_k = math.sqrt(q.shape[-1])
+    scaled_scores = scores / sqrt_d_k  # (H, T, T)
+    mask: Tensor | None = None
+    masked_scores = scaled_scores
+    if causal:
+        mask = causal_mask(t)[0, 0]  # (1, 1, T, T) -> (T, T)
+        masked_scores = scaled_scores.masked_fill(~mask, -math.inf)  # (H, T, T)
+    weights = _softmax_rows(masked_scores)  # (H, T, T)
+    heads = weights @ v  # (H, T, T) @ (H, T, d_k) -> (H, T, d_k)
+    return _Attention(q, k, v, scores, sqrt_d_k, scaled_scores, mask, masked_scores, weights, heads)
+
+
+def _concat_and_project(heads: Tensor, w_o: Tensor) -> tuple[Tensor, Tensor]:
+    """Steps 5–6: Concat(head_1, …, head_H) and Concat · W_O (§3.2.2).
+
+    heads (H, T, d_k), w_o (D, D) -> concat (T, D), output (T, D).
+    """
+    num_heads, t, d_k = heads.shape
+    # (H, T, d_k) -> (T, H, d_k) -> (T, D)
+    concat = heads.transpose(0, 1).reshape(t, num_heads * d_k)
+    return concat, concat @ w_o  # (T, D) @ (D, D) -> (T, D)
+
+
 def build_trace(
     tokens: Sequence[str] = DEFAULT_TOKENS,
     *,
@@ -396,103 +539,28 @@ def build_trace(
     if d_model is None:
         d_model = given.inferred_d_model() or 4
     _validate_sizes(tokens, d_model, num_heads)
-    d_k = d_model // num_heads
-    t = len(tokens)
-
-    generator = None if seed is None else _generator(seed)
-    default_source = "default" if seed is None else f"seed {seed}"
-    vocabulary = tuple(dict.fromkeys(tokens))  # distinct tokens, in order of first appearance
-    matrices: dict[str, Tensor] = {}
-    # Drawn first and always all four (also when some are given), so a seed gives the same
-    # matrices whatever the tokens and the weights file; the embeddings come after.
-    for key in WEIGHT_KEYS:
-        if generator is None:
-            matrices[key] = torch.eye(d_model, dtype=_DTYPE)  # (D, D)
-        else:
-            drawn = torch.randn(d_model, d_model, generator=generator, dtype=_DTYPE)  # (D, D)
-            matrices[key] = drawn / math.sqrt(d_model)
-    default_table = _default_embeddings(vocabulary, d_model, generator)
-    sources = {key: default_source for key in _ALL_KEYS}
-    for key in given.given():
-        sources[key] = given.source
-    for key in WEIGHT_KEYS:
-        matrix = given.matrix(key)
-        if matrix is None:
-            continue
-        if tuple(matrix.shape) != (d_model, d_model):
-            rows, cols = matrix.shape
-            raise UserError(
-                f"{given.source}: {key} must be {d_model}×{d_model} (d_model×d_model), "
-                f"got {rows}×{cols}"
-            )
-        matrices[key] = matrix.to(_DTYPE)
-    embeddings = _resolve_embeddings(
-        tokens, d_model, given.embeddings, default_table, given.source
-    )  # (T, D)
-
-    # Steps 1–3: input of the attention layer (§3.4, §3.5).
-    embedding_scale = math.sqrt(d_model) if scale_embeddings else 1.0
-    scaled_embeddings = embeddings * embedding_scale  # (T, D)
-    no_pe = torch.zeros(t, d_model, dtype=_DTYPE)  # (T, D)
-    pe = positional_table(t, d_model) if positional else no_pe  # (T, D)
-    x = scaled_embeddings + pe  # (T, D)
-
-    # Step 4: per-head projections; head h uses columns h·d_k:(h+1)·d_k of each W.
-    def per_head(w: Tensor) -> Tensor:
-        projected = x @ w  # (T, D) @ (D, D) -> (T, D)
-        split = projected.view(t, num_heads, d_k)  # (T, D) -> (T, H, d_k)
-        return split.transpose(0, 1).contiguous()  # (T, H, d_k) -> (H, T, d_k)
-
-    q, k, v = per_head(matrices["W_Q"]), per_head(matrices["W_K"]), per_head(matrices["W_V"])
-    scores = q @ k.transpose(-2, -1)  # (H, T, d_k) @ (H, d_k, T) -> (H, T, T)
-    sqrt_d_k = math.sqrt(d_k)
-    scaled_scores = scores / sqrt_d_k  # (H, T, T)
-    mask: Tensor | None = None
-    masked_scores = scaled_scores
-    if causal:
-        mask = causal_mask(t)[0, 0]  # (1, 1, T, T) -> (T, T)
-        masked_scores = scaled_scores.masked_fill(~mask, -math.inf)  # (H, T, T)
-    # Softmax by hand: exp(s - max) / Σ exp(s - max) over the keys of each row (eq. 1).
-    shifted = masked_scores - masked_scores.amax(dim=-1, keepdim=True)  # (H, T, T)
-    exp = shifted.exp()  # (H, T, T); exp(−∞) = 0 for blocked keys
-    attn = exp / exp.sum(dim=-1, keepdim=True)  # (H, T, T) / (H, T, 1)
-    heads = attn @ v  # (H, T, T) @ (H, T, d_k) -> (H, T, d_k)
-
-    # Steps 5–6: Concat(head_1, …, head_H) W_O (§3.2.2).
-    concat = heads.transpose(0, 1).reshape(t, d_model)  # (H, T, d_k) -> (T, H, d_k) -> (T, D)
-    output = concat @ matrices["W_O"]  # (T, D) @ (D, D) -> (T, D)
-
+    matrices, embeddings = _resolve_weights(tokens, d_model, seed, given)
+    inputs = _attention_input(embeddings, positional=positional, scale_embeddings=scale_embeddings)
+    attention = _attend(inputs.x, matrices, num_heads, causal)
+    concat, output = _concat_and_project(attention.heads, matrices["W_O"])
     return AttentionTrace(
         tokens=tokens,
         d_model=d_model,
         num_heads=num_heads,
-        d_k=d_k,
+        d_k=d_model // num_heads,
         positional=positional,
         scale_embeddings=scale_embeddings,
         causal=causal,
         seed=seed,
-        sources=sources,
-        embeddings=embeddings,
-        embedding_scale=embedding_scale,
-        scaled_embeddings=scaled_embeddings,
-        positional_encoding=pe,
-        x=x,
+        sources=_sources(seed, given),
         W_Q=matrices["W_Q"],
         W_K=matrices["W_K"],
         W_V=matrices["W_V"],
         W_O=matrices["W_O"],
-        q=q,
-        k=k,
-        v=v,
-        scores=scores,
-        sqrt_d_k=sqrt_d_k,
-        scaled_scores=scaled_scores,
-        mask=mask,
-        masked_scores=masked_scores,
-        weights=attn,
-        heads=heads,
         concat=concat,
         output=output,
+        **inputs._asdict(),
+        **attention._asdict(),
     )
 
 
@@ -623,6 +691,167 @@ def _is_identity(matrix: Tensor) -> bool:
     return bool(torch.equal(matrix, torch.eye(matrix.size(0), dtype=matrix.dtype)))
 
 
+def _matrix_block(
+    m: Tensor, rows: Sequence[str], cols: Sequence[str] | None, decimals: int
+) -> list[str]:
+    """A matrix as text, then an empty line."""
+    return [format_matrix(m, rows, cols, decimals=decimals), ""]
+
+
+def _source_text(trace: AttentionTrace, key: str, default: str) -> str:
+    """How ``key`` ("embeddings", "W_Q"…) was chosen: ``default``, the seed or the file."""
+    source = trace.sources[key]
+    if source == "default":
+        return default
+    if trace.seed is not None and source == f"seed {trace.seed}":
+        return f"random normal (std 1/√{trace.d_model}) from seed {trace.seed}"
+    return f"from {source}"
+
+
+def _header_lines(trace: AttentionTrace, decimals: int) -> list[str]:
+    """The header: every setting a reader needs to redo the arithmetic."""
+    t, d, h, d_k = trace.num_tokens, trace.d_model, trace.num_heads, trace.d_k
+    tokens_word = "token" if t == 1 else "tokens"
+    heads_word = "head" if h == 1 else "heads"
+    one_hot = f"default: one-hot, the i-th distinct token -> unit vector e_(i mod {d})"
+    out = [
+        f'Self-attention, step by step: "{" ".join(trace.tokens)}"',
+        f"  T={t} {tokens_word}, D=d_model={d}, H={h} {heads_word}, d_k=d_v=D/H={d_k}",
+        "  matrices are used as x @ W (rows = tokens); columns are labelled by index",
+        f"  embeddings:          {_source_text(trace, 'embeddings', one_hot)}",
+    ]
+    for key in WEIGHT_KEYS:
+        how = _source_text(trace, key, f"default: identity ({d}×{d})")
+        out.append(f"  {key + ':':<21}{how}")
+    if trace.scale_embeddings:
+        scale_value = _number_text(trace.embedding_scale, decimals)
+        scale = f"on (default): embeddings × √d_model = × {scale_value} (§3.4)"
+    else:
+        scale = "off (--no-scale)"
+    pe = "on (default): sinusoidal (§3.5)" if trace.positional else "off (--no-positional)"
+    mask = (
+        "causal (--causal): token i sees tokens 0..i (§3.2.3)"
+        if trace.causal
+        else "none (default): every token sees every token"
+    )
+    out.append(f"  embedding scaling:   {scale}")
+    out.append(f"  positional encoding: {pe}")
+    out.append(f"  mask:                {mask}")
+    out.append("")
+    return out
+
+
+def _input_lines(trace: AttentionTrace, decimals: int) -> list[str]:
+    """Steps 1–3: the embeddings, scaled; the positional encodings; their sum X."""
+    toks = trace.tokens
+    out = ["Step 1. Token embeddings (§3.4)  (T×D)"]
+    out += _matrix_block(trace.embeddings, toks, None, decimals)
+    if trace.scale_embeddings:
+        scale = _number_text(trace.embedding_scale, decimals)
+        out.append(f"Step 1b. Embeddings × √d_model = × {scale} (§3.4)  (T×D)")
+        out += _matrix_block(trace.scaled_embeddings, toks, None, decimals)
+    if trace.positional:
+        out.append("Step 2. Positional encodings (§3.5), pos = 0..T-1  (T×D)")
+        out.append("  PE(pos, 2i) = sin(pos / 10000^(2i/d_model))")
+        out.append("  PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))")
+        out += _matrix_block(trace.positional_encoding, toks, None, decimals)
+    else:
+        out.append("Step 2. Positional encodings (§3.5): skipped (--no-positional)")
+        out.append("")
+    out.append("Step 3. Attention input X = embeddings + PE (§3.5)  (T×D)")
+    out += _matrix_block(trace.x, toks, None, decimals)
+    return out
+
+
+def _projection_lines(trace: AttentionTrace, decimals: int) -> list[str]:
+    """Step 4's heading: W_Q, W_K, W_V (named when identities) and how heads split them."""
+    d, d_k = trace.d_model, trace.d_k
+    out = [
+        f"Step 4. Attention per head (§3.2.2): head i uses columns (i-1)·d_k:i·d_k of "
+        f"W_Q, W_K, W_V (d_k = {d_k})"
+    ]
+    for key in ("W_Q", "W_K", "W_V"):
+        w = getattr(trace, key)
+        if _is_identity(w):
+            out.append(f"  {key} = identity ({d}×{d})")
+        else:
+            out.append(f"  {key}  (D×D)")
+            out += _matrix_block(w, [str(i) for i in range(d)], None, decimals)
+    out.append("")
+    return out
+
+
+def _head_lines(trace: AttentionTrace, i: int, decimals: int) -> list[str]:
+    """Step 4.(i+1): head i's Q, K, V, scores, scaled scores, mask, weights and output."""
+    toks, d_k, n = trace.tokens, trace.d_k, i + 1
+    cols = f"{i * d_k}:{(i + 1) * d_k}"
+    out = [f"Step 4.{n}. Head {n} of {trace.num_heads}: columns {cols}"]
+    out.append(f"  Q_{n} = X W_Q[:, {cols}]  (T×d_k)")
+    out += _matrix_block(trace.q[i], toks, None, decimals)
+    out.append(f"  K_{n} = X W_K[:, {cols}]  (T×d_k)")
+    out += _matrix_block(trace.k[i], toks, None, decimals)
+    out.append(f"  V_{n} = X W_V[:, {cols}]  (T×d_v)")
+    out += _matrix_block(trace.v[i], toks, None, decimals)
+    out.append(f"  Scores Q_{n} K_{n}ᵀ (§3.2.1)  (T×T; rows = queries, columns = keys)")
+    out += _matrix_block(trace.scores[i], toks, toks, decimals)
+    out.append(
+        f"  Scaled scores Q_{n} K_{n}ᵀ / √d_k, √d_k = √{d_k} = "
+        f"{_number_text(trace.sqrt_d_k, decimals)} (§3.2.1, eq. 1)  (T×T)"
+    )
+    out += _matrix_block(trace.scaled_scores[i], toks, toks, decimals)
+    if trace.mask is not None:
+        if i == 0:
+            out.append("  Causal mask (§3.2.3): 1 = may attend, 0 = blocked  (T×T)")
+            out += _matrix_block(trace.mask, toks, toks, decimals)
+        out.append("  Masked scaled scores: blocked entries set to -inf (§3.2.3)  (T×T)")
+        out += _matrix_block(trace.masked_scores[i], toks, toks, decimals)
+    out.append(
+        "  Attention weights = softmax of each row (eq. 1): exp(s_j) / Σ_j' exp(s_j')  (T×T)"
+    )
+    out.append(format_matrix(trace.weights[i], toks, toks, decimals=decimals))
+    sums = "  ".join(_number_text(float(s), decimals) for s in trace.weights[i].sum(dim=-1))
+    out.append(f"    row sums: {sums}")
+    out.append("")
+    out.append(f"  head_{n} = weights · V_{n} (eq. 1)  (T×d_v)")
+    out += _matrix_block(trace.heads[i], toks, None, decimals)
+    return out
+
+
+def _output_lines(trace: AttentionTrace, decimals: int) -> list[str]:
+    """Steps 5–6: the heads concatenated, then multiplied by W_O."""
+    toks, d = trace.tokens, trace.d_model
+    heads = ", ".join(f"head_{i + 1}" for i in range(trace.num_heads))
+    out = [f"Step 5. Concat({heads}) (§3.2.2)  (T×D)"]
+    out += _matrix_block(trace.concat, toks, None, decimals)
+    if _is_identity(trace.W_O):
+        out.append(f"Step 6. Output = Concat · W_O (§3.2.2), W_O = identity ({d}×{d})  (T×D)")
+    else:
+        out.append("Step 6. Output = Concat · W_O (§3.2.2)  (T×D)")
+        out.append("  W_O  (D×D)")
+        out += _matrix_block(trace.W_O, [str(i) for i in range(d)], None, decimals)
+        out.append("  Output")
+    out += _matrix_block(trace.output, toks, None, decimals)
+    return out
+
+
+def _check_lines(trace: AttentionTrace, check: TraceCheck) -> list[str]:
+    """The comparison with the library: the PE table (if used), then output and weights."""
+    out: list[str] = []
+    if trace.positional:
+        pe_ok = check.positional_max_abs_diff <= check.positional_tolerance
+        out.append(
+            f"check: PE {'equals' if pe_ok else 'DIFFERS FROM'} "
+            "aiayn.layers.sinusoidal_encoding to float32 precision "
+            f"(max |diff| = {check.positional_max_abs_diff:.1e})"
+        )
+    ok = check.max_abs_diff <= check.tolerance
+    out.append(
+        f"check: {'equals' if ok else 'DIFFERS FROM'} {check.module} output and weights "
+        f"(max |diff| = {check.max_abs_diff:.1e})"
+    )
+    return out
+
+
 def format_trace(
     trace: AttentionTrace, *, decimals: int = 4, check: TraceCheck | None = None
 ) -> str:
@@ -638,144 +867,13 @@ def format_trace(
     """
     if not 0 <= decimals <= _MAX_DECIMALS:
         raise UserError(f"decimals must be between 0 and {_MAX_DECIMALS}, got {decimals}")
-    t, d, h, d_k = trace.num_tokens, trace.d_model, trace.num_heads, trace.d_k
-    toks = list(trace.tokens)
-    out: list[str] = []
-
-    def num(value: float) -> str:
-        return _number_text(value, decimals)
-
-    def matrix(m: Tensor, rows: Sequence[str] = toks, cols: Sequence[str] | None = None) -> None:
-        out.append(format_matrix(m, rows, cols, decimals=decimals))
-        out.append("")
-
-    # Header: every setting a reader needs to redo the arithmetic.
-    sentence = " ".join(toks)
-    out.append(f'Self-attention, step by step: "{sentence}"')
-    tokens_word = "token" if t == 1 else "tokens"
-    heads_word = "head" if h == 1 else "heads"
-    out.append(f"  T={t} {tokens_word}, D=d_model={d}, H={h} {heads_word}, d_k=d_v=D/H={d_k}")
-    out.append("  matrices are used as x @ W (rows = tokens); columns are labelled by index")
-    src = trace.sources
-    if src["embeddings"] == "default":
-        emb = f"default: one-hot, the i-th distinct token -> unit vector e_(i mod {d})"
-    elif trace.seed is not None and src["embeddings"] == f"seed {trace.seed}":
-        emb = f"random normal (std 1/√{d}) from seed {trace.seed}"
-    else:
-        emb = f"from {src['embeddings']}"
-    out.append(f"  embeddings:          {emb}")
-    for key in WEIGHT_KEYS:
-        if src[key] == "default":
-            how = f"default: identity ({d}×{d})"
-        elif trace.seed is not None and src[key] == f"seed {trace.seed}":
-            how = f"random normal (std 1/√{d}) from seed {trace.seed}"
-        else:
-            how = f"from {src[key]}"
-        out.append(f"  {key + ':':<21}{how}")
-    if trace.scale_embeddings:
-        scale = f"on (default): embeddings × √d_model = × {num(trace.embedding_scale)} (§3.4)"
-    else:
-        scale = "off (--no-scale)"
-    out.append(f"  embedding scaling:   {scale}")
-    pe = "on (default): sinusoidal (§3.5)" if trace.positional else "off (--no-positional)"
-    out.append(f"  positional encoding: {pe}")
-    mask = (
-        "causal (--causal): token i sees tokens 0..i (§3.2.3)"
-        if trace.causal
-        else "none (default): every token sees every token"
-    )
-    out.append(f"  mask:                {mask}")
-    out.append("")
-
-    # Steps 1–3.
-    out.append("Step 1. Token embeddings (§3.4)  (T×D)")
-    matrix(trace.embeddings)
-    if trace.scale_embeddings:
-        out.append(f"Step 1b. Embeddings × √d_model = × {num(trace.embedding_scale)} (§3.4)  (T×D)")
-        matrix(trace.scaled_embeddings)
-    if trace.positional:
-        out.append("Step 2. Positional encodings (§3.5), pos = 0..T-1  (T×D)")
-        out.append("  PE(pos, 2i) = sin(pos / 10000^(2i/d_model))")
-        out.append("  PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))")
-        matrix(trace.positional_encoding)
-    else:
-        out.append("Step 2. Positional encodings (§3.5): skipped (--no-positional)")
-        out.append("")
-    out.append("Step 3. Attention input X = embeddings + PE (§3.5)  (T×D)")
-    matrix(trace.x)
-
-    # Step 4, per head.
-    out.append(
-        f"Step 4. Attention per head (§3.2.2): head i uses columns (i-1)·d_k:i·d_k of "
-        f"W_Q, W_K, W_V (d_k = {d_k})"
-    )
-    for key in ("W_Q", "W_K", "W_V"):
-        w = getattr(trace, key)
-        if _is_identity(w):
-            out.append(f"  {key} = identity ({d}×{d})")
-        else:
-            out.append(f"  {key}  (D×D)")
-            matrix(w, [str(i) for i in range(d)])
-    out.append("")
-    for i in range(h):
-        cols = f"{i * d_k}:{(i + 1) * d_k}"
-        n = i + 1
-        out.append(f"Step 4.{n}. Head {n} of {h}: columns {cols}")
-        out.append(f"  Q_{n} = X W_Q[:, {cols}]  (T×d_k)")
-        matrix(trace.q[i])
-        out.append(f"  K_{n} = X W_K[:, {cols}]  (T×d_k)")
-        matrix(trace.k[i])
-        out.append(f"  V_{n} = X W_V[:, {cols}]  (T×d_v)")
-        matrix(trace.v[i])
-        out.append(f"  Scores Q_{n} K_{n}ᵀ (§3.2.1)  (T×T; rows = queries, columns = keys)")
-        matrix(trace.scores[i], toks, toks)
-        out.append(
-            f"  Scaled scores Q_{n} K_{n}ᵀ / √d_k, √d_k = √{d_k} = {num(trace.sqrt_d_k)} "
-            f"(§3.2.1, eq. 1)  (T×T)"
-        )
-        matrix(trace.scaled_scores[i], toks, toks)
-        if trace.mask is not None:
-            if i == 0:
-                out.append("  Causal mask (§3.2.3): 1 = may attend, 0 = blocked  (T×T)")
-                matrix(trace.mask, toks, toks)
-            out.append("  Masked scaled scores: blocked entries set to -inf (§3.2.3)  (T×T)")
-            matrix(trace.masked_scores[i], toks, toks)
-        out.append(
-            "  Attention weights = softmax of each row (eq. 1): exp(s_j) / Σ_j' exp(s_j')  (T×T)"
-        )
-        out.append(format_matrix(trace.weights[i], toks, toks, decimals=decimals))
-        sums = "  ".join(num(float(s)) for s in trace.weights[i].sum(dim=-1))
-        out.append(f"    row sums: {sums}")
-        out.append("")
-        out.append(f"  head_{n} = weights · V_{n} (eq. 1)  (T×d_v)")
-        matrix(trace.heads[i])
-
-    # Steps 5–6.
-    heads = ", ".join(f"head_{i + 1}" for i in range(h))
-    out.append(f"Step 5. Concat({heads}) (§3.2.2)  (T×D)")
-    matrix(trace.concat)
-    if _is_identity(trace.W_O):
-        out.append(f"Step 6. Output = Concat · W_O (§3.2.2), W_O = identity ({d}×{d})  (T×D)")
-    else:
-        out.append("Step 6. Output = Concat · W_O (§3.2.2)  (T×D)")
-        out.append("  W_O  (D×D)")
-        matrix(trace.W_O, [str(i) for i in range(d)])
-        out.append("  Output")
-    matrix(trace.output)
-
+    out = _header_lines(trace, decimals) + _input_lines(trace, decimals)
+    out += _projection_lines(trace, decimals)
+    for i in range(trace.num_heads):
+        out += _head_lines(trace, i, decimals)
+    out += _output_lines(trace, decimals)
     if check is not None:
-        if trace.positional:
-            pe_ok = check.positional_max_abs_diff <= check.positional_tolerance
-            out.append(
-                f"check: PE {'equals' if pe_ok else 'DIFFERS FROM'} "
-                "aiayn.layers.sinusoidal_encoding to float32 precision "
-                f"(max |diff| = {check.positional_max_abs_diff:.1e})"
-            )
-        ok = check.max_abs_diff <= check.tolerance
-        out.append(
-            f"check: {'equals' if ok else 'DIFFERS FROM'} {check.module} output and weights "
-            f"(max |diff| = {check.max_abs_diff:.1e})"
-        )
+        out += _check_lines(trace, check)
     while out and out[-1] == "":
         out.pop()
     return "\n".join(out) + "\n"
