@@ -7,7 +7,8 @@ wall-clock fields removed. Run it before and after a change; the lines must be e
 
     python scripts/train_fingerprint.py --out /tmp/fp_before.txt
     # … change the code …
-    python scripts/train_fingerprint.py --out /tmp/fp_after.txt && diff /tmp/fp_before.txt /tmp/fp_after.txt
+    python scripts/train_fingerprint.py --out /tmp/fp_after.txt
+    diff /tmp/fp_before.txt /tmp/fp_after.txt
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "src" / "aiayn" / "data" / "demo" / "tatoeba_en_de.tsv.gz"
@@ -78,11 +82,21 @@ def _strip_times(value: object) -> object:
     return value
 
 
+def _tensors_hash(file: Path) -> str:
+    """SHA-256 of the tensors by sorted name (not of the file: safetensors may record tied
+    tensors' aliases in either order)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(load_file(file).items()):
+        digest.update(name.encode())
+        digest.update(tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def _fingerprint(run_dir: Path) -> str:
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     metrics_hash = hashlib.sha256(json.dumps(_strip_times(metrics)).encode()).hexdigest()[:16]
     last = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
-    weights = hashlib.sha256((last / "model.safetensors").read_bytes()).hexdigest()[:16]
+    weights = _tensors_hash(last / "model.safetensors")
     return f"{last.name} weights {weights} metrics {metrics_hash}"
 
 

@@ -63,10 +63,7 @@ def scaled_dot_product_attention(
     if isinstance(mask, Causal):
         t, s = query.size(-2), key.size(-2)
         if t == s and not need_weights and bias is None and not _cpu_dropout(query, dropout_p):
-            output = F.scaled_dot_product_attention(
-                query, key, value, dropout_p=dropout_p, is_causal=True, scale=scale
-            )  # (B, H, T, d_v)
-            return output, None
+            return _fused(query, key, value, None, dropout_p, scale, is_causal=True), None
         # one new query (incremental decoding) sees every key: nothing to mask
         mask = None if t == 1 else mask.build(t, s, query.device)  # (1, 1, T, S)
     mask, row_has_key = _mend_blocked_rows(mask)
@@ -76,19 +73,34 @@ def scaled_dot_product_attention(
     elif _explicit_is_faster(query, key, dropout_p) or _cpu_dropout(query, dropout_p):
         output, _ = _explicit_attention(query, key, value, mask, bias, scale, dropout_p)
     else:
-        output = F.scaled_dot_product_attention(
-            query,
-            key,
-            value,
-            attn_mask=_float_mask(mask, bias, query.dtype),
-            dropout_p=dropout_p,
-            scale=scale,
-        )  # (B, H, T, d_v)
+        output = _fused(query, key, value, _float_mask(mask, bias, query.dtype), dropout_p, scale)
     if row_has_key is not None:
         output = output * row_has_key  # (B, H, T, d_v): zero the fully blocked rows
         if weights is not None:
             weights = weights * row_has_key  # (B, H, T, S)
     return output, weights
+
+
+def _fused(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None,
+    dropout_p: float,
+    scale: float | None,
+    *,
+    is_causal: bool = False,
+) -> Tensor:
+    """PyTorch's fused attention (flash attention on GPUs): (B, H, T, d_v)."""
+    return F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+    )  # (B, H, T, d_v)
 
 
 def _mend_blocked_rows(mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:

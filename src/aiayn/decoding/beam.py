@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -121,30 +122,59 @@ def beam_search(
     limits = torch.as_tensor(max_len, device=device).expand(batch_size).tolist()
     last = [rules.last_step(limit) for limit in limits]  # per sentence, its last step
     state = state.repeat_interleave(k)  # row b·K + k: beam k of sentence b
-    scores = torch.full((batch_size, k), -math.inf, device=device)  # (B, K) log P of each beam
-    scores[:, 0] = 0.0  # one live beam to start: the others would duplicate it
-    tokens = torch.full((batch_size * k, 1), bos_id, dtype=torch.long, device=device)  # (B·K, 1)
+    scores, tokens = _first_beams(batch_size, k, bos_id, device)  # (B, K), (B·K, 1)
     paths: list[tuple[int, ...]] = [()] * (batch_size * k)  # per row, its output tokens so far
     active = list(range(batch_size))  # sentence id of each row block
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
     for t in range(max(last) + 1):
         log_probs, state = step(tokens, state)  # (b·K, V)
-        vocab = log_probs.size(-1)
-        log_probs = log_probs.view(len(active), k, vocab).float()  # (b, K, V)
         at_limit = [t >= last[s] for s in active]  # (b,) on the host
-        log_probs = rules.constrain(log_probs, t, at_limit)
-        candidates = (scores[:, :, None] + log_probs).view(len(active), k * vocab)  # (b, K·V)
-        top = top_candidates(candidates, min(2 * k, k * vocab))  # (b, 2K) scores and indices
+        top, vocab = _top(log_probs, scores, rules.constrain, t, at_limit)
         chosen = _select(active, top, _Row(k, vocab, t, at_limit), paths, rules, finished, limits)
         if not chosen.kept:
             break
         active, parents, survivors = chosen.kept, chosen.parents, chosen.survivors
         paths = [paths[row] + (token,) for row, (_, token) in zip(parents, survivors, strict=True)]
-        live_scores = [lp for lp, _ in survivors]  # float32 values: the round trip is exact
-        scores = torch.tensor(live_scores, dtype=torch.float32, device=device).view(-1, k)
-        tokens = torch.tensor([token for _, token in survivors], device=device)[:, None]
+        scores, tokens = _next_beams(survivors, k, device)  # (b', K), (b'·K, 1)
         state = state.index_select(torch.tensor(parents, device=device))  # (b'·K,) rows
     return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
+
+
+def _first_beams(
+    batch_size: int, k: int, bos_id: int, device: torch.device | str
+) -> tuple[Tensor, Tensor]:
+    """(log P of each beam (B, K), the first tokens (B·K, 1)): one live beam per sentence to
+    start (the others would duplicate it), each fed BOS."""
+    scores = torch.full((batch_size, k), -math.inf, device=device)  # (B, K)
+    scores[:, 0] = 0.0
+    tokens = torch.full((batch_size * k, 1), bos_id, dtype=torch.long, device=device)  # (B·K, 1)
+    return scores, tokens
+
+
+def _top(
+    log_probs: Tensor,
+    scores: Tensor,
+    constrain: Callable[[Tensor, int, list[bool]], Tensor],
+    t: int,
+    at_limit: list[bool],
+) -> tuple[tuple[Tensor, Tensor], int]:
+    """Each sentence's 2K best candidates (scores, indices into K·V), both (b, 2K), and V: the
+    step's log-probs (b·K, V) under the style's constraints, added to the beams' scores (b, K)."""
+    b, k = scores.shape
+    vocab = log_probs.size(-1)
+    log_probs = constrain(log_probs.view(b, k, vocab).float(), t, at_limit)  # (b, K, V)
+    candidates = (scores[:, :, None] + log_probs).view(b, k * vocab)  # (b, K·V)
+    return top_candidates(candidates, min(2 * k, k * vocab)), vocab
+
+
+def _next_beams(
+    survivors: list[tuple[float, int]], k: int, device: torch.device | str
+) -> tuple[Tensor, Tensor]:
+    """The survivors' log-probs (b', K) and newest tokens (b'·K, 1), back on the device (the
+    float32 values' round trip through the host is exact)."""
+    scores = torch.tensor([lp for lp, _ in survivors], dtype=torch.float32, device=device)
+    tokens = torch.tensor([token for _, token in survivors], device=device)[:, None]
+    return scores.view(-1, k), tokens
 
 
 class _Row(NamedTuple):
