@@ -19,11 +19,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from aiayn.models.families import conversion_directions
+
 
 def register(subparsers: Any) -> None:
     """Add the ``convert`` sub-command."""
-    from aiayn.models.families import conversion_directions
-
     p = subparsers.add_parser(
         "convert",
         help="convert a Hugging Face model (folder or Hub name) to an aiayn checkpoint, or back",
