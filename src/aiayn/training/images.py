@@ -47,17 +47,7 @@ from aiayn.evaluation.perplexity import EvalTally
 from aiayn.layers.loss import LossSums, label_smoothed_nll
 from aiayn.models.vit import ViT, ViTConfig
 from aiayn.training.config import ImageDataConfig, RunConfig
-from aiayn.training.task import (
-    Criterion,
-    FinalOutputs,
-    Log,
-    TaskData,
-    accuracy_line,
-    accuracy_on_test,
-    print_accuracy_report,
-    print_main,
-    refuse_options,
-)
+from aiayn.training.task import AccuracyTask, Log, TaskData, print_main
 
 
 @dataclass
@@ -123,7 +113,31 @@ def check_image_run(run: RunConfig) -> None:
             )
 
 
-class ImageClassificationTask:
+def image_metrics(
+    model: ViT, images: ImageSet, max_tokens: int, label_smoothing: float = 0.0
+) -> dict[str, float]:
+    """Loss, NLL per image, perplexity and accuracy (%) of ``model`` (eval mode) over
+    ``images`` (unshifted), in batches of ``max_tokens`` images."""
+    device = model.embedder.projection.weight.device
+    sampler = ImageBatchSampler(len(images), max_tokens, seed=0, shuffle=False)
+    tally = EvalTally()
+    with torch.no_grad():
+        for ids in sampler.batches(0):
+            batch = _unshifted(images, ids).to(device)
+            logits = model(batch.pixels).logits  # (B, K)
+            assert logits is not None
+            log_probs = F.log_softmax(logits.float(), dim=-1)
+            sums = label_smoothed_nll(log_probs[None], batch.labels[None], label_smoothing, -1)
+            tally.add(sums, (logits.argmax(dim=-1) == batch.labels).sum())
+    return tally.metrics(len(images), "images", accuracy=True)
+
+
+def _unshifted(images: ImageSet, ids: Sequence[int]) -> ImageBatch:
+    index = torch.as_tensor(list(ids), dtype=torch.int64)
+    return ImageBatch(images.pixels.index_select(0, index), images.labels.index_select(0, index))
+
+
+class ImageClassificationTask(AccuracyTask):
     """Image classification with a Vision Transformer (see :mod:`aiayn.training.task`).
 
     Args:
@@ -131,9 +145,10 @@ class ImageClassificationTask:
         log: prints the data reports and the final results.
     """
 
-    criterion = Criterion(
-        "accuracy", "accuracy", higher_is_better=True, plot_title="validation accuracy (%)"
-    )
+    model_class = ViT
+    data_class = ImageData
+    unit = "images"
+    split_metrics = staticmethod(image_metrics)
 
     def __init__(self, run: RunConfig, log: Log = print_main):
         assert isinstance(run.model, ViTConfig) and isinstance(run.data, ImageDataConfig)
@@ -203,56 +218,6 @@ class ImageClassificationTask:
     def describe(self, data: TaskData) -> str:
         """The training images."""
         return f"{len(_image_data(data).train)} images"
-
-    # -- evaluation ------------------------------------------------------------------------------
-    def evaluate(
-        self, model: nn.Module, data: TaskData, *, max_tokens: int, **options: Any
-    ) -> dict[str, float]:
-        """Validation loss, NLL, perplexity and accuracy (%)."""
-        refuse_options(options)
-        assert isinstance(model, ViT)
-        return image_metrics(model, _image_data(data).valid, max_tokens, self.label_smoothing)
-
-    def metrics_line(self, metrics: dict[str, float]) -> str:
-        """Loss and accuracy."""
-        return accuracy_line(metrics, "images")
-
-    def finish(self, model: nn.Module, data: TaskData, run_dir: Path) -> FinalOutputs:
-        """The test images' accuracy (when there are any)."""
-        assert isinstance(model, ViT)
-        image_data, out = _image_data(data), FinalOutputs()
-        if image_data.test is not None:
-            out.test = image_metrics(model, image_data.test, self.run.train.max_tokens)
-            self.log(accuracy_on_test(out.test, "images"))
-        return out
-
-    def report(self, result: Any) -> None:
-        """Validation accuracy of the last, best and averaged checkpoints, then the test's."""
-        print_accuracy_report(result)
-
-
-def image_metrics(
-    model: ViT, images: ImageSet, max_tokens: int, label_smoothing: float = 0.0
-) -> dict[str, float]:
-    """Loss, NLL per image, perplexity and accuracy (%) of ``model`` (eval mode) over
-    ``images`` (unshifted), in batches of ``max_tokens`` images."""
-    device = model.embedder.projection.weight.device
-    sampler = ImageBatchSampler(len(images), max_tokens, seed=0, shuffle=False)
-    tally = EvalTally()
-    with torch.no_grad():
-        for ids in sampler.batches(0):
-            batch = _unshifted(images, ids).to(device)
-            logits = model(batch.pixels).logits  # (B, K)
-            assert logits is not None
-            log_probs = F.log_softmax(logits.float(), dim=-1)
-            sums = label_smoothed_nll(log_probs[None], batch.labels[None], label_smoothing, -1)
-            tally.add(sums, (logits.argmax(dim=-1) == batch.labels).sum())
-    return tally.metrics(len(images), "images", accuracy=True)
-
-
-def _unshifted(images: ImageSet, ids: Sequence[int]) -> ImageBatch:
-    index = torch.as_tensor(list(ids), dtype=torch.int64)
-    return ImageBatch(images.pixels.index_select(0, index), images.labels.index_select(0, index))
 
 
 def _image_data(data: TaskData) -> ImageData:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,11 +38,11 @@ from aiayn.training.objective import LanguageModelObjective
 from aiayn.training.task import (
     Criterion,
     FinalOutputs,
+    HeldOutTask,
     Log,
     TaskData,
     print_checkpoint_report,
     print_main,
-    refuse_options,
 )
 
 DEMO_PROMPTS = {
@@ -85,7 +85,7 @@ def check_lm_run(run: RunConfig) -> None:
         )
 
 
-class LanguageModelTask:
+class LanguageModelTask(HeldOutTask):
     """Language modelling with GPT-2's architecture (see :mod:`aiayn.training.task`).
 
     Args:
@@ -96,6 +96,9 @@ class LanguageModelTask:
     criterion = Criterion(
         "ppl", "perplexity", higher_is_better=False, plot_title="validation perplexity"
     )
+    model_class = GPT2
+    data_class = LMData
+    split_metrics = staticmethod(block_metrics)
 
     def __init__(self, run: RunConfig, log: Log = print_main):
         assert isinstance(run.model, GPT2Config) and isinstance(run.data, LMDataConfig)
@@ -227,29 +230,21 @@ class LanguageModelTask:
         return f"{len(_lm_data(data).train)} blocks of {self.data_cfg.block_size} tokens"
 
     # -- evaluation ------------------------------------------------------------------------------
-    def evaluate(
-        self, model: nn.Module, data: TaskData, *, max_tokens: int, **options: Any
-    ) -> dict[str, float]:
-        """Validation loss, NLL and perplexity (every validation token but the first)."""
-        refuse_options(options)
-        assert isinstance(model, GPT2)
-        return block_metrics(model, _lm_data(data).valid, max_tokens, self.label_smoothing)
-
     def metrics_line(self, metrics: dict[str, float]) -> str:
         """Loss and perplexity."""
         return (
             f"loss {metrics['loss']:.3f} ppl {metrics['ppl']:.2f} ({int(metrics['tokens'])} tokens)"
         )
 
+    def test_line(self, test: Mapping[str, float]) -> str:
+        """The test text's perplexity."""
+        return f"test: perplexity {test['ppl']:.2f} over {int(test['tokens'])} tokens"
+
     def finish(self, model: nn.Module, data: TaskData, run_dir: Path) -> FinalOutputs:
         """The test text's perplexity (if any) and greedy continuations of the prompts."""
+        out = super().finish(model, data, run_dir)
         assert isinstance(model, GPT2)
-        lm_data, out = _lm_data(data), FinalOutputs()
-        if lm_data.test is not None:
-            out.test = block_metrics(model, lm_data.test, self.run.train.max_tokens)
-            self.log(
-                f"test: perplexity {out.test['ppl']:.2f} over {int(out.test['tokens'])} tokens"
-            )
+        lm_data = _lm_data(data)
         out.samples = greedy_samples(model, lm_data.tokenizer, lm_data.prompts)
         return out
 

@@ -23,63 +23,40 @@ V vocabulary
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.config import ModelConfig
 from aiayn.data.bert_data import (
     VALID_MASK_SEED,
     EncoderBatchSampler,
     MaskedLMBatch,
     MaskedLMSet,
     encode_texts,
-    padding_of,
     read_texts,
 )
 from aiayn.data.bert_tokenizer import BertTokenizer
 from aiayn.data.masking import IGNORE_INDEX
 from aiayn.errors import UserError
-from aiayn.evaluation.perplexity import EvalTally
 from aiayn.layers.loss import LossSums, label_smoothed_nll
 from aiayn.models.bert import BERT, BertConfig
-from aiayn.training.bert_start import (
-    StartingBert,
-    max_length,
-    run_tokenizer,
-    sized_config,
-)
-from aiayn.training.config import BertDataConfig, RunConfig
-from aiayn.training.task import (
-    Criterion,
-    FinalOutputs,
-    Log,
-    TaskData,
-    print_checkpoint_report,
-    print_main,
-    refuse_options,
-)
+from aiayn.training.bert_start import max_length, run_tokenizer, sized_config
+from aiayn.training.bert_task import BertData, BertTask, encoder_metrics
+from aiayn.training.task import Criterion, TaskData, print_checkpoint_report
 
 
 @dataclass
-class MaskedLMData:
+class MaskedLMData(BertData):
     """The tokenizer and the three texts' examples (training: masks drawn per batch;
     validation and test: drawn once)."""
 
-    tokenizer: BertTokenizer
     train: MaskedLMSet
     valid: MaskedLMSet
     test: MaskedLMSet | None = None
-
-    @property
-    def tokenizer_file(self) -> BertTokenizer:
-        """What every checkpoint saves beside its weights: the BERT tokenizer."""
-        return self.tokenizer
 
 
 def masked_lm_sums(
@@ -123,7 +100,23 @@ class MaskedLMObjective(nn.Module):
         return masked_lm_sums(self.model, inputs, attention_mask, labels, self.label_smoothing)[0]
 
 
-class MaskedLMTask:
+def masked_lm_metrics(
+    model: BERT, examples: MaskedLMSet, max_tokens: int, label_smoothing: float = 0.0
+) -> dict[str, float]:
+    """Loss, NLL per target, perplexity and accuracy (%, the gold token most probable) of
+    ``model`` (eval mode) over all targets of ``examples`` (masks drawn once: ``fixed``), in
+    length-bucketed batches under ``max_tokens``."""
+
+    def scored(batch: MaskedLMBatch) -> tuple[LossSums, Tensor]:
+        sums, logits, gold = masked_lm_sums(
+            model, batch.inputs, batch.attention_mask, batch.labels, label_smoothing
+        )
+        return sums, (logits.argmax(dim=-1) == gold).sum()
+
+    return encoder_metrics(model, examples, max_tokens, scored, examples.num_targets, "tokens")
+
+
+class MaskedLMTask(BertTask):
     """Masked-LM pre-training of BERT (see the module docstring and :mod:`aiayn.training.task`).
 
     Args:
@@ -134,12 +127,8 @@ class MaskedLMTask:
     criterion = Criterion(
         "ppl", "perplexity", higher_is_better=False, plot_title="validation perplexity (masked)"
     )
-
-    def __init__(self, run: RunConfig, log: Log = print_main):
-        assert isinstance(run.model, BertConfig) and isinstance(run.data, BertDataConfig)
-        self.run, self.data_cfg, self.log = run, run.data, log
-        self.label_smoothing = run.train.label_smoothing or 0.0
-        self._new_bert = StartingBert(run.init_from, log)
+    data_class = MaskedLMData
+    split_metrics = staticmethod(masked_lm_metrics)
 
     # -- data ------------------------------------------------------------------------------------
     def prepare_data(self, run_dir: Path, *, reuse_tokenizer: bool) -> MaskedLMData:
@@ -184,11 +173,6 @@ class MaskedLMTask:
         """The run's BERT (head ``mlm``, no pooler) sized to the vocabulary."""
         return sized_config(self.run, _mlm_data(data).tokenizer)
 
-    def new_model(self, config: ModelConfig) -> BERT:
-        """A freshly initialised BERT, or one holding the init_from checkpoint's weights."""
-        assert isinstance(config, BertConfig)
-        return self._new_bert(config)
-
     def objective(self, model: nn.Module) -> MaskedLMObjective:
         """Cross-entropy at the targets."""
         assert isinstance(model, BERT)
@@ -203,23 +187,11 @@ class MaskedLMTask:
         """(inputs, attention mask, labels) for :class:`MaskedLMObjective`."""
         return batch.inputs, batch.attention_mask, batch.labels
 
-    def padding(self, batches: Sequence[MaskedLMBatch]) -> float:
-        """Fraction of padded positions."""
-        return padding_of(b.attention_mask for b in batches)
-
     def describe(self, data: TaskData) -> str:
         """The training lines."""
         return f"{len(_mlm_data(data).train)} lines"
 
     # -- evaluation ------------------------------------------------------------------------------
-    def evaluate(
-        self, model: nn.Module, data: TaskData, *, max_tokens: int, **options: Any
-    ) -> dict[str, float]:
-        """Loss, NLL, perplexity and accuracy (%) over the validation targets."""
-        refuse_options(options)
-        assert isinstance(model, BERT)
-        return masked_lm_metrics(model, _mlm_data(data).valid, max_tokens, self.label_smoothing)
-
     def metrics_line(self, metrics: dict[str, float]) -> str:
         """Loss, perplexity and accuracy at the targets."""
         return (
@@ -227,17 +199,12 @@ class MaskedLMTask:
             f"{metrics['accuracy']:.1f}% ({int(metrics['tokens'])} masked tokens)"
         )
 
-    def finish(self, model: nn.Module, data: TaskData, run_dir: Path) -> FinalOutputs:
-        """The test text's perplexity (when there is one)."""
-        assert isinstance(model, BERT)
-        mlm_data, out = _mlm_data(data), FinalOutputs()
-        if mlm_data.test is not None:
-            out.test = masked_lm_metrics(model, mlm_data.test, self.run.train.max_tokens)
-            self.log(
-                f"test: perplexity {out.test['ppl']:.2f}, accuracy {out.test['accuracy']:.1f}% "
-                f"over {int(out.test['tokens'])} masked tokens"
-            )
-        return out
+    def test_line(self, test: Mapping[str, float]) -> str:
+        """The test text's perplexity and accuracy."""
+        return (
+            f"test: perplexity {test['ppl']:.2f}, accuracy {test['accuracy']:.1f}% "
+            f"over {int(test['tokens'])} masked tokens"
+        )
 
     def report(self, result: Any) -> None:
         """Validation perplexity of the last, best and averaged checkpoints, then the test's."""
@@ -247,25 +214,6 @@ class MaskedLMTask:
             "at the masked tokens"
         )
         print_checkpoint_report(result, validation, lambda m: f"perplexity {m['ppl']:.2f}")
-
-
-@torch.no_grad()
-def masked_lm_metrics(
-    model: BERT, examples: MaskedLMSet, max_tokens: int, label_smoothing: float = 0.0
-) -> dict[str, float]:
-    """Loss, NLL per target, perplexity and accuracy (%, the gold token most probable) of
-    ``model`` (eval mode) over all targets of ``examples`` (masks drawn once: ``fixed``), in
-    length-bucketed batches under ``max_tokens``."""
-    device = model.encoder.embedder.embedding.weight.device
-    sampler = EncoderBatchSampler(examples.texts.lengths, max_tokens, seed=0, shuffle=False)
-    tally = EvalTally()
-    for ids in sampler.batches(0):
-        batch = examples.collate(ids).to(device)
-        sums, logits, gold = masked_lm_sums(
-            model, batch.inputs, batch.attention_mask, batch.labels, label_smoothing
-        )
-        tally.add(sums, (logits.argmax(dim=-1) == gold).sum())
-    return tally.metrics(examples.num_targets, "tokens", accuracy=True)
 
 
 def _mlm_data(data: TaskData) -> MaskedLMData:

@@ -32,6 +32,9 @@ best checkpoint  lowest perplexity                   highest accuracy
 at the end       test ppl                            test accuracy
 ===============  ==================================  ==========================================
 
+All but translation validate and test with one metrics function over a split
+(:class:`HeldOutTask`; the two classifiers: :class:`AccuracyTask`).
+
 :func:`make_task` asks the family registry (:mod:`aiayn.models.families`) for the task of the
 run config's model family and data section: task modules import this one, never the reverse.
 """
@@ -43,7 +46,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -209,6 +212,85 @@ class Task(Protocol):
     def report(self, result: Any) -> None:
         """Print the end of ``aiayn train``'s output for a finished run (rank 0)."""
         ...
+
+
+class HeldOutData(TaskData, Protocol):
+    """Prepared data with a validation split and an optional test split, which one metrics
+    function scores (:class:`HeldOutTask`)."""
+
+    @property
+    def valid(self) -> Any: ...
+
+    @property
+    def test(self) -> Any: ...
+
+
+class HeldOutTask:
+    """:meth:`Task.evaluate` and :meth:`Task.finish` of a task whose validation and test
+    results are one metrics function (:meth:`split_metrics`) of the model and a split: the
+    validation split's with the run's label smoothing, the test split's (when there is one)
+    without, logged in one line (:meth:`test_line`).
+
+    Subclasses set :attr:`model_class`, :attr:`data_class`, and ``run``, ``log`` and
+    ``label_smoothing`` in their ``__init__``.
+    """
+
+    model_class: ClassVar[type[nn.Module]]
+    data_class: ClassVar[type[HeldOutData]]
+    run: RunConfig
+    log: Log
+    label_smoothing: float
+
+    @staticmethod
+    def split_metrics(
+        model: Any, split: Any, max_tokens: int, label_smoothing: float = 0.0, /
+    ) -> dict[str, float]:
+        """The metrics of ``model`` (eval mode) over ``split``, in batches of ``max_tokens``
+        (a subclass sets its task's metrics function)."""
+        raise NotImplementedError
+
+    def test_line(self, test: Mapping[str, float]) -> str:
+        """The test split's metrics in one log line."""
+        raise NotImplementedError
+
+    def evaluate(
+        self, model: nn.Module, data: TaskData, *, max_tokens: int, **options: Any
+    ) -> dict[str, float]:
+        """The validation split's metrics."""
+        refuse_options(options)
+        assert isinstance(model, self.model_class) and isinstance(data, self.data_class)
+        return self.split_metrics(model, data.valid, max_tokens, self.label_smoothing)
+
+    def finish(self, model: nn.Module, data: TaskData, run_dir: Path) -> FinalOutputs:
+        """The test split's metrics (when there is one)."""
+        assert isinstance(model, self.model_class) and isinstance(data, self.data_class)
+        out = FinalOutputs()
+        if data.test is not None:
+            out.test = self.split_metrics(model, data.test, self.run.train.max_tokens)
+            self.log(self.test_line(out.test))
+        return out
+
+
+class AccuracyTask(HeldOutTask):
+    """A classifier's :class:`HeldOutTask`: the best checkpoint has the highest validation
+    accuracy; log lines and the report in accuracy, counting :attr:`unit` ("images")."""
+
+    criterion = Criterion(
+        "accuracy", "accuracy", higher_is_better=True, plot_title="validation accuracy (%)"
+    )
+    unit: ClassVar[str]
+
+    def metrics_line(self, metrics: dict[str, float]) -> str:
+        """Loss and accuracy."""
+        return accuracy_line(metrics, self.unit)
+
+    def test_line(self, test: Mapping[str, float]) -> str:
+        """Accuracy, right / all."""
+        return accuracy_on_test(test, self.unit)
+
+    def report(self, result: Any) -> None:
+        """Validation accuracy of the last, best and averaged checkpoints, then the test's."""
+        print_accuracy_report(result)
 
 
 def accuracy_line(metrics: Mapping[str, float], unit: str) -> str:

@@ -26,18 +26,14 @@ Shape legend:  B examples in a batch   S positions   C labels
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from numpy.typing import NDArray
 from torch import Tensor, nn
 
-from aiayn.config import ModelConfig
 from aiayn.data.bert_data import (
     ClassificationBatch,
     ClassificationSet,
@@ -46,48 +42,25 @@ from aiayn.data.bert_data import (
     encode_texts,
     label_ids,
     label_set,
-    padding_of,
     read_labelled,
 )
 from aiayn.data.bert_tokenizer import BertTokenizer
 from aiayn.errors import UserError
-from aiayn.evaluation.perplexity import EvalTally
 from aiayn.layers.loss import LossSums, label_smoothed_nll
 from aiayn.models.bert import BERT, BertConfig
-from aiayn.training.bert_start import (
-    StartingBert,
-    max_length,
-    run_tokenizer,
-    sized_config,
-)
-from aiayn.training.config import BertDataConfig, RunConfig
-from aiayn.training.task import (
-    Criterion,
-    FinalOutputs,
-    Log,
-    TaskData,
-    accuracy_line,
-    accuracy_on_test,
-    print_accuracy_report,
-    print_main,
-    refuse_options,
-)
+from aiayn.training.bert_start import max_length, run_tokenizer, sized_config
+from aiayn.training.bert_task import BertData, BertTask, encoder_metrics
+from aiayn.training.task import AccuracyTask, TaskData
 
 
 @dataclass
-class ClassificationData:
+class ClassificationData(BertData):
     """The tokenizer, the label names (sorted) and the three files' examples."""
 
-    tokenizer: BertTokenizer
     labels: tuple[str, ...]
     train: ClassificationSet
     valid: ClassificationSet
     test: ClassificationSet | None = None
-
-    @property
-    def tokenizer_file(self) -> BertTokenizer:
-        """What every checkpoint saves beside its weights: the BERT tokenizer."""
-        return self.tokenizer
 
 
 def classification_sums(
@@ -127,7 +100,20 @@ class TextClassificationObjective(nn.Module):
         return classification_sums(self.model, batch, self.label_smoothing)[0]
 
 
-class TextClassificationTask:
+def classification_metrics(
+    model: BERT, examples: ClassificationSet, max_tokens: int, label_smoothing: float = 0.0
+) -> dict[str, float]:
+    """Loss, NLL per example, perplexity and accuracy (%) of ``model`` (eval mode) over
+    ``examples``, in length-bucketed batches under ``max_tokens``."""
+
+    def scored(batch: ClassificationBatch) -> tuple[LossSums, Tensor]:
+        sums, logits = classification_sums(model, batch, label_smoothing)
+        return sums, (logits.argmax(dim=-1) == batch.labels).sum()
+
+    return encoder_metrics(model, examples, max_tokens, scored, len(examples), "examples")
+
+
+class TextClassificationTask(BertTask, AccuracyTask):
     """Sequence classification with BERT (see the module docstring and
     :mod:`aiayn.training.task`).
 
@@ -136,15 +122,9 @@ class TextClassificationTask:
         log: prints the data reports and the final results.
     """
 
-    criterion = Criterion(
-        "accuracy", "accuracy", higher_is_better=True, plot_title="validation accuracy (%)"
-    )
-
-    def __init__(self, run: RunConfig, log: Log = print_main):
-        assert isinstance(run.model, BertConfig) and isinstance(run.data, BertDataConfig)
-        self.run, self.data_cfg, self.log = run, run.data, log
-        self.label_smoothing = run.train.label_smoothing or 0.0
-        self._new_bert = StartingBert(run.init_from, log)
+    data_class = ClassificationData
+    unit = "examples"
+    split_metrics = staticmethod(classification_metrics)
 
     # -- data ------------------------------------------------------------------------------------
     def prepare_data(self, run_dir: Path, *, reuse_tokenizer: bool) -> ClassificationData:
@@ -212,11 +192,6 @@ class TextClassificationTask:
         tokenizer = _classification_data(data).tokenizer
         return sized_config(self.run, tokenizer, num_labels=len(labels), id2label=labels)
 
-    def new_model(self, config: ModelConfig) -> BERT:
-        """A freshly initialised BERT, or one holding the init_from checkpoint's weights."""
-        assert isinstance(config, BertConfig)
-        return self._new_bert(config)
-
     def objective(self, model: nn.Module) -> TextClassificationObjective:
         """Cross-entropy of the logits."""
         assert isinstance(model, BERT)
@@ -231,56 +206,11 @@ class TextClassificationTask:
         """(ids, token types, attention mask, labels) for :class:`TextClassificationObjective`."""
         return batch.ids, batch.token_types, batch.attention_mask, batch.labels
 
-    def padding(self, batches: Sequence[ClassificationBatch]) -> float:
-        """Fraction of padded positions."""
-        return padding_of(b.attention_mask for b in batches)
-
     def describe(self, data: TaskData) -> str:
         """The training examples."""
         return f"{len(_classification_data(data).train)} examples"
 
     # -- evaluation ------------------------------------------------------------------------------
-    def evaluate(
-        self, model: nn.Module, data: TaskData, *, max_tokens: int, **options: Any
-    ) -> dict[str, float]:
-        """Validation loss, NLL, perplexity and accuracy (%)."""
-        refuse_options(options)
-        assert isinstance(model, BERT)
-        valid = _classification_data(data).valid
-        return classification_metrics(model, valid, max_tokens, self.label_smoothing)
-
-    def metrics_line(self, metrics: dict[str, float]) -> str:
-        """Loss and accuracy."""
-        return accuracy_line(metrics, "examples")
-
-    def finish(self, model: nn.Module, data: TaskData, run_dir: Path) -> FinalOutputs:
-        """The test file's accuracy (when there is one)."""
-        assert isinstance(model, BERT)
-        cls_data, out = _classification_data(data), FinalOutputs()
-        if cls_data.test is not None:
-            out.test = classification_metrics(model, cls_data.test, self.run.train.max_tokens)
-            self.log(accuracy_on_test(out.test, "examples"))
-        return out
-
-    def report(self, result: Any) -> None:
-        """Validation accuracy of the last, best and averaged checkpoints, then the test's."""
-        print_accuracy_report(result)
-
-
-@torch.no_grad()
-def classification_metrics(
-    model: BERT, examples: ClassificationSet, max_tokens: int, label_smoothing: float = 0.0
-) -> dict[str, float]:
-    """Loss, NLL per example, perplexity and accuracy (%) of ``model`` (eval mode) over
-    ``examples``, in length-bucketed batches under ``max_tokens``."""
-    device = model.encoder.embedder.embedding.weight.device
-    sampler = EncoderBatchSampler(examples.texts.lengths, max_tokens, seed=0, shuffle=False)
-    tally = EvalTally()
-    for ids in sampler.batches(0):
-        batch = examples.collate(ids).to(device)
-        sums, logits = classification_sums(model, batch, label_smoothing)
-        tally.add(sums, (logits.argmax(dim=-1) == batch.labels).sum())
-    return tally.metrics(len(examples), "examples", accuracy=True)
 
 
 def _classification_data(data: TaskData) -> ClassificationData:
