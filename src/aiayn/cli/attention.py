@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from aiayn.cli.commands import add_command
 from aiayn.validation import PositiveInt, flag_type
 
 MAX_TOKENS = 160
@@ -39,8 +40,10 @@ of the tokens, take minutes and gigabytes to draw."""
 
 def register(subparsers: Any) -> None:
     """Add the ``attention`` sub-command."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "attention",
+        run,
         help="draw every layer's and head's attention for one sentence pair or one image "
         "(PNG + HTML)",
         description="Attention maps (§3.2.3: encoder self-attention, masked decoder "
@@ -72,7 +75,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", default="attention_maps", help="output folder (created)")
     p.add_argument("--no-png", action="store_true", help="write only the HTML page")
     p.add_argument("--force", action="store_true", help="replace attention maps already in --out")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

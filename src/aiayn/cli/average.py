@@ -7,13 +7,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aiayn.cli.commands import add_command
 from aiayn.validation import PositiveInt, flag_type
 
 
 def register(subparsers: Any) -> None:
     """Add the ``average`` sub-command."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "average",
+        run,
         help="average the parameters of the last N checkpoints into a new one (§6.1)",
         description="Average checkpoints as in §6.1 (the paper: last 5 for base, last 20 for "
         "big). Give a run folder and --last N, or explicit checkpoint folders.",
@@ -30,7 +33,6 @@ def register(subparsers: Any) -> None:
         help="replace an existing --out checkpoint (never another kind of folder), or write "
         "into a run's checkpoints/ under a name training uses (step_*, best, averaged)",
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

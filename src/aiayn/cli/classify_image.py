@@ -7,13 +7,16 @@ import argparse
 import sys
 from typing import Any
 
-from aiayn.validation import PositiveInt, device_flag, flag_type
+from aiayn.cli.commands import add_batch_size_option, add_command, add_device_option
+from aiayn.validation import PositiveInt, flag_type
 
 
 def register(subparsers: Any) -> None:
     """Add the ``classify-image`` sub-command."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "classify-image",
+        run,
         help="the most probable labels of images with a ViT checkpoint",
         description="For each image, print its path and then the --top-k labels, one line "
         "each: probability and label (the config's id2label, else the class index).",
@@ -23,11 +26,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--top-k", type=flag_type(PositiveInt), help="labels per image (5, or every label if fewer)"
     )
-    p.add_argument(
-        "--batch-size", type=flag_type(PositiveInt), default=16, help="images per batch (16)"
-    )
-    p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
-    p.set_defaults(func=run)
+    add_batch_size_option(p, 16, "images")
+    add_device_option(p)
 
 
 def run(args: argparse.Namespace) -> int:

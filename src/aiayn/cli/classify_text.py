@@ -14,15 +14,18 @@ import argparse
 import sys
 from typing import Any
 
-from aiayn.validation import PositiveInt, device_flag, flag_type
+from aiayn.cli.commands import add_batch_size_option, add_command, add_device_option
+from aiayn.validation import PositiveInt, flag_type
 
 DEFAULT_BATCH = 32
 
 
 def register(subparsers: Any) -> None:
     """Add the ``classify-text`` sub-command."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "classify-text",
+        run,
         help="the most probable labels of texts with a BERT classifier checkpoint",
         description="Classify each line of FILE (default: standard input) and print one line "
         "per input line: the --top-k labels, most probable first, each as "
@@ -31,14 +34,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("file", nargs="?", metavar="FILE", help="texts, one per line (default: stdin)")
     p.add_argument("--checkpoint", required=True, help="a BERT checkpoint with a classifier")
     p.add_argument("--top-k", type=flag_type(PositiveInt), default=1, help="labels per line (1)")
-    p.add_argument(
-        "--batch-size",
-        type=flag_type(PositiveInt),
-        default=DEFAULT_BATCH,
-        help=f"texts per batch ({DEFAULT_BATCH})",
-    )
-    p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
-    p.set_defaults(func=run)
+    add_batch_size_option(p, DEFAULT_BATCH, "texts")
+    add_device_option(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,13 +19,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from aiayn.cli.commands import add_command
 from aiayn.models.families import conversion_directions
 
 
 def register(subparsers: Any) -> None:
     """Add the ``convert`` sub-command."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "convert",
+        run,
         help="convert a Hugging Face model (folder or Hub name) to an aiayn checkpoint, or back",
         description="Convert pretrained weights exactly: every tensor is used, shapes are "
         f"checked, unsupported options are refused by name. {conversion_directions()}",
@@ -42,7 +45,6 @@ def register(subparsers: Any) -> None:
         help="replace an existing destination of the kind written (an aiayn checkpoint, a "
         "Hugging Face folder) or an empty folder; never another folder",
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

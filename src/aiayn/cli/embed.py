@@ -9,29 +9,33 @@ import json
 import sys
 from typing import Any
 
-from aiayn.validation import PositiveInt, device_flag, flag_type
+from aiayn.cli.commands import (
+    add_batch_size_option,
+    add_command,
+    add_device_option,
+    add_texts_input_option,
+)
 
 
 def register(subparsers: Any) -> None:
     """Add the ``embed`` sub-command."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "embed",
+        run,
         help="sentence embeddings (or cosine similarities) with a BERT checkpoint",
         description="One line in, one vector out, in input order: a JSON list per line on "
         "standard output, or an (N, D) float32 .npy file with --out. With --similarity A B: the "
         "cosine similarity of line i of A and line i of B, one number per line.",
     )
     p.add_argument("--checkpoint", required=True, help="a BERT checkpoint")
-    p.add_argument("--input", "-i", help="texts file, one per line (default: standard input)")
+    add_texts_input_option(p)
     p.add_argument("--out", "-o", help="write an .npy file instead of JSON lines")
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.add_argument("--similarity", nargs=2, metavar=("A", "B"), help="two files of lines")
     p.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep norms")
-    p.add_argument(
-        "--batch-size", type=flag_type(PositiveInt), default=32, help="texts per batch (32)"
-    )
-    p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
-    p.set_defaults(func=run)
+    add_batch_size_option(p, 32, "texts")
+    add_device_option(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,14 +17,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aiayn.cli.commands import add_command
 from aiayn.cli.translate import add_decoding_arguments, load_for_decoding
 from aiayn.validation import PositiveInt, flag_type
 
 
 def register(subparsers: Any) -> None:
     """Add the ``evaluate`` sub-command."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "evaluate",
+        run,
         help="BLEU and chrF of translations, or a language model's perplexity on a text",
         description="Score hypotheses against references with sacreBLEU (detokenized, cased; "
         "the signature makes the number reproducible) and chrF. Either give --hyp, or give "
@@ -57,7 +60,6 @@ def register(subparsers: Any) -> None:
         help="with --text: predicted tokens per window (default: the model's max_len)",
     )
     add_decoding_arguments(p, for_evaluate=True)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,13 +17,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from aiayn.cli.commands import add_command
 from aiayn.validation import Seed, flag_type
 
 
 def register(subparsers: Any) -> None:
     """Add the ``experiment`` sub-command."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "experiment",
+        run,
         help="run one of the paper's claims about attention as an experiment (PNG + table)",
         description="The paper's claims about attention as small experiments: scaling "
         "(§3.2.1), additive (§3.2.1), multihead (§3.2.2), positional (§3.5). Each prints a "
@@ -35,7 +38,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quick", action="store_true", help="a tiny version that runs in seconds")
     p.add_argument("--seed", type=flag_type(Seed), default=0, help="random seed (default 0)")
     p.add_argument("--force", action="store_true", help="replace this experiment's files in --out")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

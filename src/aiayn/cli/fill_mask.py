@@ -7,13 +7,16 @@ import argparse
 import sys
 from typing import Any
 
-from aiayn.validation import PositiveInt, device_flag, flag_type
+from aiayn.cli.commands import add_command, add_device_option, add_texts_input_option
+from aiayn.validation import PositiveInt, flag_type
 
 
 def register(subparsers: Any) -> None:
     """Add the ``fill-mask`` sub-command."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "fill-mask",
+        run,
         help="predict the tokens at [MASK] with a BERT checkpoint",
         description="For each text (the arguments, else one per line from --input or stdin; "
         "blank lines are skipped), print the --top-k most probable tokens at each mask token, "
@@ -22,12 +25,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts with [MASK] (default: read)")
     p.add_argument("--checkpoint", required=True, help="a BERT checkpoint with its MLM head")
-    p.add_argument("--input", "-i", help="texts file, one per line (default: standard input)")
+    add_texts_input_option(p)
     p.add_argument(
         "--top-k", type=flag_type(PositiveInt), default=5, help="predictions per mask (5)"
     )
-    p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
-    p.set_defaults(func=run)
+    add_device_option(p)
 
 
 def run(args: argparse.Namespace) -> int:

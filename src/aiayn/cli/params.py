@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from aiayn.cli.commands import add_command
 from aiayn.config import TransformerConfig
 from aiayn.models.families import DEFAULT_FAMILY, family_of_preset, preset_names
 from aiayn.validation import flag
@@ -12,8 +13,10 @@ from aiayn.validation import flag
 
 def register(subparsers: Any) -> None:
     """Add the ``params`` sub-command."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "params",
+        run,
         help="print a preset's parameter count with a per-component breakdown",
         description="Parameter count of a model preset (Table 3, or the published sizes of "
         "GPT-2, T5, BERT and ViT), component by component.",
@@ -30,7 +33,6 @@ def register(subparsers: Any) -> None:
         help="vocabulary size (default: the preset's own: 37000, the paper's WMT EN-DE BPE, for "
         "base and big)",
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

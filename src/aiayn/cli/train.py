@@ -7,13 +7,17 @@ import argparse
 import sys
 from typing import Any
 
+from aiayn.cli.commands import add_command
+
 
 def register(subparsers: Any) -> None:
     """Add the ``train`` sub-command."""
     from aiayn.models.families import demo_runs
 
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "train",
+        run,
         help="train a translation Transformer or a GPT-2 language model (default: built-in demo)",
         description="Train a model with the training loop of §5 of the paper. With no --config, "
         "trains a small translation model on the built-in Tatoeba EN-DE demo corpus (a few "
@@ -56,7 +60,6 @@ def register(subparsers: Any) -> None:
         help="delete the run already in run_dir (its checkpoints, tokenizer, metrics, plots) "
         "and start over; without it, a run_dir holding a run is refused",
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

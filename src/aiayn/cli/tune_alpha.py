@@ -16,14 +16,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from aiayn.cli.commands import add_command, add_device_option
+
 
 def register(subparsers: Any) -> None:
     """Add the ``tune-alpha`` sub-command."""
     from aiayn.decoding.translate import DecodeOptions
-    from aiayn.validation import choices_of, device_flag, flag
+    from aiayn.validation import choices_of, flag
 
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "tune-alpha",
+        run,
         help="choose the beam's length penalty alpha on the validation set",
         description="Beam-decode the validation set at each alpha of a grid, print BLEU, "
         "brevity penalty and hypothesis/reference length ratio per alpha, and save the alpha "
@@ -53,10 +57,9 @@ def register(subparsers: Any) -> None:
         default=4096,
         help="source tokens x beams per batch (default 4096)",
     )
-    p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
+    add_device_option(p)
     p.add_argument("--dry-run", action="store_true", help="print the table, save nothing")
     p.add_argument("--force", action="store_true", help="replace an existing tuned_alpha.json")
-    p.set_defaults(func=run)
 
 
 def _alphas(text: str) -> tuple[float, ...]:
