@@ -14,6 +14,7 @@ Shape legend:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -118,23 +119,23 @@ class DecoderOutput(NamedTuple):
     cross_weights: list[Tensor] | None
 
 
-class Encoder(nn.Module):
-    """An encoder stack (§3.1): the input embedder, then N self-attention blocks, then (pre-norm)
-    a final norm.
+class Stack(nn.Module):
+    """What an encoder and a decoder stack (§3.1) hold: the input embedder, N blocks, then
+    (pre-norm) a final norm.
 
     Args:
         embedder: token ids (+ token types, + positions) -> (B, S, D).
         layers: the N blocks.
         final_norm: the stack's last norm (pre-norm models), or None.
-        position_bias: a relative position bias (T5), computed once per pass and added to every
-            layer's attention scores, or None.
+        position_bias: a relative position bias (T5), computed once per pass for every layer's
+            (self-)attention scores, or None.
         final_dropout: P_drop after the final norm (T5), 0 for none.
     """
 
     def __init__(
         self,
         embedder: Embedder,
-        layers: list[SelfAttentionBlock],
+        layers: Sequence[nn.Module],
         final_norm: nn.Module | None,
         *,
         position_bias: RelativePositionBias | None = None,
@@ -146,6 +147,13 @@ class Encoder(nn.Module):
         self.final_norm = final_norm
         self.position_bias = position_bias
         self.final_dropout = Dropout(final_dropout)
+
+
+class Encoder(Stack):
+    """An encoder stack (§3.1): the input embedder, then N self-attention blocks
+    (:class:`SelfAttentionBlock`), then (pre-norm) a final norm. Args as :class:`Stack`; the
+    position bias is added to every layer's attention scores.
+    """
 
     def forward(
         self,
@@ -177,34 +185,12 @@ class Encoder(nn.Module):
         return EncoderOutput(self.final_dropout(x), weights)
 
 
-class Decoder(nn.Module):
-    """A decoder stack (§3.1): the input embedder, N cross-attention blocks over the encoder
-    output, then (pre-norm) a final norm.
-
-    Args:
-        embedder: target tokens (+ positions) -> (B, T, D).
-        layers: the N blocks.
-        final_norm: the stack's last norm (pre-norm models), or None.
-        position_bias: a causal relative position bias (T5) for every layer's self-attention,
-            computed once per call for the new positions only, or None.
-        final_dropout: P_drop after the final norm (T5), 0 for none.
+class Decoder(Stack):
+    """A decoder stack (§3.1): the input embedder (target tokens + positions -> (B, T, D)), N
+    cross-attention blocks over the encoder output (:class:`CrossAttentionBlock`), then
+    (pre-norm) a final norm. Args as :class:`Stack`; the position bias is causal (T5), for
+    every layer's self-attention, computed once per call for the new positions only.
     """
-
-    def __init__(
-        self,
-        embedder: Embedder,
-        layers: list[CrossAttentionBlock],
-        final_norm: nn.Module | None,
-        *,
-        position_bias: RelativePositionBias | None = None,
-        final_dropout: float = 0.0,
-    ):
-        super().__init__()
-        self.embedder = embedder
-        self.layers = nn.ModuleList(layers)
-        self.final_norm = final_norm
-        self.position_bias = position_bias
-        self.final_dropout = Dropout(final_dropout)
 
     def forward(
         self,
