@@ -56,11 +56,14 @@ from aiayn.data.pretrained_tokenizer import (
     SPECIAL_TOKENS_MAP,
     TOKENIZER_CONFIG,
     TOKENIZER_JSON,
+    _additional_special_tokens,
     _build,
+    _check_manifest_ids,
     _clean_up,
     _json_bytes,
     _load_tokenizer_json,
     _read_json_object,
+    _read_manifest,
     _token,
     _write_bytes,
 )
@@ -606,21 +609,12 @@ def _hf_settings(folder: Path, max_positions: int | None) -> dict[str, Any]:
     sources: list[Mapping[str, Any]] = [config]
     if "added_tokens_decoder" not in config:
         sources.append(special_map)
-    additional: list[str] = []
     for source in sources:
         for name in _NAMES:
             token = _token(source.get(name))
             if token:
                 settings[name] = token
-        for key in ("additional_special_tokens", "extra_special_tokens"):
-            values = source.get(key)
-            if isinstance(values, Mapping):
-                values = list(values.values())
-            for value in values if isinstance(values, list) else []:
-                token = _token(value)
-                if token and token not in additional:
-                    additional.append(token)
-    settings["additional_special_tokens"] = additional
+    settings["additional_special_tokens"] = _additional_special_tokens(sources)
     settings["added_tokens"] = _added_tokens(config.get("added_tokens_decoder"))
 
     limit = config.get("model_max_length", config.get("max_len"))
@@ -676,14 +670,7 @@ def load_bert_tokenizer(folder: str | Path) -> BertTokenizer:
             tokenizer.json, or ids that differ from the manifest's.
     """
     folder = Path(folder)
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise UserError(f"no BERT tokenizer in {folder} ({MANIFEST} not found)")
-    manifest = _read_json_object(path)
-    if manifest.get("format") != _FORMAT or manifest.get("version") != _VERSION:
-        raise UserError(
-            f"{path}: not an aiayn BERT-tokenizer manifest (format {_FORMAT!r}, version {_VERSION})"
-        )
+    path, manifest = _read_manifest(folder, MANIFEST, _FORMAT, _VERSION, "BERT tokenizer")
     try:
         files = [str(f) for f in manifest["files"]]
         if files != [TOKENIZER_JSON]:
@@ -707,10 +694,6 @@ def load_bert_tokenizer(folder: str | Path) -> BertTokenizer:
     tokenizer_path = folder / TOKENIZER_JSON
     hf = _load_tokenizer_json(tokenizer_path)
     tokenizer = _build(tokenizer_path, lambda: BertTokenizer(hf, **kwargs))
-    for key in ("cls_id", "sep_id", "pad_id", "mask_id", "unk_id", "vocab_size"):
-        if manifest.get(key) != getattr(tokenizer, key):
-            raise UserError(
-                f"{path}: {key} is {manifest.get(key)!r} in the manifest but "
-                f"{getattr(tokenizer, key)} in {TOKENIZER_JSON}"
-            )
+    keys = ("cls_id", "sep_id", "pad_id", "mask_id", "unk_id", "vocab_size")
+    _check_manifest_ids(path, manifest, tokenizer, keys, TOKENIZER_JSON)
     return tokenizer

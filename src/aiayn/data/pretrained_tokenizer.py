@@ -625,15 +625,7 @@ def load_pretrained_tokenizer(folder: str | Path) -> PretrainedTokenizer:
             file, or ids that differ from the manifest's.
     """
     folder = Path(folder)
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise UserError(f"no pretrained tokenizer in {folder} ({MANIFEST} not found)")
-    manifest = _read_json_object(path)
-    if manifest.get("format") != _FORMAT or manifest.get("version") != _VERSION:
-        raise UserError(
-            f"{path}: not an aiayn pretrained-tokenizer manifest (format {_FORMAT!r}, "
-            f"version {_VERSION})"
-        )
+    path, manifest = _read_manifest(folder, MANIFEST, _FORMAT, _VERSION, "pretrained tokenizer")
     try:
         tokens: dict[str, Any] = {
             k: str(manifest[k]) for k in ("pad_token", "eos_token", "unk_token")
@@ -668,12 +660,8 @@ def load_pretrained_tokenizer(folder: str | Path) -> PretrainedTokenizer:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UserError(f"{path}: malformed manifest ({exc!r})") from None
-    for key in ("pad_id", "eos_id", "unk_id", "vocab_size"):
-        if manifest.get(key) != getattr(tokenizer, key):
-            raise UserError(
-                f"{path}: {key} is {manifest.get(key)!r} in the manifest but "
-                f"{getattr(tokenizer, key)} in the tokenizer files"
-            )
+    keys = ("pad_id", "eos_id", "unk_id", "vocab_size")
+    _check_manifest_ids(path, manifest, tokenizer, keys, "the tokenizer files")
     return tokenizer
 
 
@@ -693,16 +681,7 @@ class _HFSettings:
             token = _token(config.get(key)) or _token(special_map.get(key))
             if token:
                 self.tokens[key] = token
-        additional: list[str] = []
-        for source in (config, special_map):
-            for key in ("additional_special_tokens", "extra_special_tokens"):
-                values = source.get(key)
-                if isinstance(values, Mapping):
-                    values = list(values.values())
-                for value in values if isinstance(values, list) else []:
-                    token = _token(value)
-                    if token and token not in additional:
-                        additional.append(token)
+        additional = _additional_special_tokens((config, special_map))
         self.added_ids: dict[str, int] = {}
         decoder = config.get("added_tokens_decoder")
         for key, value in decoder.items() if isinstance(decoder, Mapping) else []:
@@ -727,6 +706,56 @@ def _token(value: object) -> str | None:
     if isinstance(value, Mapping) and isinstance(value.get("content"), str):
         return str(value["content"])
     return None
+
+
+def _additional_special_tokens(sources: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The ``additional_special_tokens`` and ``extra_special_tokens`` (lists, or mappings of
+    them) of a Hugging Face folder's JSON ``sources``, in order, each once."""
+    additional: list[str] = []
+    for source in sources:
+        for key in ("additional_special_tokens", "extra_special_tokens"):
+            values = source.get(key)
+            if isinstance(values, Mapping):
+                values = list(values.values())
+            for value in values if isinstance(values, list) else []:
+                token = _token(value)
+                if token and token not in additional:
+                    additional.append(token)
+    return additional
+
+
+def _read_manifest(
+    folder: Path, name: str, form: str, version: int, what: str
+) -> tuple[Path, dict[str, Any]]:
+    """(path, contents) of the manifest file ``name`` in ``folder`` that an aiayn checkpoint's
+    ``what`` ("pretrained tokenizer") was saved with, in format ``form``, ``version``.
+
+    Raises:
+        UserError: no such file, or a manifest of another format or version.
+    """
+    path = folder / name
+    if not path.is_file():
+        raise UserError(f"no {what} in {folder} ({name} not found)")
+    manifest = _read_json_object(path)
+    if manifest.get("format") != form or manifest.get("version") != version:
+        kind = what.replace(" ", "-")
+        raise UserError(
+            f"{path}: not an aiayn {kind} manifest (format {form!r}, version {version})"
+        )
+    return path, manifest
+
+
+def _check_manifest_ids(
+    path: Path, manifest: Mapping[str, Any], tokenizer: object, keys: Iterable[str], source: str
+) -> None:
+    """Refuse a tokenizer read from ``source`` whose ``keys`` (ids, vocabulary size) differ
+    from those its manifest at ``path`` recorded."""
+    for key in keys:
+        if manifest.get(key) != getattr(tokenizer, key):
+            raise UserError(
+                f"{path}: {key} is {manifest.get(key)!r} in the manifest but "
+                f"{getattr(tokenizer, key)} in {source}"
+            )
 
 
 def _read_json_object(path: Path, *, missing_ok: bool = False) -> dict[str, Any]:
