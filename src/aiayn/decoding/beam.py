@@ -349,16 +349,25 @@ class _Rules(ABC):
     def ends(self, token: int, at_limit: bool) -> bool:
         """Whether a candidate ending in ``token`` is a finished hypothesis, not a live beam."""
 
-    @abstractmethod
     def keep(self, hyps: list[Hypothesis]) -> list[Hypothesis]:
-        """The finished hypotheses a sentence keeps, of those it has."""
+        """The finished hypotheses a sentence keeps, of those it has: the K best (both
+        styles)."""
+        return sorted(hyps, key=lambda h: -h.score)[: self.k]
 
-    @abstractmethod
     def done(
         self, hyps: list[Hypothesis], live: list[float], t: int, limit: int, at_limit: bool
     ) -> bool:
         """Whether a sentence stops after step ``t``, given the kept ``hyps`` and the K live
-        beams' log-probabilities."""
+        beams' log-probabilities: at its length limit, with no live beam of finite
+        log-probability left, or once the style's rule (:meth:`settled`) says so."""
+        if at_limit or not any(math.isfinite(x) for x in live):
+            return True
+        return self.settled(hyps, live, t, limit)
+
+    @abstractmethod
+    def settled(self, hyps: list[Hypothesis], live: list[float], t: int, limit: int) -> bool:
+        """Whether a sentence with live beams of finite ``live`` log-probabilities, before its
+        length limit, stops after step ``t`` with the kept ``hyps``."""
 
     def hypothesis(self, path: tuple[int, ...], token: int, log_prob: float) -> Hypothesis:
         """``path`` (t tokens) ended by ``token``: EOS is dropped, any other token kept."""
@@ -384,14 +393,7 @@ class _Gnmt(_Rules):
     def ends(self, token: int, at_limit: bool) -> bool:
         return token == self.eos_id
 
-    def keep(self, hyps: list[Hypothesis]) -> list[Hypothesis]:
-        return sorted(hyps, key=lambda h: -h.score)[: self.k]
-
-    def done(
-        self, hyps: list[Hypothesis], live: list[float], t: int, limit: int, at_limit: bool
-    ) -> bool:
-        if at_limit or not any(math.isfinite(x) for x in live):
-            return True
+    def settled(self, hyps: list[Hypothesis], live: list[float], t: int, limit: int) -> bool:
         if len(hyps) < self.n_best:
             return False
         nth_best = sorted((h.score for h in hyps), reverse=True)[self.n_best - 1]
@@ -443,14 +445,7 @@ class _HuggingFace(_Rules):
     def ends(self, token: int, at_limit: bool) -> bool:
         return at_limit or token == self.eos_id
 
-    def keep(self, hyps: list[Hypothesis]) -> list[Hypothesis]:
-        return sorted(hyps, key=lambda h: -h.score)[: self.k]
-
-    def done(
-        self, hyps: list[Hypothesis], live: list[float], t: int, limit: int, at_limit: bool
-    ) -> bool:
-        if at_limit or not any(math.isfinite(x) for x in live):
-            return True
+    def settled(self, hyps: list[Hypothesis], live: list[float], t: int, limit: int) -> bool:
         if len(hyps) < self.k:
             return False
         if self.early_stopping is True:
