@@ -91,9 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("aiayn: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader went away (`aiayn translate … | head -1`)
-        _silence_stdout()
-        return 141
+    except BrokenPipeError:  # the reader went away (`aiayn generate … | head -1`): it has
+        silence_stdout()  # what it wanted, so this is no failure
+        return 0
     except OSError as error:
         message = describe_os_error(error)
         if message is None:
@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"offset {error.start}); convert it to UTF-8, e.g. with iconv",
         )
     except MemoryError:
-        return _error(args.command, "out of memory: try a smaller batch or input")
+        return _error(args.command, "out of memory: try a smaller batch, beam or input")
     except Exception as error:
         if type(error).__name__ == "OutOfMemoryError":  # torch's (CUDA) out of memory
             first = str(error).strip().splitlines()[0] if str(error).strip() else "CUDA"
@@ -154,7 +154,7 @@ def _internal_error() -> int:
     return 1
 
 
-def _silence_stdout() -> None:
+def silence_stdout() -> None:
     """Point stdout at /dev/null so that Python's flush at exit does not fail again."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
