@@ -42,6 +42,7 @@ from aiayn.cli import (
     translate,
     tune_alpha,
 )
+from aiayn.cli.outputs import silence_stdout
 from aiayn.errors import UserError
 
 COMMANDS = (
@@ -152,15 +153,6 @@ def _internal_error() -> int:
         file=sys.stderr,
     )
     return 1
-
-
-def silence_stdout() -> None:
-    """Point stdout at /dev/null so that Python's flush at exit does not fail again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

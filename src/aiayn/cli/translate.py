@@ -186,7 +186,7 @@ def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
 def _write_stdout(line: str) -> bool:
     """Write ``line`` to standard output now; False when the reader has gone (a closed pipe):
     standard output is then pointed at /dev/null, so that nothing more fails at exit."""
-    from aiayn.cli.main import silence_stdout
+    from aiayn.cli.outputs import silence_stdout
 
     try:
         sys.stdout.write(line)
