@@ -1088,6 +1088,30 @@ def test_a_closed_pipe_ends_quietly(
     assert status == 0 and err == ""
 
 
+def test_running_out_of_memory_is_one_line_and_no_bar_is_drawn_after_it(
+    ckpts: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """torch's CPU allocator refusing a search's tensors (a RuntimeError, not a MemoryError) is
+    one line, and the progress bar is closed before it."""
+
+    def huge(*args: Any, **kwargs: Any) -> Any:
+        return torch.empty(10**14, dtype=torch.uint8)  # the allocator refuses: not taken
+
+    monkeypatch.setattr("aiayn.decoding.translate._translate_batch", huge)
+    (tmp_path / "in.txt").write_text("hello world\n")
+    argv = ["translate", "--checkpoint", str(ckpts["mt"]), "-i", str(tmp_path / "in.txt")]
+    status, out, err = run_cli(capsys, argv)
+    assert status == 2 and out == "" and "Traceback" not in err, err
+    last = err.rstrip("\n").split("\n")[-1]
+    assert last == (
+        "aiayn translate: error: out of memory (you tried to allocate 100000000000000 bytes): "
+        "try a smaller batch, beam or input"
+    ), err
+
+
 def test_a_multi_line_message_is_printed_on_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

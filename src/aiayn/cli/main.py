@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -109,10 +110,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemoryError:
         return _error(args.command, "out of memory: try a smaller batch, beam or input")
     except Exception as error:
-        if type(error).__name__ == "OutOfMemoryError":  # torch's (CUDA) out of memory
-            first = str(error).strip().splitlines()[0] if str(error).strip() else "CUDA"
-            return _error(args.command, f"out of memory ({first}): try a smaller batch or input")
+        memory = out_of_memory(error)
+        if memory is not None:
+            return _error(args.command, memory)
         return _internal_error()
+
+
+_CPU_ALLOCATION = re.compile(
+    r"DefaultCPUAllocator: can't allocate memory: (you tried to allocate \d+ bytes)"
+)
+
+
+def out_of_memory(error: BaseException) -> str | None:
+    """One line for torch running out of memory: CUDA's ``OutOfMemoryError``, or the CPU
+    allocator's ``RuntimeError`` (``DefaultCPUAllocator: can't allocate memory``); None for
+    anything else."""
+    text = str(error).strip()
+    if type(error).__name__ == "OutOfMemoryError":
+        first = text.splitlines()[0] if text else "CUDA"
+        return f"out of memory ({first}): try a smaller batch, beam or input"
+    found = _CPU_ALLOCATION.search(text) if isinstance(error, RuntimeError) else None
+    if found is None:
+        return None
+    return f"out of memory ({found[1]}): try a smaller batch, beam or input"
 
 
 # errnos of a refused file operation that name no file but the disk or file system
