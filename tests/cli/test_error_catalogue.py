@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -98,6 +98,7 @@ def _bad_files(tmp: Path, ckpts: dict[str, Path]) -> None:
     (tmp / "nohf").mkdir()
     (tmp / "nohf" / "notes.txt").write_text("mine")
     for name, damage in (
+        ("intact", lambda c: None),
         ("truncated", lambda c: _truncate(c / "model.safetensors")),
         ("bad_state", lambda c: (c / "state.json").write_text("{")),
         ("no_tokenizer", lambda c: (c / "tokenizer.json").unlink()),
@@ -306,6 +307,93 @@ class Case:
     setup: Callable[[Path, pytest.MonkeyPatch], None] | None = None
 
 
+# -- hostile files: checkpoints, run folders, bounds: helpers ----------------------------------
+
+
+def _hostile_ckpt(damage: Callable[[Path], Any]) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    """A copy of the intact translation checkpoint, ``{tmp}/hostile``, with ``damage`` done."""
+
+    def setup(tmp: Path, _: pytest.MonkeyPatch) -> None:
+        shutil.copytree(tmp / "intact", tmp / "hostile")
+        damage(tmp / "hostile")
+
+    return setup
+
+
+def _drop_sum_line(name: str) -> Callable[[Path], None]:
+    def damage(folder: Path) -> None:
+        sums = folder / "SHA256SUMS"
+        lines = sums.read_text().splitlines(keepends=True)
+        sums.write_text("".join(x for x in lines if not x.rstrip().endswith(f"  {name}")))
+
+    return damage
+
+
+def _add_sum_line(name: str) -> Callable[[Path], None]:
+    def damage(folder: Path) -> None:
+        with open(folder / "SHA256SUMS", "a") as sums:
+            sums.write(f"{'0' * 64}  {name}\n")
+
+    return damage
+
+
+def _replace_weights(make: Callable[[Path], Any]) -> Callable[[Path], None]:
+    def damage(folder: Path) -> None:
+        (folder / "model.safetensors").unlink()
+        make(folder / "model.safetensors")
+
+    return damage
+
+
+def _state_field(key: str, value: Any) -> Callable[[Path], None]:
+    """``state.json[key] = value``, recorded in SHA256SUMS (so only the type is wrong)."""
+
+    def damage(folder: Path) -> None:
+        from aiayn.checkpoint import record_checksums
+
+        state = json.loads((folder / "state.json").read_text())
+        state[key] = value
+        (folder / "state.json").write_text(json.dumps(state))
+        record_checksums(folder)
+
+    return damage
+
+
+def _tuned_beam(beam: Any) -> Callable[[Path], None]:
+    def damage(folder: Path) -> None:
+        tuned = {"alpha": 0.6, "beam_size": beam, "length_penalty": "gnmt", "source": "v.src",
+                 "reference": "v.ref", "sentences": 2, "scores": {}}  # fmt: skip
+        (folder / "tuned_alpha.json").write_text(json.dumps(tuned))
+
+    return damage
+
+
+class _Held:
+    """Open files the monkeypatch holds for one case (closed when it is undone)."""
+
+    files: ClassVar[list[Any]] = []
+
+
+def _locked_run(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``{tmp}/run`` holding a run's tokenizer, its lock held by this process (pid written)."""
+    import fcntl
+
+    run = tmp / "run"
+    (run / "tokenizer.json").write_text("{}")
+    lock = open(run / "run.lock", "a+")  # noqa: SIM115 - held until the case ends
+    fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    monkeypatch.setattr(_Held, "files", [lock])
+
+
+def _short_lm_text(tmp: Path, _: pytest.MonkeyPatch) -> None:
+    (tmp / "lm.txt").write_text("hello world\nthe cat sat\n")
+
+
+_MANY_WORDS = " ".join(["w"] * 20_000)
+
+
 CASES = {
     # -- train: run configs ---------------------------------------------------------------------
     "train/missing config": Case("train --config {tmp}/nope.yaml", 2, "config file not found"),
@@ -370,7 +458,9 @@ CASES = {
         "cannot write in {tmp}/ro",
         _read_only("ro"),
     ),
-    "translate/beam 0": Case("translate --checkpoint {mt} --beam 0", 2, "must be >= 1, got 0"),
+    "translate/beam 0": Case(
+        "translate --checkpoint {mt} --beam 0", 2, "must be in [1, 1000], got 0"
+    ),
     "translate/unknown device": Case(
         "translate --checkpoint {mt} --device foo", 2, "unknown device 'foo'"
     ),
@@ -734,6 +824,132 @@ CASES = {
         "the image is too large to decode",
         _huge_png("huge.png"),
     ),
+    # -- hostile files: checkpoints, run folders, bounds -----------------------------------------
+    "translate/the weights' line deleted from SHA256SUMS": Case(
+        "translate --checkpoint {tmp}/hostile -i {tmp}/one.txt",
+        2,
+        "hostile/model.safetensors: not listed in SHA256SUMS",
+        _hostile_ckpt(_drop_sum_line("model.safetensors")),
+    ),
+    "translate/the tokenizer's line deleted from SHA256SUMS": Case(
+        "translate --checkpoint {tmp}/hostile -i {tmp}/one.txt",
+        2,
+        "hostile/tokenizer.json: not listed in SHA256SUMS",
+        _hostile_ckpt(_drop_sum_line("tokenizer.json")),
+    ),
+    "translate/a file the checkpoint does not list": Case(
+        "translate --checkpoint {tmp}/hostile -i {tmp}/one.txt",
+        2,
+        "hostile/extra.py: not listed in SHA256SUMS, so not part of the checkpoint",
+        _hostile_ckpt(lambda c: (c / "extra.py").write_text("import os")),
+    ),
+    "translate/weights linked to /dev/zero": Case(
+        "translate --checkpoint {tmp}/hostile -i {tmp}/one.txt",
+        2,
+        "hostile/model.safetensors: a symbolic link, not a regular file",
+        _hostile_ckpt(_replace_weights(lambda w: w.symlink_to("/dev/zero"))),
+    ),
+    "translate/weights linked to a copy outside": Case(
+        "translate --checkpoint {tmp}/hostile -i {tmp}/one.txt",
+        2,
+        "hostile/model.safetensors: a symbolic link, not a regular file",
+        _hostile_ckpt(_replace_weights(lambda w: w.symlink_to(w.parents[1] / "intact" / w.name))),
+    ),
+    "translate/weights are a FIFO": Case(
+        "translate --checkpoint {tmp}/hostile -i {tmp}/one.txt",
+        2,
+        "hostile/model.safetensors: a FIFO, not a regular file",
+        _hostile_ckpt(_replace_weights(os.mkfifo)),
+    ),
+    "translate/state.json is a FIFO": Case(
+        "translate --checkpoint {tmp}/hostile -i {tmp}/one.txt",
+        2,
+        "hostile/state.json: a FIFO, not a regular file",
+        _hostile_ckpt(lambda c: ((c / "state.json").unlink(), os.mkfifo(c / "state.json"))),
+    ),
+    "translate/SHA256SUMS names /dev/zero": Case(
+        "translate --checkpoint {tmp}/hostile -i {tmp}/one.txt",
+        2,
+        "names '/dev/zero', not a file of the checkpoint folder",
+        _hostile_ckpt(_add_sum_line("/dev/zero")),
+    ),
+    "translate/SHA256SUMS names ../../etc/passwd": Case(
+        "translate --checkpoint {tmp}/hostile -i {tmp}/one.txt",
+        2,
+        "names '../../etc/passwd', not a file of the checkpoint folder",
+        _hostile_ckpt(_add_sum_line("../../etc/passwd")),
+    ),
+    "translate/format_version a string": Case(
+        "translate --checkpoint {tmp}/hostile -i {tmp}/one.txt",
+        2,
+        'state.json: format_version="two" has the wrong type (expected an integer)',
+        _hostile_ckpt(_state_field("format_version", "two")),
+    ),
+    "translate/model_config a list": Case(
+        "translate --checkpoint {tmp}/hostile -i {tmp}/one.txt",
+        2,
+        "state.json: model_config=[1, 2] has the wrong type (expected a JSON object)",
+        _hostile_ckpt(_state_field("model_config", [1, 2])),
+    ),
+    "translate/beam of a trillion": Case(
+        "translate --checkpoint {mt} -i {tmp}/one.txt --beam 1000000000000",
+        2,
+        "argument --beam: must be in [1, 1000], got 1000000000000",
+    ),
+    "generate/beam of a trillion": Case(
+        "generate --checkpoint {gpt2} --beam 1000000000000 hi",
+        2,
+        "argument --beam: must be in [1, 1000], got 1000000000000",
+    ),
+    "translate/tuned_alpha.json with a huge beam": Case(
+        "translate --checkpoint {tmp}/hostile -i {tmp}/one.txt --alpha auto",
+        2,
+        "tuned_alpha.json: beam_size must be an integer in [1, 1000] "
+        "(aiayn.limits.MAX_BEAM_SIZE), got 1000000000000",
+        _hostile_ckpt(_tuned_beam(10**12)),
+    ),
+    "explain/20,000 tokens": Case(
+        f"explain --tokens '{_MANY_WORDS}'",
+        2,
+        "tokens=20,000 is more than explain traces (at most 64, aiayn.limits.MAX_EXPLAIN_TOKENS)",
+    ),
+    "explain/d_model of 200,000": Case(
+        "explain --d-model 200000", 2, "d_model=200,000 is more than explain traces (at most 512"
+    ),
+    "explain/128 heads": Case(
+        "explain --d-model 128 --heads 128", 2, "heads=128 is more than explain traces"
+    ),
+    "explain/weights from a FIFO": Case(
+        "explain --weights {tmp}/w.fifo",
+        2,
+        "not a regular file",
+        lambda tmp, _: os.mkfifo(tmp / "w.fifo"),
+    ),
+    "train/a run folder another run holds": Case(
+        "train --run-dir {tmp}/run",
+        2,
+        f"{{tmp}}/run is in use by another aiayn train (pid {os.getpid()}, which holds "
+        "{tmp}/run/run.lock)",
+        _locked_run,
+    ),
+    "train/--force never deletes a locked run": Case(
+        "train --run-dir {tmp}/run --force",
+        2,
+        f"is in use by another aiayn train (pid {os.getpid()}",
+        _locked_run,
+    ),
+    "train/a data error leaves no run folder behind": Case(
+        "train --set data.train_src={tmp}/nope.tsv --run-dir {tmp}/new/deep/run",
+        2,
+        "corpus file not found: {tmp}/nope.tsv",
+    ),
+    "train/an LM data error leaves no tokenizer behind": Case(
+        "train --demo lm --set data.train_text={tmp}/lm.txt --set data.valid_text={tmp}/lm.txt "
+        "--set data.block_size=100 --run-dir {tmp}/run",
+        2,
+        "the training text needs more than data.block_size=100 tokens",
+        _short_lm_text,
+    ),
 }
 
 
@@ -869,7 +1085,31 @@ def test_a_closed_pipe_ends_quietly(
 
     monkeypatch.setattr("aiayn.cli.explain.format_trace", fail)
     status, _, err = run_cli(capsys, ["explain"])
-    assert status == 141 and err == ""
+    assert status == 0 and err == ""
+
+
+def test_running_out_of_memory_is_one_line_and_no_bar_is_drawn_after_it(
+    ckpts: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """torch's CPU allocator refusing a search's tensors (a RuntimeError, not a MemoryError) is
+    one line, and the progress bar is closed before it."""
+
+    def huge(*args: Any, **kwargs: Any) -> Any:
+        return torch.empty(10**14, dtype=torch.uint8)  # the allocator refuses: not taken
+
+    monkeypatch.setattr("aiayn.decoding.translate._translate_batch", huge)
+    (tmp_path / "in.txt").write_text("hello world\n")
+    argv = ["translate", "--checkpoint", str(ckpts["mt"]), "-i", str(tmp_path / "in.txt")]
+    status, out, err = run_cli(capsys, argv)
+    assert status == 2 and out == "" and "Traceback" not in err, err
+    last = err.rstrip("\n").split("\n")[-1]
+    assert last == (
+        "aiayn translate: error: out of memory (you tried to allocate 100000000000000 bytes): "
+        "try a smaller batch, beam or input"
+    ), err
 
 
 def test_a_multi_line_message_is_printed_on_one_line(

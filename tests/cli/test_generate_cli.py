@@ -144,7 +144,7 @@ BAD = [
 # refused by the flag's type (GenerateOptions' own field rules), before the command runs
 BAD_FLAGS = [
     (["--max-new-tokens", "0"], "argument --max-new-tokens: must be >= 1, got 0"),
-    (["--beam", "0"], "argument --beam: must be >= 1, got 0"),
+    (["--beam", "0"], "argument --beam: must be in \\[1, 1000\\], got 0"),
     (["--sample", "--top-p", "1.5"], r"argument --top-p: must be in \(0, 1\], got 1.5"),
     (["--sample", "--temperature", "nan"], "--temperature: must be finite and > 0, got nan"),
     (["--sample", "--top-k", "0"], "argument --top-k: must be >= 1, got 0"),

@@ -109,7 +109,7 @@ def test_translate_stdin_nbest_and_errors(checkpoint: Path) -> None:
     bad_beam = _run("translate", "--checkpoint", str(checkpoint), "--beam", "0", stdin="x\n")
     assert bad_beam.returncode == 2 and "Traceback" not in bad_beam.stderr
     assert bad_beam.stderr.splitlines()[-1] == (
-        "aiayn translate: error: argument --beam: must be >= 1, got 0"
+        "aiayn translate: error: argument --beam: must be in [1, 1000], got 0"
     )
 
 
@@ -164,3 +164,92 @@ def test_stdin_and_file_inputs_split_alike(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
     file.write_bytes(b"")
     assert read_input(None) == read_input(str(file)) == []
+
+
+class _ClosingReader:
+    """Standard output read by ``head -1``: the first line is taken, then the pipe is closed."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> int:
+        if self.lines:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.lines.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def fileno(self) -> int:
+        import io
+
+        raise io.UnsupportedOperation("no descriptor")
+
+
+def test_translate_streams_in_input_order_and_stops_quietly_on_a_closed_pipe(
+    checkpoint: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each batch's lines are written as soon as every line before them is done (in input
+    order, the same lines as ``-o``); a reader that goes away after one line ends the command
+    with status 0, nothing on stderr, having translated only the first batches."""
+    import io
+
+    import aiayn.decoding.translate as translate
+
+    text = "".join(f"{TEXTS[i % 4]}{' word' * (i % 5)}\n" for i in range(60))
+    src = tmp_path / "in.txt"
+    src.write_text(text)
+
+    def stdin() -> None:  # standard input: no progress bar on stderr
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+
+    batches: list[int] = []
+    real = translate._translate_batch
+
+    def counted(*args: object, **kwargs: object) -> object:
+        batches.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(translate, "_translate_batch", counted)
+    common = ["translate", "--checkpoint", str(checkpoint), "--beam", "1", "--max-tokens", "24"]
+    assert main([*common, "-i", str(src), "-o", str(tmp_path / "out.txt")]) == 0
+    whole, total = (tmp_path / "out.txt").read_text(), len(batches)
+    assert len(whole.splitlines()) == 60 and total >= 10
+    capsys.readouterr()
+    stdin()
+    assert main(common) == 0
+    assert capsys.readouterr().out == whole  # streamed: the same lines, in input order
+    batches.clear()
+    reader = _ClosingReader()
+    monkeypatch.setattr(sys, "stdout", reader)
+    stdin()
+    assert main(common) == 0
+    assert capsys.readouterr().err == ""
+    assert reader.lines == [whole.splitlines(keepends=True)[0]]
+    assert len(batches) < total  # stopped early, not after translating every line
+
+
+def test_translate_into_a_real_closed_pipe_exits_0_quietly(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    text = "".join(f"{TEXTS[i % 4]}{' word' * (i % 5)}\n" for i in range(400))
+    args = ["--checkpoint", str(checkpoint), "--beam", "1", "--max-tokens", "24"]
+    with subprocess.Popen(
+        [sys.executable, "-m", "aiayn", "translate", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        assert process.stdin and process.stdout and process.stderr
+        process.stdin.write(text)
+        process.stdin.close()
+        first = process.stdout.readline()
+        process.stdout.close()  # `| head -1`
+        err = process.stderr.read()
+        status = process.wait(timeout=300)
+    assert first.strip() and status == 0 and err == "", err

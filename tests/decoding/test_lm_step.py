@@ -282,7 +282,7 @@ BAD_OPTIONS = [
     ({"min_new_tokens": -1}, "min_new_tokens must be >= 0, got -1"),
     ({"min_new_tokens": 51}, "min_new_tokens must be between 0 and 50 .*, got 51"),
     ({"method": "top"}, "method must be one of 'greedy', 'beam', 'sample', got 'top'"),
-    ({"beam_size": 0}, "beam_size must be >= 1, got 0"),
+    ({"beam_size": 0}, r"beam_size must be in \[1, 1000\], got 0"),
     ({"n_best": 5, "method": "beam"}, "n_best must be between 1 and 4 .*, got 5"),
     ({"n_best": 2}, "n_best = 2 needs method 'beam', got 'greedy'"),
     ({"alpha": -0.1}, "alpha must be finite and >= 0, got -0.1"),

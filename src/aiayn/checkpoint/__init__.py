@@ -14,9 +14,12 @@ A checkpoint is a self-contained folder (``aiayn translate --checkpoint DIR`` ne
         SHA256SUMS              the SHA-256 of every other file, in ``sha256sum`` format
                                 (``sha256sum -c SHA256SUMS`` checks a folder by hand)
 
-Integrity: loading checks each file it reads against ``SHA256SUMS`` (the optimizer's only when
-it is read, to resume); a corrupt, truncated, missing or ill-fitting file is a
-:class:`CheckpointError` naming it. Checkpoints written before checksums (no ``SHA256SUMS``, no
+Integrity: ``state.json`` lists the checkpoint's files (its manifest); ``SHA256SUMS`` must list
+exactly those, every file of the folder must be listed, and each must be a regular file in the
+folder (no link, FIFO or device: nothing outside is read, nothing hangs). Loading checks each
+file it reads against ``SHA256SUMS`` (the optimizer's only when it is read, to resume); a
+corrupt, truncated, missing, unlisted or ill-fitting file is a :class:`CheckpointError` naming
+it. Checkpoints written before checksums (no ``SHA256SUMS``, no
 ``"checksums"`` key in ``state.json``) load as before, unchecked.
 
 Writing replaces a checkpoint atomically: a crash at any point leaves a complete ``NAME`` or its

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 from contextlib import suppress
 from pathlib import Path
 
@@ -30,6 +31,11 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "state.json"
 CHECKSUM_FILE = "SHA256SUMS"
 
+ADDED_FILES = ("tuned_alpha.json",)
+"""Files a command adds to a checkpoint after it was written (``aiayn tune-alpha``'s result):
+not in its manifest, and allowed unlisted in ``SHA256SUMS`` (older versions did not list them);
+their reader checks them."""
+
 TMP, OLD, CORRUPT = ".tmp", ".old", ".corrupt"
 """Suffixes of a checkpoint being written, one standing aside while it is replaced, and one that
 ``--resume`` found unusable and set aside."""
@@ -41,6 +47,70 @@ class CheckpointError(UserError):
     """A checkpoint file is missing, unreadable, corrupt (its SHA-256 differs from the recorded
     one) or does not fit the model: the checkpoint is unusable. ``--resume`` falls back to an
     older checkpoint on this error only."""
+
+
+def regular_file(file: Path) -> os.stat_result:
+    """``file``'s status, when it is a regular file itself: not a symbolic link (which could
+    lead out of the checkpoint), a FIFO (whose reading would wait forever) or a device (such as
+    ``/dev/zero``, endless). Checked with ``lstat``, before the file is opened.
+
+    Raises:
+        CheckpointError: ``file`` is missing or not a regular file, naming it.
+    """
+    try:
+        status = os.lstat(file)
+    except FileNotFoundError:
+        raise CheckpointError(f"{file}: missing from the checkpoint") from None
+    except OSError as error:
+        raise CheckpointError(f"{file}: cannot read it ({reason(error)})") from None
+    if not stat.S_ISREG(status.st_mode):
+        raise CheckpointError(f"{file}: {_kind(status.st_mode)}, not a regular file: aiayn "
+                              "reads only regular files inside a checkpoint folder")
+    return status
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "a device or socket"
+
+
+def open_regular(file: Path) -> int:
+    """A read-only descriptor of ``file``, a regular file (:func:`regular_file`): opened without
+    following a link and without waiting (``O_NOFOLLOW | O_NONBLOCK``), and checked again once
+    open, so that a file swapped meanwhile is refused as well."""
+    regular_file(file)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(file, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        raise CheckpointError(f"{file}: cannot read it ({reason(error)})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointError(f"{file}: not a regular file")
+    return fd
+
+
+def read_small(file: Path, limit: int) -> bytes:
+    """The bytes of ``file``, a regular file of at most ``limit`` bytes (``state.json``,
+    ``SHA256SUMS``).
+
+    Raises:
+        CheckpointError: missing, not a regular file, unreadable or larger than ``limit``.
+    """
+    fd = open_regular(file)
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            data = handle.read(limit + 1)
+        except OSError as error:
+            raise CheckpointError(f"{file}: cannot read it ({reason(error)})") from None
+    if len(data) > limit:
+        raise CheckpointError(f"{file}: larger than {limit:,} bytes, more than aiayn writes")
+    return data
 
 
 def save_safetensors(
@@ -58,6 +128,7 @@ def read_safetensors(file: Path, what: str) -> dict[str, torch.Tensor]:
     Raises:
         CheckpointError: the file is missing or not a complete safetensors file, naming it.
     """
+    regular_file(file)
     try:
         return load_file(str(file))
     except FileNotFoundError:

@@ -19,7 +19,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint folder itself (or its ``NAME.old`` while a crash left ``NAME`` missing), or
     the latest ``checkpoints/step_*`` of a run folder."""
     folder = Path(path)
-    if (folder / STATE_FILE).is_file():
+    if os.path.lexists(folder / STATE_FILE):  # whatever it is: the loader checks it
         return folder
     stand_in = beside(folder, OLD)
     if not folder.exists() and (stand_in / STATE_FILE).is_file():

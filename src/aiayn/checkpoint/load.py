@@ -15,7 +15,12 @@ from typing import Any, Generic, TypeVar, overload
 import torch
 from torch import nn
 
-from aiayn.checkpoint.checksums import check_digest, read_checksums, verify_files
+from aiayn.checkpoint.checksums import (
+    check_contents,
+    check_digest,
+    read_checksums,
+    verify_files,
+)
 from aiayn.checkpoint.files import (
     CHECKSUM_FILE,
     MODEL_FILE,
@@ -23,7 +28,7 @@ from aiayn.checkpoint.files import (
     STATE_FILE,
     CheckpointError,
     read_safetensors,
-    reason,
+    read_small,
 )
 from aiayn.checkpoint.folders import resolve_checkpoint
 from aiayn.checkpoint.optimizer import read_optimizer_state
@@ -31,6 +36,7 @@ from aiayn.checkpoint.tokenizers import TOKENIZER_FILE
 from aiayn.checkpoint.upgrade import upgrade_config, upgrade_state_dict
 from aiayn.config import ModelConfig
 from aiayn.errors import UserError
+from aiayn.limits import MAX_CHECKPOINT_JSON_BYTES
 from aiayn.models import Transformer
 from aiayn.models.families import (
     DEFAULT_FAMILY,
@@ -121,7 +127,7 @@ def load_checkpoint(
         model = family.model(config)
         verified.result()
     tensors = upgrade_state_dict(
-        read_safetensors(folder / MODEL_FILE, "weights"), int(state.get("format_version", 1))
+        read_safetensors(folder / MODEL_FILE, "weights"), state.get("format_version", 1)
     )
     _load_tied(model, tensors, folder / MODEL_FILE)
     return Checkpoint(folder, model.to(map_location).eval(), config, state)
@@ -138,22 +144,40 @@ def read_checkpoint_config(path: str | Path) -> tuple[Path, Family, ModelConfig,
     """
     folder = resolve_checkpoint(path)
     state = _read_state(folder)
+    file = folder / STATE_FILE
+    _check_field(file, state, "family", str)
+    _check_field(file, state, "format_version", int)
+    _check_field(file, state, "model_config", dict)
     family = family_named(str(state.get("family", DEFAULT_FAMILY)))
     try:
         config = family.config.from_dict(upgrade_config(family.name, state["model_config"]))
     except (ValueError, KeyError, TypeError) as error:
-        raise CheckpointError(f"{folder / STATE_FILE}: no valid model config ({error})") from None
+        raise CheckpointError(f"{file}: no valid model config ({error})") from None
     return folder, family, config, state
 
 
+_TYPE_NAMES = {str: "a string", int: "an integer", dict: "a JSON object"}
+
+
+def _check_field(file: Path, state: dict[str, Any], key: str, kind: type) -> None:
+    """``state[key]``, when present, has JSON type ``kind`` (a bool is not an integer)."""
+    if key not in state:
+        return
+    value = state[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        shown = json.dumps(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise CheckpointError(
+            f"{file}: {key}={shown} has the wrong type (expected {_TYPE_NAMES[kind]})"
+        )
+
+
 def _read_state(folder: Path) -> dict[str, Any]:
-    """``state.json``, checked against ``SHA256SUMS`` when the folder has one."""
+    """``state.json``, checked against ``SHA256SUMS`` when the folder has one, and the folder's
+    files against its manifest and ``SHA256SUMS`` (:func:`check_contents`)."""
     file = folder / STATE_FILE
     sums = read_checksums(folder)
-    try:
-        data = file.read_bytes()
-    except OSError as error:
-        raise CheckpointError(f"{file}: cannot read it ({reason(error)})") from None
+    data = read_small(file, MAX_CHECKPOINT_JSON_BYTES)
     if sums is not None:
         check_digest(file, STATE_FILE, hashlib.sha256(data).hexdigest(), sums)
     try:
@@ -164,6 +188,7 @@ def _read_state(folder: Path) -> dict[str, Any]:
         raise CheckpointError(f"{file}: expected a JSON object, got {type(state).__name__}")
     if sums is None and "checksums" in state:
         raise CheckpointError(f"{folder / CHECKSUM_FILE}: missing (state.json records it)")
+    check_contents(folder, sums, state)
     return state
 
 

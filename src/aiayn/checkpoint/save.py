@@ -63,8 +63,8 @@ def save_checkpoint(
         _write_model(tmp, model)
         if optimizer_state is not None:
             write_optimizer(tmp, optimizer_state)
-        _write_state(tmp, full_state)
         write_tokenizer(tmp, tokenizer_file)
+        _write_state(tmp, full_state)
         write_checksums(tmp)
         commit(tmp, path)
     except (OSError, SafetensorError) as error:
@@ -99,4 +99,8 @@ def _write_model(folder: Path, model: nn.Module) -> None:
 
 
 def _write_state(folder: Path, state: dict[str, Any]) -> None:
-    (folder / STATE_FILE).write_text(json.dumps(state, indent=1), encoding="utf-8")
+    """``state.json``, with the manifest of the checkpoint's files (``"files"``: those already
+    written and itself; ``SHA256SUMS`` must list exactly these)."""
+    files = sorted({p.name for p in folder.iterdir()} | {STATE_FILE})
+    text = json.dumps({**state, "files": files}, indent=1)
+    (folder / STATE_FILE).write_text(text, encoding="utf-8")

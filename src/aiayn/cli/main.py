@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ from aiayn.cli import (
     translate,
     tune_alpha,
 )
+from aiayn.cli.outputs import silence_stdout
 from aiayn.errors import UserError
 
 COMMANDS = (
@@ -91,9 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("aiayn: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader went away (`aiayn translate … | head -1`)
-        _silence_stdout()
-        return 141
+    except BrokenPipeError:  # the reader went away (`aiayn generate … | head -1`): it has
+        silence_stdout()  # what it wanted, so this is no failure
+        return 0
     except OSError as error:
         message = describe_os_error(error)
         if message is None:
@@ -106,12 +108,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"offset {error.start}); convert it to UTF-8, e.g. with iconv",
         )
     except MemoryError:
-        return _error(args.command, "out of memory: try a smaller batch or input")
+        return _error(args.command, "out of memory: try a smaller batch, beam or input")
     except Exception as error:
-        if type(error).__name__ == "OutOfMemoryError":  # torch's (CUDA) out of memory
-            first = str(error).strip().splitlines()[0] if str(error).strip() else "CUDA"
-            return _error(args.command, f"out of memory ({first}): try a smaller batch or input")
+        memory = out_of_memory(error)
+        if memory is not None:
+            return _error(args.command, memory)
         return _internal_error()
+
+
+_CPU_ALLOCATION = re.compile(
+    r"DefaultCPUAllocator: can't allocate memory: (you tried to allocate \d+ bytes)"
+)
+
+
+def out_of_memory(error: BaseException) -> str | None:
+    """One line for torch running out of memory: CUDA's ``OutOfMemoryError``, or the CPU
+    allocator's ``RuntimeError`` (``DefaultCPUAllocator: can't allocate memory``); None for
+    anything else."""
+    text = str(error).strip()
+    if type(error).__name__ == "OutOfMemoryError":
+        first = text.splitlines()[0] if text else "CUDA"
+        return f"out of memory ({first}): try a smaller batch, beam or input"
+    found = _CPU_ALLOCATION.search(text) if isinstance(error, RuntimeError) else None
+    if found is None:
+        return None
+    return f"out of memory ({found[1]}): try a smaller batch, beam or input"
 
 
 # errnos of a refused file operation that name no file but the disk or file system
@@ -152,15 +173,6 @@ def _internal_error() -> int:
         file=sys.stderr,
     )
     return 1
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null so that Python's flush at exit does not fail again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

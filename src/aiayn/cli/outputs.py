@@ -509,3 +509,12 @@ def _write_error(error: BaseException, target: Path, temporary: Path) -> UserErr
     else:
         ours = Path(os.fsdecode(error.filename)).is_relative_to(temporary)
     return UserError(f"cannot write {target}: {error.strerror or error}") if ours else None
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null so that Python's flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

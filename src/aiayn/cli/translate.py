@@ -139,33 +139,59 @@ def read_input(path: str | None) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Translate and write the results in input order."""
+    """Translate and write the results in input order: to standard output as each is ready (a
+    reader that stops early, ``| head -1``, ends the command quietly), or to ``--output``
+    atomically once all are done."""
     from aiayn.cli.outputs import check_file, write_text
     from aiayn.data import normalize
-    from aiayn.decoding.translate import translate_ids, with_prefix
+    from aiayn.decoding.translate import translate_stream, with_prefix
 
     if args.output:
         check_file(args.output, force=args.force, flag="--output")
     model, tokenizer, options = load_for_decoding(args)
     lines = read_input(args.input)
     ids = tokenizer.encode_batch([with_prefix(args.prefix, normalize(line)) for line in lines])
+    out_lines: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        nbest = translate_ids(model, ids, tokenizer, options, progress=args.input is not None)
+        stream = translate_stream(model, ids, tokenizer, options, progress=args.input is not None)
+        for hyps in stream:
+            _print_warnings(caught)
+            line = _output_line(tokenizer, hyps, options.n_best)
+            if args.output:
+                out_lines.append(line)
+            elif not _write_stdout(line):
+                return 0  # the reader has what it wanted
+        _print_warnings(caught)
+    if args.output:
+        write_text(args.output, "".join(out_lines))
+    return 0
+
+
+def _output_line(tokenizer: Any, hyps: list[Any], n_best: int) -> str:
+    """One sentence's output line: its translation, or its n best with scores, tab-separated."""
+    texts = tokenizer.decode_batch([h.tokens for h in hyps])
+    if n_best == 1:
+        return texts[0] + "\n"
+    return "\t".join(f"{t}\t{h.score:.4f}" for t, h in zip(texts, hyps, strict=True)) + "\n"
+
+
+def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
+    """Print the warnings recorded so far (and forget them)."""
     for w in caught:
         print(f"aiayn translate: warning: {w.message}", file=sys.stderr)
-    out_lines = []
-    for hyps in nbest:
-        texts = tokenizer.decode_batch([h.tokens for h in hyps])
-        if options.n_best == 1:
-            out_lines.append(texts[0])
-        else:
-            out_lines.append(
-                "\t".join(f"{t}\t{h.score:.4f}" for t, h in zip(texts, hyps, strict=True))
-            )
-    text = "".join(line + "\n" for line in out_lines)
-    if args.output:
-        write_text(args.output, text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    caught.clear()
+
+
+def _write_stdout(line: str) -> bool:
+    """Write ``line`` to standard output now; False when the reader has gone (a closed pipe):
+    standard output is then pointed at /dev/null, so that nothing more fails at exit."""
+    from aiayn.cli.outputs import silence_stdout
+
+    try:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence_stdout()
+        return False
+    return True

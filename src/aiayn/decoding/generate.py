@@ -25,6 +25,7 @@ from aiayn.decoding.lm import check_prompts, decoder_only_step
 from aiayn.decoding.sampling import sample
 from aiayn.errors import UserError
 from aiayn.inference.packed import pack_for_inference
+from aiayn.limits import MAX_BEAM_SIZE
 from aiayn.models.gpt2 import GPT2
 from aiayn.validation import (
     Bounds,
@@ -70,7 +71,7 @@ class GenerateOptions:
     max_new_tokens: PositiveInt = 50
     min_new_tokens: NonNegativeInt = 0
     method: Annotated[str, Choice(METHODS)] = "greedy"
-    beam_size: PositiveInt = 4
+    beam_size: Annotated[int, Bounds(ge=1, le=MAX_BEAM_SIZE)] = 4  # aiayn.limits
     alpha: NonNegativeFloat = 0.6
     n_best: PositiveInt = 1
     temperature: PositiveFloat = 1.0

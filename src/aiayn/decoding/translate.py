@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -25,8 +25,10 @@ from aiayn.decoding.greedy import greedy_search
 from aiayn.decoding.step import DecoderState, StepFunction, renormalized
 from aiayn.errors import UserError
 from aiayn.inference.packed import pack_for_inference
+from aiayn.limits import MAX_BEAM_SIZE
 from aiayn.models.transformer import EncoderDecoder
 from aiayn.validation import (
+    Bounds,
     Choice,
     NonNegativeFloat,
     NonNegativeInt,
@@ -67,7 +69,7 @@ class DecodeOptions:
             ``benchmarks/decode_vs_hf.py``, docs/benchmarks.md). Ignored on GPU.
     """
 
-    beam_size: PositiveInt = 4
+    beam_size: Annotated[int, Bounds(ge=1, le=MAX_BEAM_SIZE)] = 4  # aiayn.limits
     alpha: NonNegativeFloat = 0.6
     length_penalty: Annotated[str, Choice(("gnmt", "hf"))] = "gnmt"
     early_stopping: Annotated[bool | str, Choice((True, False, "never"))] = True
@@ -117,7 +119,6 @@ def options_for_checkpoint(generation: Mapping[str, Any] | None, **given: Any) -
     return DecodeOptions(**{**recorded, **chosen})
 
 
-@torch.no_grad()
 def translate_ids(
     model: EncoderDecoder,
     sources: Sequence[Sequence[int] | np.ndarray],
@@ -132,8 +133,24 @@ def translate_ids(
     flattened for inference), from the tokenizer's ``bos_id`` (a converted model's decoder start
     token) to its ``eos_id``; each source gets the tokenizer's EOS appended. Greedy hypotheses
     (beam 1) carry ``log_prob = score = nan``. Empty sources give one empty hypothesis without
-    running the model.
+    running the model. :func:`translate_stream` gives them one by one as they are ready.
     """
+    return list(translate_stream(model, sources, tokenizer, options, progress=progress))
+
+
+@torch.no_grad()
+def translate_stream(
+    model: EncoderDecoder,
+    sources: Sequence[Sequence[int] | np.ndarray],
+    tokenizer: TranslationTokenizer,
+    options: DecodeOptions = DecodeOptions(),
+    *,
+    progress: bool = False,
+) -> Iterator[list[Hypothesis]]:
+    """:func:`translate_ids`'s n-best lists, in input order, each given as soon as it and every
+    sentence before it are translated: batches go by length, so after each batch the longest
+    finished prefix of the input is given. The results are :func:`translate_ids`'s exactly.
+    The progress bar is closed before an error leaves (nothing is drawn after it)."""
     model.eval()
     device = next(model.parameters()).device
     if options.pack:
@@ -142,23 +159,51 @@ def translate_ids(
     step = InferenceStep(model, banned=banned)  # once: every batch decodes with it
     search_step: StepFunction = renormalized(step) if options.renormalize else step
     rows = _truncated(sources, options.max_src_tokens or model.config.max_len - 1)
-    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in rows]
+    results: list[list[Hypothesis] | None] = [
+        None if r else [Hypothesis([], 0.0, 0.0)] for r in rows
+    ]
     todo = [i for i, r in enumerate(rows) if r]
     lengths = np.array([len(rows[i]) for i in todo], dtype=np.int64)  # the sampler adds EOS
     budget = max(1, options.max_tokens // options.beam_size)  # K rows per sentence
     sampler = TokenBatchSampler(lengths, lengths, budget, seed=0, shuffle=False)
     bar = _progress(len(todo), progress)
-    for batch in sampler.batches(0) if todo else []:
-        ids = [todo[j] for j in batch]
-        src = _source_batch([rows[i] for i in ids], tokenizer).to(device)  # (B, S)
-        limits = _output_limits(model, options, [len(rows[i]) for i in ids])
-        state = step.initial_state(src, capacity=max(limits) + 1)  # positions incl. EOS's
-        hyps = _search(search_step, state, tokenizer, options, limits, device)
-        for i, h in zip(ids, hyps, strict=True):
-            results[i] = h
-        bar.update(len(ids))
-    bar.close()
-    return results
+    done = 0  # results[:done] have been given
+    try:
+        while done < len(rows) and results[done] is not None:  # empty lines first
+            yield results[done]  # type: ignore[misc]
+            done += 1
+        for batch in sampler.batches(0) if todo else []:
+            ids = [todo[j] for j in batch]
+            for i, h in zip(
+                ids,
+                _translate_batch(model, search_step, step, rows, ids, tokenizer, options, device),
+                strict=True,
+            ):
+                results[i] = h
+            bar.update(len(ids))
+            while done < len(rows) and results[done] is not None:
+                yield results[done]  # type: ignore[misc]
+                done += 1
+    finally:
+        bar.close()
+
+
+@torch.no_grad()
+def _translate_batch(
+    model: EncoderDecoder,
+    search_step: StepFunction,
+    step: InferenceStep,
+    rows: list[list[int]],
+    ids: list[int],
+    tokenizer: TranslationTokenizer,
+    options: DecodeOptions,
+    device: torch.device,
+) -> list[list[Hypothesis]]:
+    """The n-best lists of the sentences ``ids`` of ``rows``, one batch."""
+    src = _source_batch([rows[i] for i in ids], tokenizer).to(device)  # (B, S)
+    limits = _output_limits(model, options, [len(rows[i]) for i in ids])
+    state = step.initial_state(src, capacity=max(limits) + 1)  # positions incl. EOS's
+    return _search(search_step, state, tokenizer, options, limits, device)
 
 
 def _truncated(sources: Sequence[Sequence[int] | np.ndarray], limit: int) -> list[list[int]]:

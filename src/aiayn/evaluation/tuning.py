@@ -23,10 +23,14 @@ from pathlib import Path
 
 import sacrebleu
 
+from aiayn.checkpoint.checksums import add_checksum, read_checksums, sha256
+from aiayn.checkpoint.files import ADDED_FILES, read_small
 from aiayn.errors import UserError
+from aiayn.limits import MAX_BEAM_SIZE, MAX_CHECKPOINT_JSON_BYTES
 
-TUNED_ALPHA_FILE = "tuned_alpha.json"
-"""The file in a checkpoint folder that ``aiayn tune-alpha`` writes and ``--alpha auto`` reads."""
+TUNED_ALPHA_FILE = ADDED_FILES[0]
+"""The file in a checkpoint folder that ``aiayn tune-alpha`` writes and ``--alpha auto`` reads
+(listed in the checkpoint's ``SHA256SUMS`` once written)."""
 
 DEFAULT_ALPHAS = (0.0, 0.3, 0.6, 0.9, 1.2, 1.5, 2.0)
 """The grid ``aiayn tune-alpha`` searches by default."""
@@ -113,6 +117,7 @@ class TunedAlpha:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, path)
+        add_checksum(folder, TUNED_ALPHA_FILE)
         return path
 
 
@@ -125,14 +130,34 @@ def read_tuned_alpha(folder: Path) -> TunedAlpha:
             f"--alpha auto: {folder} has no {TUNED_ALPHA_FILE}; tune α on the validation set "
             f"first: aiayn tune-alpha --checkpoint {folder}"
         )
+    data = read_small(path, MAX_CHECKPOINT_JSON_BYTES)  # a regular file in the folder
+    expected = (read_checksums(folder) or {}).get(TUNED_ALPHA_FILE)
+    if expected is not None and sha256(path) != expected:
+        raise UserError(f"{path}: corrupt: its SHA-256 differs from the one recorded in SHA256SUMS")
     try:
-        values = json.loads(path.read_text(encoding="utf-8"))
+        values = json.loads(data.decode("utf-8"))
         tuned = TunedAlpha(**values)
     except (ValueError, TypeError) as error:
         raise UserError(f"{path} is not a tune-alpha result ({error})") from None
-    if not isinstance(tuned.alpha, int | float) or not tuned.alpha >= 0:
-        raise UserError(f"{path}: alpha must be a number >= 0, got {tuned.alpha!r}")
+    _check_tuned(path, tuned)
     return tuned
+
+
+def _check_tuned(path: Path, tuned: TunedAlpha) -> None:
+    """The fields ``--alpha auto`` uses: α a finite number >= 0, the beam an integer within
+    :data:`~aiayn.limits.MAX_BEAM_SIZE`, the rules a name."""
+    alpha, beam = tuned.alpha, tuned.beam_size
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha < math.inf:
+        raise UserError(f"{path}: alpha must be a number >= 0, got {alpha!r}")
+    if isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM_SIZE:
+        raise UserError(
+            f"{path}: beam_size must be an integer in [1, {MAX_BEAM_SIZE}] "
+            f"(aiayn.limits.MAX_BEAM_SIZE), got {str(beam)[:40]}"
+        )
+    if tuned.length_penalty not in ("gnmt", "hf"):
+        raise UserError(
+            f"{path}: length_penalty must be 'gnmt' or 'hf', got {tuned.length_penalty!r}"
+        )
 
 
 Decode = Callable[[float], list[str]]

@@ -8,27 +8,41 @@
   :data:`RESUMABLE`, naming every difference.
 * A resumed run drops the ``metrics.jsonl`` entries written after its checkpoint (atomically)
   before it appends, so that no step is recorded twice.
+* One run at a time: a run holds an OS lock (``flock``) on ``run_dir/run.lock`` for its whole
+  life (:func:`hold_run_folder`, rank 0 under torchrun), taken before the folder is checked or
+  written; a second run is refused naming the holder's pid. The lock dies with its process, so
+  a crashed run leaves no stale lock. A run that fails before its first checkpoint removes what
+  it created (its files, the lock file, the folders it made).
 
 docs/reliability.md states these rules and names the tests that prove them.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
+import stat
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from aiayn.checkpoint import STATE_FILE, list_checkpoints
+from aiayn.checkpoint.files import read_small
 from aiayn.errors import UserError
+from aiayn.limits import MAX_CHECKPOINT_JSON_BYTES
 from aiayn.training.config import RunConfig, run_config_from_dict
 
 RUN_FILES = ("checkpoints", "tokenizer.json", "metrics.jsonl", "curves.png", "test.hyp.txt")
 """What a training run writes into its ``run_dir`` (``--force`` deletes these, nothing else)."""
 
 METRICS_FILE = "metrics.jsonl"
+
+LOCK_FILE = "run.lock"
+"""The file a running run holds its lock on (it records the holder's pid; not a run file)."""
 
 RESUMABLE = frozenset(
     {
@@ -146,9 +160,9 @@ def _show(value: Any) -> str:
 def _saved_run_config(run_dir: Path) -> tuple[str, dict[str, Any]] | None:
     """(name, run config) of the newest checkpoint whose ``state.json`` can be read."""
     for path in reversed(list_checkpoints(run_dir)):
-        try:
-            state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        try:  # a regular file only (never a FIFO that would hang), of bounded size
+            state = json.loads(read_small(path / STATE_FILE, MAX_CHECKPOINT_JSON_BYTES))
+        except (UserError, ValueError):
             continue  # unreadable: the checkpoint loader reports it (or falls back)
         if isinstance(state, dict) and isinstance(state.get("run_config"), dict):
             return path.name, state["run_config"]
@@ -194,3 +208,141 @@ def _before(entry: dict[str, Any], step: int, validated: bool) -> bool:
     if not isinstance(at, int) or at > step:
         return False
     return at < step or kind == "train" or (validated and kind == "valid")
+
+
+@contextmanager
+def hold_run_folder(run_dir: Path, *, is_main: bool) -> Iterator[None]:
+    """Hold ``run_dir`` for one run while the block runs (``is_main``: rank 0; the other ranks
+    of a torchrun job take nothing): the missing folders are made, the lock is taken (another
+    run holding it is a :class:`UserError` naming its pid), and released at the end, the lock
+    file removed. If the block fails before the folder holds a checkpoint, what it created is
+    removed: the run's files that were not there before, then the folders made here (when
+    empty). Nothing that was there before is touched."""
+    if not is_main:
+        yield
+        return
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"run_dir {run_dir} exists and is not a folder")
+    made = _make_folders(run_dir)
+    try:
+        fd = _take_lock(run_dir)
+    except BaseException:
+        _remove_empty(made)
+        raise
+    before = _identities(run_dir)
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        if failed and not _holds_checkpoint(run_dir):
+            _remove_created(run_dir, before)
+        _release_lock(run_dir, fd)
+        if failed:
+            _remove_empty(made)
+
+
+def _holds_checkpoint(run_dir: Path) -> bool:
+    """``run_dir/checkpoints`` holds a checkpoint (a step's, ``best``…: a folder that is not a
+    half-written ``.tmp``)."""
+    root = run_dir / "checkpoints"
+    with suppress(OSError):
+        return any(p.is_dir() and not p.name.endswith(".tmp") for p in root.iterdir())
+    return False
+
+
+def _make_folders(run_dir: Path) -> list[Path]:
+    """Create ``run_dir`` and its missing parents; the ones created, innermost first."""
+    missing = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (innermost first) that is empty; stop at the first that is
+    not (another process may have put something there)."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def _take_lock(run_dir: Path) -> int:
+    """Lock ``run_dir/run.lock`` (created if missing) and write this process's pid into it; the
+    descriptor holds the lock. A file the holder removed meanwhile is opened again."""
+    path = run_dir / LOCK_FILE
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    while True:
+        try:
+            fd = os.open(path, flags, 0o666)
+        except OSError as error:
+            raise UserError(f"{path}: cannot take the run's lock ({error.strerror})") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UserError(f"{path} is in the way of the run's lock: it is not a regular file")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise UserError(
+                f"{run_dir} is in use by another aiayn train ({holder}, which holds {path}): "
+                "two runs never share a run folder; wait for it to end, stop it, or choose "
+                "another run_dir"
+            ) from None
+        with suppress(FileNotFoundError):
+            if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                break
+        os.close(fd)  # the holder removed the file as it ended: lock the new one
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode("ascii"))
+    return fd
+
+
+def _holder(fd: int) -> str:
+    """``pid N`` of the lock's holder, as it wrote it (waiting briefly for a holder that has
+    just taken the lock to write it)."""
+    for _ in range(50):
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        if text.isdigit():
+            return f"pid {text}"
+        time.sleep(0.02)
+    return "pid unknown"
+
+
+def _release_lock(run_dir: Path, fd: int) -> None:
+    """Remove the lock file (still holding the lock, so no other run can have taken it), then
+    release the lock."""
+    with suppress(OSError):
+        path = run_dir / LOCK_FILE
+        if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+            path.unlink()
+    os.close(fd)
+
+
+def _identities(run_dir: Path) -> dict[str, tuple[int, ...]]:
+    """Which of :data:`RUN_FILES` are in ``run_dir`` now, and how to recognise each (a folder
+    by its inode, a file by its inode, size and time of change)."""
+    found: dict[str, tuple[int, ...]] = {}
+    for name in RUN_FILES:
+        with suppress(OSError):
+            s = os.stat(run_dir / name, follow_symlinks=False)
+            found[name] = (
+                (s.st_ino,) if stat.S_ISDIR(s.st_mode) else (s.st_ino, s.st_size, s.st_mtime_ns)
+            )
+    return found
+
+
+def _remove_created(run_dir: Path, before: dict[str, tuple[int, ...]]) -> None:
+    """Remove the :data:`RUN_FILES` of ``run_dir`` that are not those ``before`` found."""
+    after = _identities(run_dir)
+    for name, identity in after.items():
+        if before.get(name) == identity:
+            continue
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with suppress(OSError):
+                path.unlink()

@@ -56,7 +56,12 @@ from aiayn.training.averaging import (
 from aiayn.training.config import RunConfig, TrainConfig
 from aiayn.training.plot import plot_curves
 from aiayn.training.rng import rng_state, set_rng_state
-from aiayn.training.run_folder import check_resume, claim_fresh, resume_metrics
+from aiayn.training.run_folder import (
+    check_resume,
+    claim_fresh,
+    hold_run_folder,
+    resume_metrics,
+)
 from aiayn.training.schedule import transformer_lr
 from aiayn.training.task import Task, TaskData, make_task
 from aiayn.training.translation import PreparedData as PreparedData
@@ -269,11 +274,15 @@ class Trainer:
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _prepare_data(self, resume: bool) -> TaskData:
-        """Rank 0 trains (or reloads) the tokenizer; then the other ranks load its file."""
+        """Rank 0 trains the tokenizer (or, resuming from a checkpoint, reloads it); then the
+        other ranks load its file."""
         prepare = self.task.prepare_data
+        # a tokenizer without a checkpoint is no run to resume: it may have been learnt from
+        # data since fixed (a run that failed), so it is learnt again
+        reuse = resume and bool(list_checkpoints(self.run_dir))
         if not self.dist.distributed:
-            return prepare(self.run_dir, reuse_tokenizer=resume)
-        data = dist.on_main(lambda: prepare(self.run_dir, reuse_tokenizer=resume))
+            return prepare(self.run_dir, reuse_tokenizer=reuse)
+        data = dist.on_main(lambda: prepare(self.run_dir, reuse_tokenizer=reuse))
         if data is not None:
             return data
         if not (self.run_dir / "tokenizer.json").is_file():
@@ -857,7 +866,17 @@ def train(run: RunConfig, *, resume: bool = False, force: bool = False) -> Train
     :class:`Trainer` (``force``: delete the run already in ``run_dir`` first). Every rank
     returns rank 0's result, or raises with the others: :class:`TrainingDiverged`, or the
     :class:`~aiayn.training.distributed.RankZeroFailed` of what rank 0 failed at (a file it
-    could not write…), having left the process group together."""
+    could not write…), having left the process group together.
+
+    Rank 0 holds the run folder's lock throughout (:func:`hold_run_folder`: another run there
+    is refused naming its pid), and a run that fails before its first checkpoint leaves the
+    folder as it found it."""
+    with hold_run_folder(Path(run.run_dir), is_main=dist.is_main_process()):
+        return _train(run, resume=resume, force=force)
+
+
+def _train(run: RunConfig, *, resume: bool, force: bool) -> TrainResult:
+    """:func:`train` once the run folder is held."""
     failed: UserError
     try:
         trainer = Trainer(run, resume=resume, force=force)

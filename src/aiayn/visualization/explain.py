@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +51,12 @@ from torch import Tensor
 from aiayn.attention import SelfAttention, causal_mask, scaled_dot_product_attention
 from aiayn.errors import UserError
 from aiayn.layers import sinusoidal_encoding
+from aiayn.limits import (
+    MAX_EXPLAIN_D_MODEL,
+    MAX_EXPLAIN_HEADS,
+    MAX_EXPLAIN_TOKENS,
+    MAX_EXPLAIN_WEIGHTS_BYTES,
+)
 
 __all__ = [
     "DEFAULT_TOKENS",
@@ -200,7 +208,7 @@ def load_weights(path: str | Path) -> ExplicitWeights:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_bounded(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
         raise UserError(f"cannot read weights file {str(path)!r}: {reason}") from error
@@ -212,6 +220,22 @@ def load_weights(path: str | Path) -> ExplicitWeights:
             f"(line {error.lineno}, column {error.colno})"
         ) from error
     return parse_weights(data, source=str(path))
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The bytes of ``path``, a regular file (not a FIFO or device, whose reading may never end)
+    of at most :data:`~aiayn.limits.MAX_EXPLAIN_WEIGHTS_BYTES`."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(f"cannot read weights file {str(path)!r}: not a regular file")
+        data = handle.read(MAX_EXPLAIN_WEIGHTS_BYTES + 1)
+    if len(data) > MAX_EXPLAIN_WEIGHTS_BYTES:
+        raise UserError(
+            f"weights file {str(path)!r} is larger than {MAX_EXPLAIN_WEIGHTS_BYTES:,} bytes "
+            "(aiayn.limits.MAX_EXPLAIN_WEIGHTS_BYTES)"
+        )
+    return data
 
 
 # -- the trace ---------------------------------------------------------------------------------
@@ -285,6 +309,16 @@ class AttentionTrace:
 def _validate_sizes(tokens: Sequence[str], d_model: int, num_heads: int) -> None:
     if not tokens:
         raise UserError("no tokens: give at least one, e.g. --tokens 'The cat sat'")
+    for what, value, limit, name in (
+        ("tokens", len(tokens), MAX_EXPLAIN_TOKENS, "MAX_EXPLAIN_TOKENS"),
+        ("d_model", d_model, MAX_EXPLAIN_D_MODEL, "MAX_EXPLAIN_D_MODEL"),
+        ("heads", num_heads, MAX_EXPLAIN_HEADS, "MAX_EXPLAIN_HEADS"),
+    ):
+        if value > limit:
+            raise UserError(
+                f"{what}={value:,} is more than explain traces (at most {limit}, "
+                f"aiayn.limits.{name}): it prints every number of a small example"
+            )
     if d_model < 1:
         raise UserError(f"d_model must be at least 1, got d_model={d_model}")
     if num_heads < 1:
