@@ -528,7 +528,7 @@ def test_a_gpt2_checkpoint_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        ("deleted", "tokenizer file not found"),  # then it looks for aiayn's own tokenizer.json
+        ("deleted", "file not found"),  # the checkpoint's file list (state.json) names it
         ("not json", f"{MANIFEST}: not a readable JSON file"),
         ("wrong eos", "eos_id"),
     ],

@@ -151,6 +151,11 @@ def _check_manifest(folder: Path, sums: dict[str, str], state: dict[str, object]
     else:
         raise CheckpointError(f"{folder / STATE_FILE}: files must be a list of file names")
     for name in sorted(required - sums.keys()):
+        if not (folder / name).exists():
+            raise CheckpointError(
+                f"{folder / name}: file not found (the checkpoint's files, {STATE_FILE}, "
+                "list it): the checkpoint is incomplete"
+            )
         raise CheckpointError(
             f"{folder / name}: not listed in {CHECKSUM_FILE} (its line is missing: the list is "
             "incomplete or was edited)"
