@@ -137,7 +137,7 @@ def beam_search(
         paths = [paths[row] + (token,) for row, (_, token) in zip(parents, survivors, strict=True)]
         scores, tokens = _next_beams(survivors, k, device)  # (b', K), (b'·K, 1)
         state = state.index_select(torch.tensor(parents, device=device))  # (b'·K,) rows
-    return [sorted(hyps, key=lambda h: -h.score)[:n_best] for hyps in finished]
+    return [hyps[:n_best] for hyps in finished]  # each kept best first (_Rules.keep)
 
 
 def _first_beams(
@@ -217,7 +217,8 @@ def _select(
         outcome = _advance(
             row_scores, row_index, r * row.k, row.vocab, paths, rules, row.at_limit[r]
         )
-        finished[s] = rules.keep(finished[s] + outcome.finished)
+        if outcome.finished:  # finished[s] is keep's: sorted, at most K
+            finished[s] = rules.keep(finished[s] + outcome.finished)
         live = [lp for lp, _ in outcome.survivors]
         if not rules.done(finished[s], live, row.t, limits[s], row.at_limit[r]):
             chosen.kept.append(s)
@@ -396,7 +397,7 @@ class _Gnmt(_Rules):
     def settled(self, hyps: list[Hypothesis], live: list[float], t: int, limit: int) -> bool:
         if len(hyps) < self.n_best:
             return False
-        nth_best = sorted((h.score for h in hyps), reverse=True)[self.n_best - 1]
+        nth_best = hyps[self.n_best - 1].score  # hyps are keep's: best first
         return max(live) / self.penalty(limit + 1) <= nth_best
 
 

@@ -372,8 +372,9 @@ class InferenceStep:
         kv = self._writable(state)
         pos = state.offset
         x = self._embed(tokens[:, -1], pos)  # (B, D)
+        bias = self._self_bias(pos)  # (1, H, 1, L + 1) or None: the same in every layer
         for i, layer in enumerate(self.layers):
-            x = self._self_attention(layer, x, kv.buffer[i], pos)
+            x = self._self_attention(layer, x, kv.buffer[i], pos, bias)
             x = self._cross_attention(layer, x, state.cross[i], state.src_mask, state.group)
             x = layer.ff(x)  # the feed-forward sub-layer (§3.3)
         if self.final_norm is not None:
@@ -405,16 +406,18 @@ class InferenceStep:
         new.filled = pos
         return new
 
-    def _self_attention(self, w: _Layer, x: Tensor, kv: Tensor, pos: int) -> Tensor:
+    def _self_attention(
+        self, w: _Layer, x: Tensor, kv: Tensor, pos: int, bias: Tensor | None
+    ) -> Tensor:
         """Masked self-attention sub-layer for one new position (§3.2.3); x (B, D), kv the
-        layer's (2, B, H, C, d_k) buffer, position ``pos`` written here."""
+        layer's (2, B, H, C, d_k) buffer, position ``pos`` written here; ``bias`` T5's
+        position bias of the new query (1, H, 1, L + 1), or None."""
         b, h, d_k = x.size(0), self.heads, self.d_k
         qkv = w.qkv(w.self_norm(x) if self.norm_first else x)  # (B, D) @ (D, 3D) -> (B, 3D)
         new_kv = qkv[:, h * d_k :].view(b, 2, h, d_k).transpose(0, 1)  # (B, 2D) -> (2, B, H, d_k)
         kv.select(3, pos).copy_(new_kv)  # into position L of (2, B, H, C, d_k)
         keys, values = kv.narrow(3, 0, pos + 1).unbind(0)  # 2 × (B, H, L + 1, d_k)
         query = qkv[:, : h * d_k].view(b, h, 1, d_k)  # (B, D) -> (B, H, 1, d_k)
-        bias = self._self_bias(pos)  # (1, H, 1, L + 1) or None
         heads, _ = scaled_dot_product_attention(
             query, keys, values, bias=bias, scale=self.attention_scale
         )  # (B, H, 1, d_k)

@@ -159,36 +159,28 @@ def translate_stream(
     step = InferenceStep(model, banned=banned)  # once: every batch decodes with it
     search_step: StepFunction = renormalized(step) if options.renormalize else step
     rows = _truncated(sources, options.max_src_tokens or model.config.max_len - 1)
-    results: list[list[Hypothesis] | None] = [
-        None if r else [Hypothesis([], 0.0, 0.0)] for r in rows
-    ]
+    pending = {i: [Hypothesis([], 0.0, 0.0)] for i, r in enumerate(rows) if not r}  # not given
     todo = [i for i, r in enumerate(rows) if r]
     lengths = np.array([len(rows[i]) for i in todo], dtype=np.int64)  # the sampler adds EOS
     budget = max(1, options.max_tokens // options.beam_size)  # K rows per sentence
     sampler = TokenBatchSampler(lengths, lengths, budget, seed=0, shuffle=False)
     bar = _progress(len(todo), progress)
-    done = 0  # results[:done] have been given
+    done = 0  # sentences 0 .. done - 1 have been given
     try:
-        while done < len(rows) and results[done] is not None:  # empty lines first
-            yield results[done]  # type: ignore[misc]
-            done += 1
-        for batch in sampler.batches(0) if todo else []:
+        batches: list[list[int]] = [[], *(sampler.batches(0) if todo else [])]  # [] first:
+        for batch in batches:  # it gives the empty sentences that lead the input
             ids = [todo[j] for j in batch]
-            for i, h in zip(
-                ids,
-                _translate_batch(model, search_step, step, rows, ids, tokenizer, options, device),
-                strict=True,
-            ):
-                results[i] = h
+            if ids:
+                batch_args = (model, search_step, step, rows, ids, tokenizer, options, device)
+                pending.update(zip(ids, _translate_batch(*batch_args), strict=True))
             bar.update(len(ids))
-            while done < len(rows) and results[done] is not None:
-                yield results[done]  # type: ignore[misc]
+            while done in pending:  # the finished prefix of the input, in order
+                yield pending.pop(done)
                 done += 1
     finally:
         bar.close()
 
 
-@torch.no_grad()
 def _translate_batch(
     model: EncoderDecoder,
     search_step: StepFunction,
@@ -199,7 +191,8 @@ def _translate_batch(
     options: DecodeOptions,
     device: torch.device,
 ) -> list[list[Hypothesis]]:
-    """The n-best lists of the sentences ``ids`` of ``rows``, one batch."""
+    """The n-best lists of the sentences ``ids`` of ``rows``, one batch (no gradients: the
+    caller, :func:`translate_stream`, runs under ``torch.no_grad``)."""
     src = _source_batch([rows[i] for i in ids], tokenizer).to(device)  # (B, S)
     limits = _output_limits(model, options, [len(rows[i]) for i in ids])
     state = step.initial_state(src, capacity=max(limits) + 1)  # positions incl. EOS's
