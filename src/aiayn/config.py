@@ -48,10 +48,6 @@ class ModelConfig:
         """A copy for a vocabulary of ``vocab_size`` tokens (a family without one refuses)."""
         return self.replace(vocab_size=vocab_size)
 
-    def summary(self) -> str:
-        """The architecture in one line ("N=6+6 d_model=512 …"), for ``aiayn params``."""
-        return " ".join(f"{k}={v}" for k, v in self.to_dict().items())
-
     @classmethod
     def from_dict(cls: type[_C], values: Mapping[str, Any]) -> _C:
         """Build from a mapping; unknown keys raise :class:`ConfigError` naming them."""

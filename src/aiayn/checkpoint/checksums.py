@@ -58,9 +58,18 @@ def write_checksums(folder: Path) -> None:
     listing = folder / CHECKSUM_FILE
     tmp = beside(listing, TMP)
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p not in (listing, tmp))
-    lines = [f"{sha256(f, sync=True)}  {f.relative_to(folder).as_posix()}\n" for f in files]
+    _write_listing(
+        folder, [(f.relative_to(folder).as_posix(), sha256(f, sync=True)) for f in files]
+    )
+
+
+def _write_listing(folder: Path, sums: Iterable[tuple[str, str]]) -> None:
+    """Write ``SHA256SUMS`` from (name, digest) pairs, in their order: beside it, synced, then
+    renamed into place."""
+    listing = folder / CHECKSUM_FILE
+    tmp = beside(listing, TMP)
     with open(tmp, "w", encoding="ascii") as handle:
-        handle.write("".join(lines))
+        handle.write("".join(f"{digest}  {name}\n" for name, digest in sums))
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, listing)
@@ -175,13 +184,7 @@ def add_checksum(folder: Path, name: str) -> None:
     if sums is None:
         return
     sums[name] = sha256(folder / name, sync=True)
-    listing = folder / CHECKSUM_FILE
-    tmp = beside(listing, TMP)
-    with open(tmp, "w", encoding="ascii") as handle:
-        handle.write("".join(f"{digest}  {n}\n" for n, digest in sorted(sums.items())))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, listing)
+    _write_listing(folder, sorted(sums.items()))
 
 
 def verify_files(folder: Path, sums: dict[str, str] | None, names: Iterable[str]) -> None:

@@ -133,7 +133,7 @@ def _run_translation(args: argparse.Namespace, out: Path) -> int:
         raise UserError("--tgt is empty: give a target sentence, or leave --tgt out")
     _check_out(args, out, [f"{kind}_{rest}" for kind in KINDS for rest in ("L*_H*.png", "all.png")])
 
-    checkpoint = load_checkpoint(args.checkpoint, command="attention")
+    checkpoint = load_checkpoint(args.checkpoint)
     tokenizer = Tokenizer.load(checkpoint.tokenizer_path)
     maps = collect_attention(
         checkpoint.model, tokenizer, args.src, args.tgt, max_tokens=args.max_tokens
@@ -167,7 +167,7 @@ def _run_image(args: argparse.Namespace, out: Path) -> int:
     )
 
     _check_out(args, out, ("cls_L*_H*.png", "cls_L*_all.png", "rollout.png"))
-    checkpoint = load_checkpoint(args.checkpoint, expect=ViT, command="attention")
+    checkpoint = load_checkpoint(args.checkpoint, expect=ViT)
     preprocessor = checkpoint_tokenizer(checkpoint.path)
     if not isinstance(preprocessor, ImagePreprocessor):
         raise UserError(f"{checkpoint.path} has no image preprocessing (preprocessor_config.json)")

@@ -160,8 +160,9 @@ def run(args: argparse.Namespace) -> int:
             line = _output_line(tokenizer, hyps, options.n_best)
             if args.output:
                 out_lines.append(line)
-            elif not _write_stdout(line):
-                return 0  # the reader has what it wanted
+            else:  # now: a reader that closes the pipe ends the run (main: BrokenPipeError)
+                sys.stdout.write(line)
+                sys.stdout.flush()
         _print_warnings(caught)
     if args.output:
         write_text(args.output, "".join(out_lines))
@@ -181,17 +182,3 @@ def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
     for w in caught:
         print(f"aiayn translate: warning: {w.message}", file=sys.stderr)
     caught.clear()
-
-
-def _write_stdout(line: str) -> bool:
-    """Write ``line`` to standard output now; False when the reader has gone (a closed pipe):
-    standard output is then pointed at /dev/null, so that nothing more fails at exit."""
-    from aiayn.cli.outputs import silence_stdout
-
-    try:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        silence_stdout()
-        return False
-    return True

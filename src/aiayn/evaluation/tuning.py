@@ -14,6 +14,7 @@ the brevity penalty BP = exp(1 − 1/ratio) when ratio < 1, else 1.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from aiayn.checkpoint.checksums import add_checksum, read_checksums, sha256
+from aiayn.checkpoint.checksums import add_checksum, read_checksums
 from aiayn.checkpoint.files import ADDED_FILES, read_small
 from aiayn.errors import UserError
 from aiayn.limits import MAX_BEAM_SIZE, MAX_CHECKPOINT_JSON_BYTES
@@ -132,7 +133,7 @@ def read_tuned_alpha(folder: Path) -> TunedAlpha:
         )
     data = read_small(path, MAX_CHECKPOINT_JSON_BYTES)  # a regular file in the folder
     expected = (read_checksums(folder) or {}).get(TUNED_ALPHA_FILE)
-    if expected is not None and sha256(path) != expected:
+    if expected is not None and hashlib.sha256(data).hexdigest() != expected:  # what is parsed
         raise UserError(f"{path}: corrupt: its SHA-256 differs from the one recorded in SHA256SUMS")
     try:
         values = json.loads(data.decode("utf-8"))
