@@ -1305,13 +1305,17 @@ def test_the_payload_would_run_if_unpickled_unsafely(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not Path("/dev/full").is_char_device(), reason="needs /dev/full")
 def test_force_over_a_device_or_a_link_replaces_neither(
-    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ckpts: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _bad_files(tmp_path, ckpts)
     for name in ("embed/--force over a full device", "average/--force over a link to a checkpoint",
                  "attention/--force over a link among its files"):  # fmt: skip
         case = CASES[name]
-        assert case.setup is None or case.setup(tmp_path, pytest.MonkeyPatch()) is None
+        if case.setup is not None:
+            case.setup(tmp_path, monkeypatch)
         assert run_cli(capsys, _argv(case.argv, tmp_path, ckpts))[0] == 2
     full = tmp_path / "full"
     assert full.is_symlink() or stat.S_ISCHR(full.lstat().st_mode)
