@@ -107,12 +107,14 @@ def _load(folder: Path) -> dict[str, Any]:
         signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("how", DAMAGES)
 @settings(
-    max_examples=70,
+    max_examples=2,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(name=st.sampled_from(FILES), how=st.sampled_from(DAMAGES), data=st.data())
+@given(data=st.data())  # where a truncation or a flipped byte falls
 def test_a_damaged_checkpoint_loads_identically_or_is_refused_in_one_line(
     saved: tuple[Path, dict[str, Any]], name: str, how: str, data: st.DataObject
 ) -> None:
@@ -132,6 +134,11 @@ def test_a_damaged_checkpoint_loads_identically_or_is_refused_in_one_line(
     assert not how.startswith("link") and how != "fifo" and how != "add a file", (
         f"'{how}' of {name} was read"
     )
+    _assert_loads_as(loaded, expected)
+
+
+def _assert_loads_as(loaded: dict[str, Any], expected: dict[str, Any]) -> None:
+    """The same weights, optimizer moments and tokenizer bytes, key for key."""
     assert loaded["weights"].keys() == expected["weights"].keys()
     for key, tensor in expected["weights"].items():
         assert torch.equal(loaded["weights"][key], tensor), key
@@ -143,5 +150,4 @@ def test_a_damaged_checkpoint_loads_identically_or_is_refused_in_one_line(
 
 def test_the_intact_checkpoint_loads(saved: tuple[Path, dict[str, Any]]) -> None:
     folder, expected = saved
-    loaded = _load(folder)
-    assert all(torch.equal(loaded["weights"][k], v) for k, v in expected["weights"].items())
+    _assert_loads_as(_load(folder), expected)
