@@ -1098,7 +1098,8 @@ def test_running_out_of_memory_is_one_line_and_no_bar_is_drawn_after_it(
     one line, and the progress bar is closed before it."""
 
     def huge(*args: Any, **kwargs: Any) -> Any:
-        return torch.empty(10**14, dtype=torch.uint8)  # the allocator refuses: not taken
+        # 2^62 bytes: more than any address space, so refused whatever the overcommit policy
+        return torch.empty(2**62, dtype=torch.uint8)
 
     monkeypatch.setattr("aiayn.decoding.translate._translate_batch", huge)
     (tmp_path / "in.txt").write_text("hello world\n")
