@@ -1108,7 +1108,7 @@ def test_running_out_of_memory_is_one_line_and_no_bar_is_drawn_after_it(
     assert status == 2 and out == "" and "Traceback" not in err, err
     last = err.rstrip("\n").split("\n")[-1]
     assert last == (
-        "aiayn translate: error: out of memory (you tried to allocate 100000000000000 bytes): "
+        "aiayn translate: error: out of memory (you tried to allocate 4611686018427387904 bytes): "
         "try a smaller batch, beam or input"
     ), err
 
