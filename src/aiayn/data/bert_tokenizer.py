@@ -207,6 +207,10 @@ class BertTokenizer:
         """Number of ids, added tokens included (Hugging Face's ``len(tokenizer)``)."""
         return int(self._hf.get_vocab_size(with_added_tokens=True))
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The WordPiece string of an id (``"##ing"``, ``"[CLS]"``), or None."""
+        return self._hf.id_to_token(token_id)
+
     @property
     def cls_id(self) -> int:
         """``[CLS]``'s id: the first token of every encoding."""

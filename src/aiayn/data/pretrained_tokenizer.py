@@ -233,6 +233,16 @@ class T5Tokenizer(_SpecialIds):
         """Every special token (skipped when decoding, one token when spelled in text) → id."""
         return dict(self._special)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The token string of an id (a SentencePiece piece such as ``"▁the"``, or a special
+        token), or None for an id without one."""
+        if isinstance(self._model, _HFTokenizer):
+            return self._model.id_to_token(token_id)
+        for token, i in self._special.items():
+            if i == token_id:
+                return token
+        return self._pieces[token_id] if 0 <= token_id < len(self._pieces) else None
+
     # ----------------------------------------------------------------------------- coding
 
     def encode(self, text: str) -> list[int]:
@@ -410,6 +420,7 @@ class MarianTokenizer(_SpecialIds):
         self._special_re = _alternation(self._special_tokens)
         decoding_vocab = self._vocab if self._target_vocab is None else self._target_vocab
         self._id_to_token = {i: t for t, i in decoding_vocab.items()}
+        self._source_tokens = {i: t for t, i in self._vocab.items()}
         # Hugging Face turns target pieces into text with the source model when the vocabulary
         # is joint (its default use_source_tokenizer), with the target model otherwise.
         self._decoder_spm = source if self._target_vocab is None else target
@@ -428,6 +439,14 @@ class MarianTokenizer(_SpecialIds):
     def separate_vocabs(self) -> bool:
         """Whether source and target have vocabularies of their own."""
         return self._target_vocab is not None
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The source vocabulary's piece of an id, or None."""
+        return self._source_tokens.get(token_id)
+
+    def target_id_to_token(self, token_id: int) -> str | None:
+        """The target vocabulary's piece of an id, or None."""
+        return self._id_to_token.get(token_id)
 
     def encode(self, text: str) -> list[int]:
         """Source ids of ``text``, no EOS added."""

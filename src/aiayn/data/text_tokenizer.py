@@ -79,6 +79,10 @@ class TextTokenizer:
         """The id of a token string, or None."""
         return self._hf.token_to_id(token)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The token string of an id, or None."""
+        return self._hf.id_to_token(token_id)
+
     def encode(self, text: str) -> list[int]:
         """Ids of ``text``, no special tokens added."""
         return list(self._hf.encode(text, add_special_tokens=False).ids)
