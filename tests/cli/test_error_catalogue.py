@@ -12,6 +12,7 @@ mapping of operating-system errors and of bugs (traceback kept, exit status 1).
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import shutil
@@ -106,6 +107,16 @@ def _bad_files(tmp: Path, ckpts: dict[str, Path]) -> None:
         shutil.copytree(ckpts["mt"], tmp / name)
         damage(tmp / name)
     (tmp / "run" / "checkpoints").mkdir(parents=True)
+
+
+def _no_module(_: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if CTranslate2 (the ``ct2`` extra) were not installed."""
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "ctranslate2" else real(name, *args)
+
+    monkeypatch.setattr("aiayn.convert.export.importlib.util.find_spec", find_spec)
 
 
 def _truncate(file: Path) -> None:
@@ -662,6 +673,25 @@ CASES = {
     ),
     "convert/destination exists": Case(
         "convert --from-hf {tmp}/adir --to {tmp}/nohf", 2, "exists: pass --force"
+    ),
+    "export/family without a CTranslate2 exporter": Case(
+        "export --checkpoint {vit} --to ct2 {tmp}/e", 2, "a vit model cannot be exported to CTr"
+    ),
+    "export/family without an ONNX exporter": Case(
+        "export --checkpoint {gpt2} --to onnx {tmp}/e", 2, "a gpt2 model cannot be exported to ONNX"
+    ),
+    "export/destination exists": Case(
+        "export --checkpoint {mt} --to ct2 {tmp}/adir", 2, "adir exists: aiayn export never"
+    ),
+    "export/quantization of an ONNX export": Case(
+        "export --checkpoint {bert} --to onnx {tmp}/e --quantization int8", 2, "is for --to ct2"
+    ),
+    "export/unknown quantization": Case(
+        "export --checkpoint {mt} --to ct2 {tmp}/e --quantization int4", 2, "invalid choice"
+    ),
+    "export/missing checkpoint": Case("export --checkpoint {tmp}/nope --to ct2 {tmp}/e", 2, "nope"),
+    "export/extra not installed": Case(
+        "export --checkpoint {mt} --to ct2 {tmp}/e", 2, "pip install 'aiayn[ct2]'", _no_module
     ),
     "convert/family without a way back": Case(
         "convert --checkpoint {mt} --to-hf {tmp}/c", 2, "cannot be written as a Hugging Face"

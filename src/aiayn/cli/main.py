@@ -36,6 +36,7 @@ from aiayn.cli import (
     evaluate,
     experiment,
     explain,
+    export,
     fill_mask,
     generate,
     params,
@@ -62,6 +63,7 @@ COMMANDS = (
     explain,
     params,
     convert,
+    export,
 )
 
 

@@ -7,9 +7,9 @@ the folder (``model.bin``, the vocabularies, ``config.json``). The spec is read 
 themselves (their norms, attention scales, feed-forward kinds, position modules), so one builder
 serves every encoder–decoder family:
 
-    encoder–decoder (the paper's model, post- or pre-norm; Marian; T5) -> TransformerSpec
-    decoder-only language model (GPT-2)                                -> TransformerDecoderModelSpec
-    encoder with token types and a pooler (BERT)                       -> TransformerEncoderModelSpec
+    encoder–decoder (the paper's model, post- or pre-norm; Marian; T5)  TransformerSpec
+    decoder-only language model (GPT-2)                                 TransformerDecoderModelSpec
+    encoder with token types and a pooler (BERT)                        TransformerEncoderModelSpec
 
 What maps where, per block (aiayn -> CTranslate2):
 
@@ -39,7 +39,6 @@ Shape legend:  D d_model   I heads × head size   H heads   V vocabulary   P pos
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ from ctranslate2.specs import common_spec, transformer_spec
 from torch import Tensor, nn
 
 from aiayn.attention import CrossAttention, MultiHeadAttention
+from aiayn.convert.export import QUANTIZATIONS
 from aiayn.errors import UserError
 from aiayn.layers import (
     FeedForward,
@@ -65,9 +65,6 @@ from aiayn.layers.norm import RMSNorm
 from aiayn.layers.relative_position import RelativePositionBias
 from aiayn.layers.transformer_layers import CrossAttentionBlock, SelfAttentionBlock
 
-QUANTIZATIONS = ("float32", "int8_float32", "int8")
-"""The weight types ``aiayn export --to ct2 --quantization`` offers (CPU inference)."""
-
 _ACTIVATIONS = {
     "relu": common_spec.Activation.RELU,
     "gelu": common_spec.Activation.GELU,
@@ -76,7 +73,7 @@ _ACTIVATIONS = {
 }
 
 
-class AiaynConverter(Converter):  # type: ignore[misc]
+class AiaynConverter(Converter):
     """CTranslate2's converter for a spec built by one of this module's builders: ``convert(out,
     quantization=...)`` validates, quantises and writes it (CTranslate2's own steps)."""
 
@@ -91,9 +88,8 @@ def write_ct2(spec_builder: Callable[[], Any], out: Path, quantization: str) -> 
     """Write the spec ``spec_builder()`` builds as a CTranslate2 folder ``out`` (which must not
     exist) with weights of type ``quantization`` (:data:`QUANTIZATIONS`)."""
     if quantization not in QUANTIZATIONS:
-        raise UserError(
-            f"--quantization {quantization!r} is not offered (choose from {', '.join(QUANTIZATIONS)})"
-        )
+        offered = ", ".join(QUANTIZATIONS)
+        raise UserError(f"--quantization {quantization!r} is not offered (choose from {offered})")
     return Path(AiaynConverter(spec_builder).convert(str(out), quantization=quantization))
 
 
@@ -295,7 +291,9 @@ def _stack_options(
     if not isinstance(feed_forward, (FeedForward, GatedFeedForward)):
         raise UserError(f"a {type(feed_forward).__name__} has no CTranslate2 equivalent")
     if feed_forward.activation_name not in _ACTIVATIONS:
-        raise UserError(f"activation {feed_forward.activation_name!r} has no CTranslate2 equivalent")
+        raise UserError(
+            f"activation {feed_forward.activation_name!r} has no CTranslate2 equivalent"
+        )
     norm_first = _sublayers(block)[0].norm_first
     if norm_first and final_norm is None:
         raise UserError("a pre-norm stack without a final norm has no CTranslate2 equivalent")

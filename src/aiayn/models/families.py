@@ -119,6 +119,9 @@ class Family:
         from_hf: Hugging Face ``model_type`` -> how to convert it.
         to_hf: ``(model, folder, tokenizer) -> folder``: writes it back as transformers loads
             it, or None.
+        to_ct2: ``(model, tokenizer source) -> spec builder``: its CTranslate2 exporter
+            (:mod:`aiayn.convert.to_ct2`), or None.
+        to_onnx: ``(model) -> graph``: its ONNX exporter (:mod:`aiayn.convert.to_onnx`), or None.
         inference: the fast inference runner (held equal to the model's forward; the
             encoder–decoders' decoding step, which runs their encoder through
             :mod:`aiayn.inference`), or None (GPT-2 decodes through its module with a KV cache).
@@ -137,6 +140,8 @@ class Family:
     reads: str = "text"
     from_hf: Mapping[str, HFSource] = field(default_factory=dict)
     to_hf: str | None = None
+    to_ct2: str | None = None
+    to_onnx: str | None = None
     inference: str | None = None
     training: Training | None = None
 
@@ -157,6 +162,7 @@ class Family:
 
 _TOKENIZERS = "aiayn.data.pretrained_tokenizer"
 _DECODER_STEP = "aiayn.decoding.fast_step:InferenceStep"  # the encoder runs on aiayn.inference
+_TO_CT2_ENCODER_DECODER = "aiayn.convert.to_ct2:encoder_decoder_to_ct2"  # read from its parts
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -184,6 +190,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.marian:marian_generation_defaults",
                 )
             },
+            to_ct2=_TO_CT2_ENCODER_DECODER,
             inference=_DECODER_STEP,
             training=Training(
                 "aiayn.training.config:DataConfig",
@@ -209,6 +216,7 @@ FAMILIES: dict[str, Family] = {
                 )
             },
             to_hf="aiayn.convert.gpt2:gpt2_to_hf",
+            to_ct2="aiayn.convert.to_ct2:decoder_only_to_ct2",
             training=Training(
                 "aiayn.training.config:LMDataConfig",
                 {"language-model": "aiayn.training.lm:LanguageModelTask"},
@@ -235,6 +243,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.t5:t5_generation_defaults",
                 )
             },
+            to_ct2=_TO_CT2_ENCODER_DECODER,
             inference=_DECODER_STEP,
         ),
         Family(
@@ -259,6 +268,8 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.data.bert_tokenizer:bert_tokenizer_from_hf",
                 )
             },
+            to_ct2="aiayn.convert.to_ct2:encoder_to_ct2",
+            to_onnx="aiayn.convert.to_onnx:bert_to_onnx",
             inference="aiayn.inference.encoder:BertInference",
             training=Training(
                 "aiayn.training.config:BertDataConfig",
@@ -289,6 +300,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.vit:vit_preprocessor_from_hf",
                 )
             },
+            to_onnx="aiayn.convert.to_onnx:vit_to_onnx",
             inference="aiayn.inference.encoder:ViTInference",
             training=Training(
                 "aiayn.training.config:ImageDataConfig",

@@ -233,8 +233,8 @@ class PatchEmbedder(nn.Module):
         """E_pos for an h × w patch grid: the learned table when (h, w) = (g, g), else its g × g
         patch part resized bicubically to h × w (``align_corners=False``, as Hugging Face's
         ``interpolate_pos_encoding=True``), the class position kept apart: (1, 1 + h·w, D)."""
-        if (h, w) == (self.grid, self.grid):
-            return self.positions
+        if not torch.compiler.is_exporting() and (h, w) == (self.grid, self.grid):
+            return self.positions  # an exported graph resizes always (identity at g × g)
         g, d = self.grid, self.positions.size(-1)
         cls_position = self.positions[:, :1]  # (1, 1, D)
         patches = self.positions[:, 1:]  # (1, g², D)
