@@ -26,6 +26,7 @@ Shape legend:  B batch   S sequence   D d_model   C labels (channels for images)
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,13 @@ def vit_to_onnx(model: nn.Module) -> OnnxGraph:
     return OnnxGraph(_ViTGraph(model).eval(), (pixels,), ("pixel_values",), tuple(outputs), dynamic)
 
 
+_EXPORTER_CHATTER = (
+    r"# The axis name: .* will not be used",  # two inputs share one symbolic axis, as meant
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # inside torch.export itself
+)
+"""Warnings the exporter raises about its own internals, nothing the user can act on."""
+
+
 def write_onnx(graph: OnnxGraph, folder: Path) -> Path:
     """Export ``graph`` as ``folder/model.onnx`` (``folder`` is created; it must not exist).
 
@@ -135,7 +143,9 @@ def write_onnx(graph: OnnxGraph, folder: Path) -> Path:
     was_training = graph.module.training
     graph.module.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            for message in _EXPORTER_CHATTER:
+                warnings.filterwarnings("ignore", message=message)
             torch.onnx.export(
                 graph.module,
                 graph.example,

@@ -232,7 +232,10 @@ class PatchEmbedder(nn.Module):
     def position_embeddings(self, h: int, w: int) -> Tensor:
         """E_pos for an h × w patch grid: the learned table when (h, w) = (g, g), else its g × g
         patch part resized bicubically to h × w (``align_corners=False``, as Hugging Face's
-        ``interpolate_pos_encoding=True``), the class position kept apart: (1, 1 + h·w, D)."""
+        ``interpolate_pos_encoding=True``), the class position kept apart: (1, 1 + h·w, D).
+        While ``torch.export`` traces (``aiayn export --to onnx``) the table is always resized,
+        so the graph takes any image size: resizing g × g to g × g samples the grid points
+        themselves, where the bicubic weights are (0, 1, 0, 0), the table unchanged."""
         if not torch.compiler.is_exporting() and (h, w) == (self.grid, self.grid):
             return self.positions  # an exported graph resizes always (identity at g × g)
         g, d = self.grid, self.positions.size(-1)
