@@ -443,6 +443,16 @@ def test_the_folder_holds_the_model_its_vocabulary_and_the_tokenizer(exported: A
     assert config["add_source_eos"] and config["decoder_start_token"] == "<pad>"
 
 
+def test_sinusoids_cover_ctranslate2s_default_length(exported: Any) -> None:
+    """max_len is 64, CTranslate2 decodes up to 256 tokens by default: the computed table has
+    1024 rows, as aiayn computes positions past max_len on demand."""
+    folder = exported["paper post-norm"][3]
+    sources, _ = _vocabularies(folder)
+    translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=1)
+    (result,) = translator.translate_batch([sources[10:15]], min_decoding_length=200)
+    assert len(result.hypotheses[0]) >= 200
+
+
 def test_an_existing_folder_is_never_replaced(checkpoints: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "taken"
     out.mkdir()

@@ -20,9 +20,10 @@ What maps where, per block (aiayn -> CTranslate2):
     gated: gate, linear1, linear2            ffn.linear_0 (activated), linear_0_noact, linear_1
     T5's relative position bias (buckets, H) self_attention.relative_attention_bias
 
-Positions: a sinusoidal module becomes an explicit table of ``max_len`` rows in the model's own
-layout (the paper's interleaved sin/cos, or Marian's halves), so CTranslate2 never generates its
-own; a learned one its weights; none a zero table. Embeddings keep their scale (√D in the
+Positions: a sinusoidal module becomes an explicit table of ``max_len`` rows (at least 1024) in
+the model's own layout (the paper's interleaved sin/cos, or Marian's halves), so CTranslate2
+never generates its own (whose values are neither layout's); a learned one its weights; none a
+zero table. Embeddings keep their scale (√D in the
 paper, 1 elsewhere); a stack's final norm, T5's output scale D^−½ and Marian's logits bias carry
 over. A part CTranslate2 cannot express is refused by name (:class:`~aiayn.errors.UserError`).
 
@@ -345,16 +346,23 @@ def _fill_embedder(spec: Any, embedder: Embedder, embeddings: Sequence[Any]) -> 
         raise UserError("a stack with a relative position bias must have no positional encoding")
 
 
+MIN_POSITIONS = 1024
+"""Fewest rows of a computed position table (sinusoids, or zeros for none): aiayn computes
+positions past ``max_len`` on demand, CTranslate2 refuses positions past its table, and
+decodes up to 256 tokens by default."""
+
+
 def position_table(positional: nn.Module, d_model: int) -> Tensor:
     """The (P, D) positions CTranslate2 adds: the module's sinusoids (its own layout) for its
-    ``max_len`` positions, its learned table, or zeros (no positions)."""
+    ``max_len`` positions and at least :data:`MIN_POSITIONS`, its learned table, or zeros (no
+    positions)."""
     if isinstance(positional, SinusoidalPositionalEncoding):
-        length = positional.table.size(0)
+        length = max(positional.table.size(0), MIN_POSITIONS)
         return sinusoidal_encoding(length, d_model, layout=positional.layout)  # (P, D)
     if isinstance(positional, LearnedPositionalEmbedding):
         return positional.weight  # (P, D)
     if isinstance(positional, NoPositionalEncoding):
-        return torch.zeros(1024, d_model)  # (P, D)
+        return torch.zeros(MIN_POSITIONS, d_model)  # (P, D)
     raise UserError(f"a {type(positional).__name__} has no CTranslate2 equivalent")
 
 
