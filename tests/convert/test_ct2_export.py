@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -81,22 +82,22 @@ def _one_thread() -> Any:
     torch.set_num_threads(threads)
 
 
-def _randomise(model: torch.nn.Module, seed: int, eos: int | None = None, boost: float = 0) -> None:
-    """Every parameter redrawn: norm gains N(1, 0.2), everything else N(0, 0.4); EOS's logit
-    raised by ``boost`` on average, so that some outputs end before the limit and others at it
-    (:func:`_raise_eos`)."""
+def _randomise(model: torch.nn.Module, seed: int, raise_: dict[int, float] | None = None) -> None:
+    """Every parameter redrawn: norm gains N(1, 0.2), everything else N(0, 0.4); the logits of
+    the ids of ``raise_`` raised by their values on average (:func:`_raise_logit`): EOS's, so
+    that some outputs end before the limit and others at it."""
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             norm = "norm" in name and name.endswith("weight")
             p.normal_(1.0 if norm else 0.0, 0.2 if norm else 0.4)
-        if eos is not None:
-            _raise_eos(model, eos, boost)
+        for token, boost in (raise_ or {}).items():
+            _raise_logit(model, token, boost)
 
 
 @torch.no_grad()
-def _raise_eos(model: Any, eos: int, boost: float) -> None:
-    """Move EOS's output row along the decoder's mean final state (as the output layer reads
+def _raise_logit(model: Any, token: int, boost: float) -> None:
+    """Move ``token``'s output row along the decoder's mean final state (as the output layer reads
     it), so that its logit rises by ``boost`` on average over random inputs."""
     g = torch.Generator().manual_seed(0)
     src = torch.randint(4, 200, (8, 10), generator=g)
@@ -104,7 +105,7 @@ def _raise_eos(model: Any, eos: int, boost: float) -> None:
     mask = model.source_mask(src)
     hidden = model.decode(tgt, model.encoder(src, mask).memory, mask).hidden * model.output_scale
     mean = hidden.mean((0, 1))  # (D,)
-    model.output_proj.weight[eos] += boost * mean / mean.norm() ** 2
+    model.output_proj.weight[token] += boost * mean / mean.norm() ** 2
 
 
 def _paper(root: Path, bpe: Path, norm_first: bool) -> Path:
@@ -114,7 +115,7 @@ def _paper(root: Path, bpe: Path, norm_first: bool) -> Path:
         max_len=64, norm_first=norm_first, dropout=0.0,
     )  # fmt: skip
     model = Transformer(config)
-    _randomise(model, 1 + norm_first, tokenizer.eos_id, 7.0 if norm_first else 3.0)
+    _randomise(model, 1 + norm_first, {tokenizer.eos_id: 7.0 if norm_first else 3.0})
     return save_checkpoint(root / f"paper-{norm_first}", model, {}, bpe)
 
 
@@ -131,7 +132,7 @@ def _marian(root: Path, spm_models: dict[str, Path], make_vocab: Callable[..., A
         dropout=0.0,
     )  # fmt: skip
     model = Transformer(config)
-    _randomise(model, 3, tokenizer.eos_id, 10.0)
+    _randomise(model, 3, {tokenizer.eos_id: 10.0})
     return save_checkpoint(root / "marian", model, {}, tokenizer)
 
 
@@ -144,7 +145,7 @@ def _t5(root: Path, spm_models: dict[str, Path], version: str) -> Path:
     )  # fmt: skip
     assert tokenizer.vocab_size == 500 < config.vocab_size  # ids 500 .. 511: no string
     model = T5(config)
-    _randomise(model, 4, tokenizer.eos_id, 3.0 if version == "v1.1" else 1.0)
+    _randomise(model, 4, {tokenizer.eos_id: 3.0 if version == "v1.1" else 1.0})
     return save_checkpoint(root / f"t5-{version}", model, {}, tokenizer)
 
 
@@ -283,32 +284,27 @@ def _margin(
 # -- encoder–decoders ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("bans", [False, True])
 @pytest.mark.parametrize("beam", [1, 4])
 @pytest.mark.parametrize("case", SEQ2SEQ)
 def test_translations_are_token_identical(
-    case: str, beam: int, checkpoints: dict[str, Path], exported: Any
+    case: str, beam: int, bans: bool, checkpoints: dict[str, Path], exported: Any
 ) -> None:
+    """No banned tokens; or the two tokens the unbanned outputs use most banned (as ``aiayn
+    translate`` bans the pad and BOS ids), renormalised (Hugging Face's
+    ``renormalize_logits``), as CTranslate2's ``suppress_sequences`` bans them."""
     code, _, err = exported[case][:3]
     assert code == 0, err
     folder = exported[case][3]
     loaded = load_checkpoint(checkpoints[case], expect=torch.nn.Module)
     tokenizer = load_translation_tokenizer(loaded.path)
-    specials = {
-        tokenizer.pad_id,
-        tokenizer.eos_id,
-        tokenizer.bos_id,
-        getattr(tokenizer, "unk_id", 0),
-    }
+    specials = {tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id}
     rows = _sources(specials, tokenizer.vocab_size, seed=len(case))
-    options = DecodeOptions(
-        beam_size=beam,
-        alpha=0.0,
-        length_penalty="hf",
-        early_stopping=False,
-        max_new_tokens=M,
-        banned=(),
-    )
-    ours = [h[0].tokens for h in translate_ids(loaded.model, rows, tokenizer, options)]
+    banned: tuple[int, ...] = ()
+    if bans:
+        used = Counter(t for o in _translate(loaded.model, rows, tokenizer, beam, ()) for t in o)
+        banned = tuple(t for t, _ in used.most_common(2))
+    ours = _translate(loaded.model, rows, tokenizer, beam, banned)
 
     sources, targets = _vocabularies(folder)
     index = {t: i for i, t in enumerate(targets)}
@@ -316,16 +312,31 @@ def test_translations_are_token_identical(
     results = translator.translate_batch(
         [[sources[i] for i in row] for row in rows], beam_size=beam, length_penalty=0.0,
         max_decoding_length=M, min_decoding_length=0,
+        suppress_sequences=[[targets[t]] for t in banned] or None,
     )  # fmt: skip
     theirs = [[index[t] for t in r.hypotheses[0]] for r in results]
 
     same = sum(a == b for a, b in zip(ours, theirs, strict=True))
-    print(f"\n{case}, beam {beam}: {same}/{N} token-identical")
+    print(f"\n{case}, beam {beam}{', 2 banned' if bans else ''}: {same}/{N} token-identical")
     for src, a, b in zip(rows, ours, theirs, strict=True):
         if a != b:
             assert _margin(loaded.model, src, a, b, tokenizer, beam) < TIE, (src, a, b)
-    lengths = {len(o) for o in ours}
-    assert min(lengths) < M - 1 and max(lengths) == M, "outputs end both by EOS and at the limit"
+    if bans:
+        assert not set(banned) & {t for o in ours for t in o}
+    else:
+        lengths = {len(o) for o in ours}
+        assert min(lengths) < M - 1 and max(lengths) == M, "outputs end by EOS and at the limit"
+
+
+def _translate(
+    model: Any, rows: list[list[int]], tokenizer: Any, beam: int, banned: tuple[int, ...]
+) -> list[list[int]]:
+    """aiayn's best outputs with CTranslate2's rules at α = 0 (see the module docstring)."""
+    options = DecodeOptions(
+        beam_size=beam, alpha=0.0, length_penalty="hf", early_stopping=False, max_new_tokens=M,
+        banned=banned, renormalize=bool(banned),
+    )  # fmt: skip
+    return [h[0].tokens for h in translate_ids(model, rows, tokenizer, options)]
 
 
 # -- GPT-2 --------------------------------------------------------------------------------------
