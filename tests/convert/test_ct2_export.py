@@ -339,6 +339,17 @@ def _translate(
     return [h[0].tokens for h in translate_ids(model, rows, tokenizer, options)]
 
 
+def test_the_near_tie_check_tells_a_real_difference(checkpoints: dict[str, Path]) -> None:
+    """The margin that excuses a difference is large for outputs that really differ."""
+    loaded = load_checkpoint(checkpoints["paper post-norm"], expect=torch.nn.Module)
+    tokenizer = load_translation_tokenizer(loaded.path)
+    src = _sources({0, 1, 2, 3}, tokenizer.vocab_size, seed=1)[0]
+    (best,) = _translate(loaded.model, [src], tokenizer, 1, ())
+    other = [*best[:2], best[2] + 1 if best[2] + 1 < tokenizer.vocab_size else 4, *best[3:]]
+    assert _margin(loaded.model, src, best, best[:2] + other[2:3], tokenizer, 1) > TIE
+    assert _margin(loaded.model, src, best, other, tokenizer, 4) > TIE
+
+
 # -- GPT-2 --------------------------------------------------------------------------------------
 
 
@@ -487,6 +498,28 @@ def test_token_strings_fill_and_refuse() -> None:
     assert token_strings(Vocab(["<unused_1>", None]), 2) == ["<unused_1>", "<<unused_1>>"]
     with pytest.raises(UserError, match="spells two ids 'a'"):
         token_strings(Vocab(["a", "b", "a"]), 3)
+
+
+def test_separate_vocabularies_read_each_side_and_must_spell_the_specials_alike() -> None:
+    from types import SimpleNamespace
+
+    from aiayn.convert.to_ct2 import _set_seq2seq_config, token_strings
+
+    source, target = ["</s>", "<unk>", "a", "<pad>"], ["</s>", "<unk>", "<pad>", "x"]
+    tokenizer = SimpleNamespace(
+        id_to_token=lambda i: source[i], target_id_to_token=lambda i: target[i],
+        eos_id=0, unk_id=1, pad_id=3, bos_id=3,
+    )  # fmt: skip
+    assert token_strings(tokenizer, 4) == source
+    assert token_strings(tokenizer, 4, target=True) == target
+    config = SimpleNamespace()
+    with pytest.raises(UserError, match="spell bos_id 3 differently \\('<pad>', 'x'\\)"):
+        _set_seq2seq_config(config, tokenizer, source, target, 1e-5)
+    tokenizer.bos_id = 0
+    _set_seq2seq_config(config, tokenizer, source, target, 1e-5)
+    specials = (config.decoder_start_token, config.eos_token, config.unk_token)
+    assert specials == ("</s>", "</s>", "<unk>")
+    assert config.add_source_eos and config.layer_norm_epsilon == 1e-5
 
 
 def test_parts_without_an_equivalent_are_refused_by_name() -> None:
