@@ -188,10 +188,11 @@ def token_strings(tokenizer: Any, size: int, target: bool = False) -> list[str]:
                 token = f"<{token}>"
             taken.add(token)
         out.append(token)
-    if len(set(out)) != len(out):
-        seen: set[str] = set()
-        twice = next(t for t in out if t in seen or seen.add(t))  # type: ignore[func-returns-value]
-        raise UserError(f"the vocabulary spells two ids {twice!r}: CTranslate2 needs one each")
+    seen: set[str] = set()
+    for token in out:
+        if token in seen:
+            raise UserError(f"the vocabulary spells two ids {token!r}: CTranslate2 needs one each")
+        seen.add(token)
     return out
 
 
