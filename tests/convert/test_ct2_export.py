@@ -138,10 +138,11 @@ def _marian(root: Path, spm_models: dict[str, Path], make_vocab: Callable[..., A
 
 def _t5(root: Path, spm_models: dict[str, Path], version: str) -> Path:
     tokenizer = T5Tokenizer(spm.SentencePieceProcessor(model_file=str(spm_models["t5"])))
-    v11 = dict(activation="gelu_tanh", gated=True, tie_output=False, scale_output=False)
+    # v1.1 with heads wider than D / H (H·d_kv = 64 > D = 32): CTranslate2's head_dim
+    v11 = dict(activation="gelu_tanh", gated=True, tie_output=False, scale_output=False, d_kv=16)
     config = t5_preset(
-        "t5-tiny", vocab_size=512, d_model=32, d_kv=8, d_ff=48, num_heads=4, num_buckets=8,
-        max_distance=12, dropout=0.0, **(v11 if version == "v1.1" else {}),
+        "t5-tiny", vocab_size=512, d_model=32, d_ff=48, num_heads=4, num_buckets=8,
+        max_distance=12, dropout=0.0, **(v11 if version == "v1.1" else {"d_kv": 8}),
     )  # fmt: skip
     assert tokenizer.vocab_size == 500 < config.vocab_size  # ids 500 .. 511: no string
     model = T5(config)
