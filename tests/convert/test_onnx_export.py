@@ -1,9 +1,9 @@
-"""``aiayn export --to onnx``: ONNX Runtime's outputs of the exported BERT (the encoder with its
-pooler, and with a classifier) and ViT (with a classifier) against aiayn's, within 1e-4, at
-batch sizes and sequence lengths (image sizes) other than the example the exporter traced, with
-padded rows and a row whose every position is masked (aiayn's attention gives it zeros, never
-NaN). Tiny models with every parameter drawn at random; each export takes seconds (the
-``torch.export`` tracer), so each model is exported once per module.
+"""``aiayn export --to onnx``: ONNX Runtime's outputs of the exported BERT (the encoder's states,
+its pooler, and its masked-LM head or classifier) and ViT (with a classifier) against aiayn's,
+within 1e-4, at batch sizes and sequence lengths (image sizes) other than the example the
+exporter traced, with padded rows and a row whose every position is masked (aiayn's attention
+gives it zeros, never NaN). Tiny models with every parameter drawn at random; each export takes
+seconds (the ``torch.export`` tracer), so each model is exported once per module.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("onnx")
     vocab = HFTokenizer(models.WordPiece({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
     made = {
-        "bert": (_bert("none"), BertTokenizer(vocab)),
+        "bert-mlm": (_bert("mlm"), BertTokenizer(vocab)),
         "bert-classifier": (_bert("classification"), BertTokenizer(vocab)),
         "vit": (_vit(), ImagePreprocessor(size=(IMAGE, IMAGE))),
     }
@@ -107,7 +107,7 @@ def _bert_inputs(batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
 
 
-@pytest.mark.parametrize("name", ["bert", "bert-classifier"])
+@pytest.mark.parametrize("name", ["bert-mlm", "bert-classifier"])
 @pytest.mark.parametrize(("batch", "length"), [(3, 5), (1, 11), (4, 24)])
 def test_bert_outputs_equal_aiayns(
     exported: dict[str, Any], name: str, batch: int, length: int
@@ -119,7 +119,9 @@ def test_bert_outputs_equal_aiayns(
         out = model(inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"])
         expected = {"last_hidden_state": out.hidden, "pooler_output": out.pooled}
         if model.classifier is not None:
-            expected["logits"] = model.classifier(out.pooled)
+            expected["logits"] = model.classifier(out.pooled)  # (B, C)
+        if model.mlm_head is not None:
+            expected["logits"] = model.mlm_logits(out.hidden)  # (B, S, V)
     session = _session(folder)
     assert [i.name for i in session.get_inputs()] == list(inputs)
     assert [o.name for o in session.get_outputs()] == list(expected)
@@ -156,7 +158,7 @@ def test_vit_outputs_equal_aiayns(exported: dict[str, Any], batch: int, side: in
 
 
 def test_the_folder_holds_the_graph_and_the_input_processing(exported: dict[str, Any]) -> None:
-    _, bert, code, stdout, _ = exported["bert"]
+    _, bert, code, stdout, _ = exported["bert-mlm"]
     assert code == 0 and "bert, ONNX" in stdout and stdout.count("\n") == 1  # one line, no noise
     assert {p.name for p in bert.iterdir()} >= {
         "model.onnx",
