@@ -11,6 +11,7 @@ and writes the folders.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,13 +104,21 @@ def check_vocabulary(model: nn.Module, tokenizer: object) -> None:
             )
 
 
-def to_hf(model: nn.Module, out_dir: str | Path, tokenizer: TextTokenizer | None = None) -> Path:
+def to_hf(
+    model: nn.Module,
+    out_dir: str | Path,
+    tokenizer: object = None,
+    state: Mapping[str, Any] | None = None,
+) -> Path:
     """Write ``model`` as a Hugging Face folder (the families with a converter back:
-    :func:`aiayn.models.families.conversion_directions`)."""
+    :func:`aiayn.models.families.conversion_directions`). ``tokenizer``: the checkpoint's input
+    processing (:func:`aiayn.checkpoint.tokenizers.checkpoint_tokenizer`: a tokenizer file, a
+    converted model's tokenizer, a ViT's image preprocessing) or None; ``state``: the
+    checkpoint's ``state.json`` (a converted model's recorded decoding settings)."""
     family = family_of(model)
     if family.to_hf is None:
         raise UserError(f"the {family.name} family cannot be written as a Hugging Face model yet")
-    written: Path = resolve(family.to_hf)(model, out_dir, tokenizer)
+    written: Path = resolve(family.to_hf)(model, out_dir, tokenizer, state or {})
     return written
 
 

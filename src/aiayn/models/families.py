@@ -117,8 +117,10 @@ class Family:
         modules: the modules that are its own (a test holds its name to them and this one).
         reads: what its input is, "text" or "image".
         from_hf: Hugging Face ``model_type`` -> how to convert it.
-        to_hf: ``(model, folder, tokenizer) -> folder``: writes it back as transformers loads
-            it, or None.
+        to_hf: ``(model, folder, tokenizer, state) -> folder``: writes it back as transformers
+            loads it (``tokenizer``: the checkpoint's input processing,
+            :func:`aiayn.checkpoint.tokenizers.checkpoint_tokenizer`, or None; ``state``: its
+            ``state.json``), or None.
         inference: the fast inference runner (held equal to the model's forward; the
             encoder–decoders' decoding step, which runs their encoder through
             :mod:`aiayn.inference`), or None (GPT-2 decodes through its module with a KV cache).
@@ -174,6 +176,7 @@ FAMILIES: dict[str, Family] = {
                 "aiayn.config",
                 "aiayn.models.transformer",
                 "aiayn.convert.marian",
+                "aiayn.convert.transformer_to_hf",
                 "aiayn.training.translation",
                 _TOKENIZERS,
             ),
@@ -184,6 +187,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.marian:marian_generation_defaults",
                 )
             },
+            to_hf="aiayn.convert.transformer_to_hf:transformer_to_hf",
             inference=_DECODER_STEP,
             training=Training(
                 "aiayn.training.config:DataConfig",
