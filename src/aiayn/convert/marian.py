@@ -191,7 +191,8 @@ HF_DEFAULTS: dict[str, Any] = {
 
 
 def _hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
-    check_field_types(hf_config, HF_DEFAULTS)
+    # forced_eos_token_id may be null (nothing forced): generation_defaults checks it
+    check_field_types(hf_config, HF_DEFAULTS, skip=("forced_eos_token_id",))
     return {**HF_DEFAULTS, **{k: v for k, v in hf_config.items() if k in HF_DEFAULTS}}
 
 

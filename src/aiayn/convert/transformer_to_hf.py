@@ -164,8 +164,8 @@ def transformer_config_to_hf(config: TransformerConfig, specials: Mapping[str, A
         "eos_token_id": specials["eos_id"],
         "decoder_start_token_id": specials["decoder_start_id"],
     }
-    if specials.get("forced_eos"):
-        hf["forced_eos_token_id"] = specials["eos_id"]
+    # written even when unset: both classes' config defaults force a token (0, 1) otherwise
+    hf["forced_eos_token_id"] = specials["eos_id"] if specials.get("forced_eos") else None
     if not c.norm_first:
         hf["decoder_vocab_size"] = c.target_vocab_size
         hf["share_encoder_decoder_embeddings"] = c.share_embeddings

@@ -176,6 +176,7 @@ FAMILIES: dict[str, Family] = {
                 "aiayn.config",
                 "aiayn.models.transformer",
                 "aiayn.convert.marian",
+                "aiayn.convert.pegasus",
                 "aiayn.convert.transformer_to_hf",
                 "aiayn.training.translation",
                 _TOKENIZERS,
@@ -185,7 +186,12 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.marian:marian_from_hf_tensors",
                     "aiayn.convert.marian:marian_tokenizer_from_hf",
                     "aiayn.convert.marian:marian_generation_defaults",
-                )
+                ),
+                "pegasus": HFSource(
+                    "aiayn.convert.pegasus:pegasus_from_hf_tensors",
+                    "aiayn.convert.pegasus:pegasus_tokenizer_from_hf",
+                    "aiayn.convert.pegasus:pegasus_generation_defaults",
+                ),
             },
             to_hf="aiayn.convert.transformer_to_hf:transformer_to_hf",
             inference=_DECODER_STEP,
