@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from aiayn.convert.hf_folder import GENERATION_CONFIG, TOKENIZER_CONFIG
+from aiayn.convert.hf_folder import GENERATION_CONFIG
 from aiayn.errors import UserError
 
 Target = tuple[str, int | None]
@@ -146,4 +146,25 @@ def label_maps(id2label: tuple[str, ...], num_labels: int) -> dict[str, Any]:
     return {
         "id2label": {str(i): name for i, name in enumerate(id2label)},
         "label2id": {name: i for i, name in enumerate(id2label)},
+    }
+
+
+HF_ACTIVATION_NAMES: dict[str, str] = {
+    "gelu": "gelu",
+    "gelu_tanh": "gelu_new",
+    "relu": "relu",
+    "silu": "silu",
+}
+"""aiayn's activation -> the Hugging Face name of the same function (``hidden_act``;
+:data:`~aiayn.convert.checks.HF_ACTIVATIONS` reads each back)."""
+
+
+def prefixed(
+    tensors: Mapping[str, Tensor], prefix: str, heads: tuple[str, ...]
+) -> dict[str, Tensor]:
+    """A task model's names: the body's under ``prefix`` (``"bert."``), the heads' (names
+    starting with one of ``heads``) as they are."""
+    return {
+        (name if name.startswith(heads) else prefix + name): tensor
+        for name, tensor in tensors.items()
     }

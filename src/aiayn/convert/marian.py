@@ -478,7 +478,9 @@ def aiayn_layout(
         config = config.replace(positional="sinusoidal")
     if hf_config.get(OUTPUT_BIAS_KEY) is False:
         if bool(state.pop("output_proj.bias").any()):
-            raise UserError(f"final_logits_bias is not zero, yet config.json has {OUTPUT_BIAS_KEY}=false")
+            raise UserError(
+                f"final_logits_bias is not zero, yet config.json has {OUTPUT_BIAS_KEY}=false"
+            )
         config = config.replace(output_bias=False)
     return config, state
 

@@ -135,7 +135,9 @@ def _embeddings(state: Mapping[str, Tensor], c: TransformerConfig) -> dict[str, 
     return {name: t.detach().clone() for name, t in tensors.items()}
 
 
-def transformer_config_to_hf(config: TransformerConfig, specials: Mapping[str, Any]) -> dict[str, Any]:
+def transformer_config_to_hf(
+    config: TransformerConfig, specials: Mapping[str, Any]
+) -> dict[str, Any]:
     """The ``config.json`` (a dict) of MarianMTModel (post-norm) or
     PegasusForConditionalGeneration (pre-norm) for ``config``, with the special ids given."""
     c = config
@@ -226,9 +228,10 @@ def transformer_to_hf(
 
 
 def write_joint_bpe(path: Path, out: Path, max_len: int) -> None:
-    """aiayn's joint BPE (its ``tokenizer.json`` at ``path``) as ``tokenizer.json`` + ``tokenizer_config.json``: EOS appended to each
-    input (as aiayn's decoding does), specials skipped when decoding, and text that spells a
-    special token encoded as text (``split_special_tokens``), as aiayn encodes it."""
+    """aiayn's joint BPE (its ``tokenizer.json`` at ``path``) as ``tokenizer.json`` +
+    ``tokenizer_config.json``: EOS appended to each input (as aiayn's decoding does),
+    specials skipped when decoding, and text that spells a special token encoded as text
+    (``split_special_tokens``), as aiayn encodes it."""
     Tokenizer.load(path)  # aiayn's fixed special ids, or a UserError naming the file
     hf = HFTokenizer.from_file(str(path))
     eos = SPECIAL_TOKENS[EOS_ID]
@@ -268,4 +271,3 @@ def _write_marian_tokenizer(tokenizer: MarianTokenizer, out: Path, c: Transforme
             "clean_up_tokenization_spaces": bool(manifest["clean_up_tokenization_spaces"]),
         },
     )
-

@@ -237,7 +237,7 @@ FAMILIES: dict[str, Family] = {
             "t5-tiny",
             expected_t5_parameters,
             frozenset({"translate"}),
-            ("aiayn.models.t5", "aiayn.convert.t5", _TOKENIZERS),
+            ("aiayn.models.t5", "aiayn.convert.t5", "aiayn.convert.t5_to_hf", _TOKENIZERS),
             from_hf={
                 "t5": HFSource(
                     "aiayn.convert.t5:t5_from_hf_tensors",
@@ -245,6 +245,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.t5:t5_generation_defaults",
                 )
             },
+            to_hf="aiayn.convert.t5_to_hf:t5_to_hf",
             inference=_DECODER_STEP,
         ),
         Family(
@@ -259,6 +260,7 @@ FAMILIES: dict[str, Family] = {
             (
                 "aiayn.models.bert",
                 "aiayn.convert.bert",
+                "aiayn.convert.bert_to_hf",
                 "aiayn.training.bert_start",
                 "aiayn.training.masked_lm",
                 "aiayn.training.text_classification",
@@ -269,6 +271,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.data.bert_tokenizer:bert_tokenizer_from_hf",
                 )
             },
+            to_hf="aiayn.convert.bert_to_hf:bert_to_hf",
             inference="aiayn.inference.encoder:BertInference",
             training=Training(
                 "aiayn.training.config:BertDataConfig",
@@ -291,7 +294,12 @@ FAMILIES: dict[str, Family] = {
             "vit-tiny-digits",
             expected_vit_parameters,
             frozenset({"classify-image", "attention"}),
-            ("aiayn.models.vit", "aiayn.convert.vit", "aiayn.training.images"),
+            (
+                "aiayn.models.vit",
+                "aiayn.convert.vit",
+                "aiayn.convert.vit_to_hf",
+                "aiayn.training.images",
+            ),
             reads="image",
             from_hf={
                 "vit": HFSource(
@@ -299,6 +307,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.vit:vit_preprocessor_from_hf",
                 )
             },
+            to_hf="aiayn.convert.vit_to_hf:vit_to_hf",
             inference="aiayn.inference.encoder:ViTInference",
             training=Training(
                 "aiayn.training.config:ImageDataConfig",
