@@ -125,7 +125,7 @@ def _embeddings(state: Mapping[str, Tensor], c: TransformerConfig) -> dict[str, 
     source = state["encoder.embedder.embedding.weight"]  # (V, D)
     target = state["decoder.embedder.embedding.weight"]  # (V_t, D)
     tensors: dict[str, Tensor] = {}
-    if c.share_embeddings or c.norm_first:
+    if c.norm_first or shares_a_table(c):
         tensors["model.shared.weight"] = source
     if not (c.share_embeddings and c.tie_output):
         tensors["model.encoder.embed_tokens.weight"] = source
@@ -133,6 +133,16 @@ def _embeddings(state: Mapping[str, Tensor], c: TransformerConfig) -> dict[str, 
     if not c.tie_output:
         tensors["lm_head.weight"] = state["output_proj.weight"]  # (V_t, D)
     return {name: t.detach().clone() for name, t in tensors.items()}
+
+
+def shares_a_table(config: TransformerConfig) -> bool:
+    """Marian's ``share_encoder_decoder_embeddings`` for ``config``: one vocabulary, and the
+    stacks tied to one table (shared embeddings) or, with an untied head, each stack's own
+    (transformers 5 then ties nothing, and keeps an unused ``model.shared``, as it loads an
+    untied OPUS-MT folder)."""
+    c = config
+    one_vocabulary = c.vocab_size == c.target_vocab_size
+    return c.share_embeddings or (one_vocabulary and not c.tie_output)
 
 
 def transformer_config_to_hf(
@@ -170,7 +180,7 @@ def transformer_config_to_hf(
     hf["forced_eos_token_id"] = specials["eos_id"] if specials.get("forced_eos") else None
     if not c.norm_first:
         hf["decoder_vocab_size"] = c.target_vocab_size
-        hf["share_encoder_decoder_embeddings"] = c.share_embeddings
+        hf["share_encoder_decoder_embeddings"] = shares_a_table(c)
     if c.positional == "sinusoidal":
         hf[POSITIONAL_KEY] = "sinusoidal"
     if not c.output_bias:
