@@ -11,6 +11,7 @@ that some translations end before the limit.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,15 @@ PAIRS = read_parallel(demo_corpus_path())[::50]
 SOURCES = [src for src, _ in PAIRS[3:10]]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Tiny tensors: one intra-op thread is faster, and does not stall when the cores are busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _model(tokenizer: Tokenizer, norm_first: bool) -> Transformer:
     config = TransformerConfig(
         vocab_size=tokenizer.vocab_size, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
@@ -36,7 +46,7 @@ def _model(tokenizer: Tokenizer, norm_first: bool) -> Transformer:
     torch.manual_seed(0)
     model = Transformer(config).eval()
     with torch.no_grad():
-        src = torch.tensor([ids + [2] for ids in tokenizer.encode_batch(SOURCES[:1])])
+        src = torch.tensor([[*ids, 2] for ids in tokenizer.encode_batch(SOURCES[:1])])
         tgt = torch.randint(4, config.vocab_size, (1, 12))
         tgt[:, 0] = 1
         hidden = model.decode(tgt, model.encode(src).memory, None).hidden  # (1, 12, D)
@@ -77,7 +87,7 @@ def test_transformers_translates_as_aiayn_does(
     assert f'"model_type": "{kind}"' in (out / "config.json").read_text()
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     for line in [*SOURCES, "spelled </s> and <pad> as text"]:
-        assert hf_tokenizer(line)["input_ids"] == tokenizer.encode(line) + [tokenizer.eos_id]
+        assert hf_tokenizer(line)["input_ids"] == [*tokenizer.encode(line), tokenizer.eos_id]
     source = tmp_path / "src.txt"
     source.write_text("".join(line + "\n" for line in SOURCES), encoding="utf-8")
     capsys.readouterr()

@@ -242,7 +242,10 @@ def test_marian_goes_in_and_out(changes: dict[str, Any], tmp_path: Path) -> None
     hf = marian_hf(**changes)
     _, out, _, again = back_and_forth(hf, tmp_path, AutoModelForSeq2SeqLM)
     src, tgt = seq2seq_batch(90, pad=89, eos=0, start=89)
-    assert gap(hf_seq2seq_log_probs(hf, src, tgt, 89), hf_seq2seq_log_probs(again, src, tgt, 89)) < 1e-6
+    assert (
+        gap(hf_seq2seq_log_probs(hf, src, tgt, 89), hf_seq2seq_log_probs(again, src, tgt, 89))
+        < 1e-6
+    )
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation["decoder_start_token_id"] == 89 and generation["forced_eos_token_id"] == 0
 
@@ -400,7 +403,7 @@ def test_bert_goes_in_and_out(architecture: str, tmp_path: Path) -> None:
     cls, auto = BERT_CLASSES[architecture]
     labels = {"id2label": {0: "neg", 1: "neutral", 2: "pos"}}
     hf = redraw(cls(BertConfig(**BERT_TINY, **labels)))
-    _, out, model, again = back_and_forth(hf, tmp_path, auto)
+    _, _, model, again = back_and_forth(hf, tmp_path, auto)
     assert isinstance(model, BERT)
     assert gap(bert_outputs(hf), bert_outputs(again)) < 1e-6
     if architecture == "BertForSequenceClassification":
@@ -503,4 +506,3 @@ def test_every_family_with_an_exporter_is_tested() -> None:
 
     exported = {name for name, f in FAMILIES.items() if f.to_hf is not None}
     assert exported == {"transformer", "gpt2", "t5", "bert", "vit"}
-
