@@ -2,6 +2,8 @@
 
     aiayn convert --from-hf gpt2 --to runs/gpt2            Hugging Face -> aiayn checkpoint
     aiayn convert --checkpoint runs/gpt2 --to-hf out/gpt2  aiayn checkpoint -> Hugging Face
+                                                           (with its tokenizer and, for an
+                                                           encoder-decoder, generation_config.json)
 
 An existing destination is refused unless ``--force``; then it is replaced if it is of the kind
 written (an aiayn checkpoint for ``--to``, a Hugging Face folder with ``config.json`` for

@@ -3,10 +3,14 @@
 :func:`from_hf` reads a Hugging Face model folder (or Hub name), picks the family from
 ``config.json``'s ``model_type`` (in the family registry, :mod:`aiayn.models.families`) and
 converts the weights exactly (every tensor used, shapes checked); :func:`to_hf` writes an aiayn
-model back as a folder transformers loads (GPT-2). One
-module per family holds its name map (:mod:`aiayn.convert.gpt2`, :mod:`aiayn.convert.t5`,
-:mod:`aiayn.convert.marian`, :mod:`aiayn.convert.bert`); :mod:`aiayn.convert.hf_folder` reads
-and writes the folders.
+model back as a folder transformers loads, with its tokenizer and generation settings (the
+family's ``to_hf`` entry: :mod:`aiayn.convert.gpt2`, :mod:`aiayn.convert.transformer_to_hf` (the
+paper's model as Marian or Pegasus), :mod:`aiayn.convert.t5_to_hf`,
+:mod:`aiayn.convert.bert_to_hf`, :mod:`aiayn.convert.vit_to_hf`). One module per family holds its
+name map (:mod:`aiayn.convert.gpt2`, :mod:`aiayn.convert.t5`, :mod:`aiayn.convert.marian`,
+:mod:`aiayn.convert.pegasus`, :mod:`aiayn.convert.bert`, :mod:`aiayn.convert.vit`), which
+:mod:`aiayn.convert.export` reads backwards; :mod:`aiayn.convert.hf_folder` reads and writes the
+folders.
 """
 
 from __future__ import annotations
