@@ -57,13 +57,24 @@ def test_prefixes_and_labels() -> None:
 SPECIALS = [
     Seq2SeqSpecials(decoder_start_id=58, eos_id=0, pad_id=58),
     Seq2SeqSpecials(
-        decoder_start_id=1, eos_id=2, pad_id=0, banned_ids=(0, 1), num_beams=4, max_length=64,
-        length_penalty=0.6, early_stopping=True,
-    ),  # fmt: skip
+        decoder_start_id=1,
+        eos_id=2,
+        pad_id=0,
+        banned_ids=(0, 1),
+        num_beams=4,
+        max_length=64,
+        length_penalty=0.6,
+        early_stopping=True,
+    ),
     Seq2SeqSpecials(
-        decoder_start_id=0, eos_id=1, pad_id=0, banned_ids=(5,), forced_eos=True,
-        early_stopping="never", renormalize_logits=True,
-    ),  # fmt: skip
+        decoder_start_id=0,
+        eos_id=1,
+        pad_id=0,
+        banned_ids=(5,),
+        forced_eos=True,
+        early_stopping="never",
+        renormalize_logits=True,
+    ),
 ]
 
 
