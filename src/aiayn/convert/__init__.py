@@ -9,7 +9,7 @@ paper's model as Marian or Pegasus), :mod:`aiayn.convert.t5_to_hf`,
 :mod:`aiayn.convert.bert_to_hf`, :mod:`aiayn.convert.vit_to_hf`). One module per family holds its
 name map (:mod:`aiayn.convert.gpt2`, :mod:`aiayn.convert.t5`, :mod:`aiayn.convert.marian`,
 :mod:`aiayn.convert.pegasus`, :mod:`aiayn.convert.bert`, :mod:`aiayn.convert.vit`), which
-:mod:`aiayn.convert.export` reads backwards; :mod:`aiayn.convert.hf_folder` reads and writes the
+:mod:`aiayn.convert.hf_export` reads backwards; :mod:`aiayn.convert.hf_folder` reads and writes the
 folders.
 """
 

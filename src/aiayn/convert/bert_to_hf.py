@@ -2,7 +2,7 @@
 (no head), ``BertForMaskedLM`` (``head="mlm"``) or ``BertForSequenceClassification``
 (``head="classification"``, its labels as ``id2label``).
 
-The name map of :mod:`aiayn.convert.bert` read backwards (:func:`~aiayn.convert.export.
+The name map of :mod:`aiayn.convert.bert` read backwards (:func:`~aiayn.convert.hf_export.
 tensors_to_hf`): the fused [W^Q; W^K; W^V] split into ``query``, ``key``, ``value``, the body
 under ``bert.`` in the task models. The masked LM's output layer is the word embeddings (not
 stored, as transformers saves it). Two combinations have no transformers class of their own: a
@@ -24,7 +24,7 @@ from typing import Any
 from torch import Tensor
 
 from aiayn.convert.bert import DECODER_WEIGHT, HF_PREFIX, HF_TO_AIAYN
-from aiayn.convert.export import (
+from aiayn.convert.hf_export import (
     HF_ACTIVATION_NAMES,
     copy_tokenizer_files,
     label_maps,

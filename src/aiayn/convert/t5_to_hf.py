@@ -1,5 +1,5 @@
 """aiayn's :class:`~aiayn.models.t5.T5` -> a transformers ``T5ForConditionalGeneration`` folder,
-exactly: the name map of :mod:`aiayn.convert.t5` read backwards (:func:`~aiayn.convert.export.
+exactly: the name map of :mod:`aiayn.convert.t5` read backwards (:func:`~aiayn.convert.hf_export.
 tensors_to_hf`), the fused [W^Q; W^K; W^V] split into ``q``, ``k``, ``v``.
 
 v1.0 (ReLU, the output layer tied to the shared embedding and the decoder states scaled by
@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import Tensor
 
-from aiayn.convert.export import (
+from aiayn.convert.hf_export import (
     HF_ACTIVATION_NAMES,
     copy_tokenizer_files,
     tensors_to_hf,

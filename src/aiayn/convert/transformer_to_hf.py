@@ -43,7 +43,7 @@ from tokenizers import processors
 from torch import Tensor
 
 from aiayn.config import TransformerConfig
-from aiayn.convert.export import (
+from aiayn.convert.hf_export import (
     copy_tokenizer_files,
     tensors_to_hf,
     write_generation_config,

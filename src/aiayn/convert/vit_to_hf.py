@@ -2,7 +2,7 @@
 head) or ``ViTForImageClassification`` (its labels as ``id2label``), with the image
 preprocessing as ``preprocessor_config.json``.
 
-The name map of :mod:`aiayn.convert.vit` read backwards (:func:`~aiayn.convert.export.
+The name map of :mod:`aiayn.convert.vit` read backwards (:func:`~aiayn.convert.hf_export.
 tensors_to_hf`): the fused [W^Q; W^K; W^V] split into ``query``, ``key``, ``value``, the body
 under ``vit.`` in the classifier. A classifier with a pooler keeps it as ``vit.pooler.*``
 (transformers' classifier ignores it; converting back restores it); a ViTModel without one is
@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
-from aiayn.convert.export import HF_ACTIVATION_NAMES, label_maps, prefixed, tensors_to_hf
+from aiayn.convert.hf_export import HF_ACTIVATION_NAMES, label_maps, prefixed, tensors_to_hf
 from aiayn.convert.hf_folder import write_hf_folder
 from aiayn.convert.vit import HF_PREFIX, HF_TO_AIAYN
 from aiayn.data.images import ImagePreprocessor

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from aiayn.config import TransformerConfig
-from aiayn.convert.export import generation_config_to_hf, label_maps, prefixed, tensors_to_hf
 from aiayn.convert.generation import Seq2SeqSpecials, generation_defaults
+from aiayn.convert.hf_export import generation_config_to_hf, label_maps, prefixed, tensors_to_hf
 from aiayn.convert.t5_to_hf import feed_forward_proj
 from aiayn.convert.transformer_to_hf import shares_a_table
 from aiayn.errors import UserError
