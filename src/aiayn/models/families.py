@@ -117,8 +117,10 @@ class Family:
         modules: the modules that are its own (a test holds its name to them and this one).
         reads: what its input is, "text" or "image".
         from_hf: Hugging Face ``model_type`` -> how to convert it.
-        to_hf: ``(model, folder, tokenizer) -> folder``: writes it back as transformers loads
-            it, or None.
+        to_hf: ``(model, folder, tokenizer, state) -> folder``: writes it back as transformers
+            loads it (``tokenizer``: the checkpoint's input processing,
+            :func:`aiayn.checkpoint.tokenizers.checkpoint_tokenizer`, or None; ``state``: its
+            ``state.json``), or None.
         to_ct2: ``(model, tokenizer source) -> spec builder``: its CTranslate2 exporter
             (:mod:`aiayn.convert.to_ct2`), or None.
         to_onnx: ``(model) -> graph``: its ONNX exporter (:mod:`aiayn.convert.to_onnx`), or None.
@@ -180,6 +182,8 @@ FAMILIES: dict[str, Family] = {
                 "aiayn.config",
                 "aiayn.models.transformer",
                 "aiayn.convert.marian",
+                "aiayn.convert.pegasus",
+                "aiayn.convert.transformer_to_hf",
                 "aiayn.training.translation",
                 _TOKENIZERS,
             ),
@@ -188,9 +192,15 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.marian:marian_from_hf_tensors",
                     "aiayn.convert.marian:marian_tokenizer_from_hf",
                     "aiayn.convert.marian:marian_generation_defaults",
-                )
+                ),
+                "pegasus": HFSource(
+                    "aiayn.convert.pegasus:pegasus_from_hf_tensors",
+                    "aiayn.convert.pegasus:pegasus_tokenizer_from_hf",
+                    "aiayn.convert.pegasus:pegasus_generation_defaults",
+                ),
             },
             to_ct2=_TO_CT2_ENCODER_DECODER,
+            to_hf="aiayn.convert.transformer_to_hf:transformer_to_hf",
             inference=_DECODER_STEP,
             training=Training(
                 "aiayn.training.config:DataConfig",
@@ -235,7 +245,7 @@ FAMILIES: dict[str, Family] = {
             "t5-tiny",
             expected_t5_parameters,
             frozenset({"translate"}),
-            ("aiayn.models.t5", "aiayn.convert.t5", _TOKENIZERS),
+            ("aiayn.models.t5", "aiayn.convert.t5", "aiayn.convert.t5_to_hf", _TOKENIZERS),
             from_hf={
                 "t5": HFSource(
                     "aiayn.convert.t5:t5_from_hf_tensors",
@@ -244,6 +254,7 @@ FAMILIES: dict[str, Family] = {
                 )
             },
             to_ct2=_TO_CT2_ENCODER_DECODER,
+            to_hf="aiayn.convert.t5_to_hf:t5_to_hf",
             inference=_DECODER_STEP,
         ),
         Family(
@@ -258,6 +269,7 @@ FAMILIES: dict[str, Family] = {
             (
                 "aiayn.models.bert",
                 "aiayn.convert.bert",
+                "aiayn.convert.bert_to_hf",
                 "aiayn.training.bert_start",
                 "aiayn.training.masked_lm",
                 "aiayn.training.text_classification",
@@ -270,6 +282,7 @@ FAMILIES: dict[str, Family] = {
             },
             to_ct2="aiayn.convert.to_ct2:encoder_to_ct2",
             to_onnx="aiayn.convert.to_onnx:bert_to_onnx",
+            to_hf="aiayn.convert.bert_to_hf:bert_to_hf",
             inference="aiayn.inference.encoder:BertInference",
             training=Training(
                 "aiayn.training.config:BertDataConfig",
@@ -292,7 +305,12 @@ FAMILIES: dict[str, Family] = {
             "vit-tiny-digits",
             expected_vit_parameters,
             frozenset({"classify-image", "attention"}),
-            ("aiayn.models.vit", "aiayn.convert.vit", "aiayn.training.images"),
+            (
+                "aiayn.models.vit",
+                "aiayn.convert.vit",
+                "aiayn.convert.vit_to_hf",
+                "aiayn.training.images",
+            ),
             reads="image",
             from_hf={
                 "vit": HFSource(
@@ -301,6 +319,7 @@ FAMILIES: dict[str, Family] = {
                 )
             },
             to_onnx="aiayn.convert.to_onnx:vit_to_onnx",
+            to_hf="aiayn.convert.vit_to_hf:vit_to_hf",
             inference="aiayn.inference.encoder:ViTInference",
             training=Training(
                 "aiayn.training.config:ImageDataConfig",
