@@ -102,6 +102,29 @@ class Training:
 
 
 @dataclass(frozen=True)
+class AttentionCapture:
+    """How ``aiayn attention`` draws a family's attention (references, see :func:`resolve`).
+
+    Attributes:
+        collect: ``(checkpoint, AttentionRequest) -> result``: runs the model once on the input
+            and keeps the weights its forward returns; the result has ``summary()`` (lines to
+            print) and ``write(folder, png=...)`` (the PNGs and ``attention.html``).
+        reads: the flag its input comes from: "src", "text" or "image".
+        options: the further flags it takes: "tgt" (a target sentence), "continue" (greedy
+            tokens appended to a prompt).
+        files: glob patterns of the PNG files it writes (refused in ``--out`` without
+            ``--force``).
+        pages: the HTML files it writes (refused alike).
+    """
+
+    collect: str
+    reads: str
+    options: frozenset[str] = frozenset()
+    files: tuple[str, ...] = ()
+    pages: tuple[str, ...] = ("attention.html",)
+
+
+@dataclass(frozen=True)
 class Family:
     """A model family: everything about it that any command asks.
 
@@ -123,6 +146,7 @@ class Family:
             encoder–decoders' decoding step, which runs their encoder through
             :mod:`aiayn.inference`), or None (GPT-2 decodes through its module with a KV cache).
         training: how it trains, or None.
+        attention: how ``aiayn attention`` draws its attention, or None.
     """
 
     name: str
@@ -139,6 +163,7 @@ class Family:
     to_hf: str | None = None
     inference: str | None = None
     training: Training | None = None
+    attention: AttentionCapture | None = None
 
     def build(self, config: ModelConfig) -> nn.Module:
         """A model of this family with fresh weights."""
@@ -156,6 +181,13 @@ class Family:
 
 
 _TOKENIZERS = "aiayn.data.pretrained_tokenizer"
+_MAPS = ("L*_H*.png", "all.png")
+_TRANSLATION_ATTENTION = AttentionCapture(
+    "aiayn.visualization.attention_maps:translation_attention",
+    "src",
+    frozenset({"tgt"}),
+    tuple(f"{kind}_{m}" for kind in ("encoder_self", "decoder_self", "cross") for m in _MAPS),
+)
 _DECODER_STEP = "aiayn.decoding.fast_step:InferenceStep"  # the encoder runs on aiayn.inference
 
 FAMILIES: dict[str, Family] = {
@@ -185,6 +217,7 @@ FAMILIES: dict[str, Family] = {
                 )
             },
             inference=_DECODER_STEP,
+            attention=_TRANSLATION_ATTENTION,
             training=Training(
                 "aiayn.training.config:DataConfig",
                 {"translation": "aiayn.training.translation:TranslationTask"},
@@ -200,7 +233,7 @@ FAMILIES: dict[str, Family] = {
             GPT2_PRESETS,
             "gpt2-tiny",
             expected_gpt2_parameters,
-            frozenset({"generate"}),
+            frozenset({"generate", "attention"}),
             ("aiayn.models.gpt2", "aiayn.convert.gpt2", "aiayn.training.lm"),
             from_hf={
                 "gpt2": HFSource(
@@ -209,6 +242,12 @@ FAMILIES: dict[str, Family] = {
                 )
             },
             to_hf="aiayn.convert.gpt2:gpt2_to_hf",
+            attention=AttentionCapture(
+                "aiayn.visualization.lm_attention:lm_attention",
+                "text",
+                frozenset({"continue"}),
+                tuple(f"self_{m}" for m in _MAPS),
+            ),
             training=Training(
                 "aiayn.training.config:LMDataConfig",
                 {"language-model": "aiayn.training.lm:LanguageModelTask"},
@@ -226,7 +265,7 @@ FAMILIES: dict[str, Family] = {
             T5_PRESETS,
             "t5-tiny",
             expected_t5_parameters,
-            frozenset({"translate"}),
+            frozenset({"translate", "attention"}),
             ("aiayn.models.t5", "aiayn.convert.t5", _TOKENIZERS),
             from_hf={
                 "t5": HFSource(
@@ -236,6 +275,7 @@ FAMILIES: dict[str, Family] = {
                 )
             },
             inference=_DECODER_STEP,
+            attention=_TRANSLATION_ATTENTION,
         ),
         Family(
             "bert",
@@ -245,7 +285,7 @@ FAMILIES: dict[str, Family] = {
             BERT_PRESETS,
             "bert-tiny",
             expected_bert_parameters,
-            frozenset({"embed", "fill-mask", "classify-text"}),
+            frozenset({"embed", "fill-mask", "classify-text", "attention"}),
             (
                 "aiayn.models.bert",
                 "aiayn.convert.bert",
@@ -260,6 +300,11 @@ FAMILIES: dict[str, Family] = {
                 )
             },
             inference="aiayn.inference.encoder:BertInference",
+            attention=AttentionCapture(
+                "aiayn.visualization.bert_attention:bert_attention",
+                "text",
+                files=tuple(f"{view}_{m}" for view in ("self", "mask") for m in _MAPS),
+            ),
             training=Training(
                 "aiayn.training.config:BertDataConfig",
                 {
@@ -290,6 +335,12 @@ FAMILIES: dict[str, Family] = {
                 )
             },
             inference="aiayn.inference.encoder:ViTInference",
+            attention=AttentionCapture(
+                "aiayn.visualization.image_view:image_attention",
+                "image",
+                files=("cls_L*_H*.png", "cls_L*_all.png", "rollout.png"),
+                pages=("attention.html", "head_view.html"),
+            ),
             training=Training(
                 "aiayn.training.config:ImageDataConfig",
                 {"image-classification": "aiayn.training.images:ImageClassificationTask"},
