@@ -21,6 +21,8 @@ from aiayn.visualization.capture import check_request
 from aiayn.visualization.token_attention import TokenAttention
 
 transformers = pytest.importorskip("transformers")
+# transformers.MarianTokenizer without sacremoses (whose normaliser transformers 5 does not use)
+pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
 TOLERANCE = 1e-5
 TEXTS = {

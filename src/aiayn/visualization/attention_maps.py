@@ -220,6 +220,23 @@ def greedy_translation(
     return translate_ids(model, [list(src_ids)], tokenizer, options)[0][0].tokens
 
 
+def _target(
+    model: EncoderDecoder,
+    tokenizer: Any,
+    src_ids: list[int],
+    target: str | None,
+    options: DecodeOptions | None,
+) -> tuple[list[int], str, str]:
+    """(ids, text, what it is for messages) of the given target, or of the model's greedy
+    translation of ``src_ids`` when ``target`` is None."""
+    if target is None:
+        tgt_ids = greedy_translation(model, tokenizer, src_ids, options=options)
+        text: str = tokenizer.decode_batch([tgt_ids])[0]
+        return tgt_ids, text, "the model's translation (give --tgt instead)"
+    tgt_ids = _encode_sentence(tokenizer, target, "the target sentence")
+    return tgt_ids, " ".join(target.split()), "the target sentence"
+
+
 @torch.no_grad()
 def collect_attention(
     model: EncoderDecoder,
@@ -243,8 +260,7 @@ def collect_attention(
             limit: source length + 50).
         max_tokens: the most tokens a side of a map may have (source with EOS, decoder input
             with BOS; None: the model's limit only).
-        options: a converted model's decoding rules for its greedy translation (see
-            :func:`greedy_translation`).
+        options: a converted model's decoding rules for its greedy translation.
 
     Raises:
         UserError: an empty sentence, or one longer than the model's learned positions or
@@ -258,14 +274,7 @@ def collect_attention(
     was_training = model.training
     model.eval()
     try:
-        if target is None:
-            tgt_ids = greedy_translation(model, tokenizer, src_row[:-1], options=options)
-            target_text = tokenizer.decode(tgt_ids)
-            what = "the model's translation (give --tgt instead)"
-        else:
-            tgt_ids = _encode_sentence(tokenizer, target, "the target sentence")
-            target_text = " ".join(target.split())
-            what = "the target sentence"
+        tgt_ids, target_text, what = _target(model, tokenizer, src_row[:-1], target, options)
         tgt_row = [tokenizer.bos_id, *tgt_ids]  # T tokens: the outputs shifted right (§3.1)
         check_length(what, len(tgt_row), limit, max_tokens)
         device = next(model.parameters()).device

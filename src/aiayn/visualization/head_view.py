@@ -58,6 +58,7 @@ HEAD_VIEW_STYLE = """
 .headview .hv-head.off { background: #ddd !important; color: #777; }
 .headview #hv-readout { min-height: 1.4em; font-family: ui-monospace, monospace; }
 .headview svg text { font: 13px sans-serif; cursor: pointer; fill: #222; }
+.headview svg line { pointer-events: none; }
 .headview svg text.hl { font-weight: 700; fill: #b4006e; }
 .headview svg text.active { fill: #000; font-weight: 700; text-decoration: underline; }
 """
@@ -73,7 +74,7 @@ HEAD_VIEW_SCRIPT = r"""
   var svg = document.getElementById("hv-svg");
   var NS = svg.namespaceURI;  // an <svg> in HTML is in the SVG namespace
   var readout = document.getElementById("hv-readout");
-  var heads = [], hover = null, pinned = null, lines = 0;
+  var heads = [], hover = null, pinned = null, lines = 0, group = null, geometry = null;
 
   function colour(h, count) {
     return "hsl(" + Math.round(360 * h / Math.max(count, 1)) + ", 75%, 42%)";
@@ -127,29 +128,37 @@ HEAD_VIEW_SCRIPT = r"""
       var t = el("text", { x: x, y: TOP + (i + 0.5) * ROW, "text-anchor": anchor,
         "dominant-baseline": "middle", "data-side": side, "data-index": i }, svg);
       t.textContent = s;
-      var cls = [];
-      if (marked.indexOf(i) >= 0) { cls.push("hl"); }
-      if (token(side) === i) { cls.push("active"); }
-      if (cls.length) { t.setAttribute("class", cls.join(" ")); }
-      t.addEventListener("mouseenter", function () { hover = { side: side, index: i }; draw(); });
-      t.addEventListener("mouseleave", function () { hover = null; draw(); });
+      if (marked.indexOf(i) >= 0) { t.classList.add("hl"); }
+      t.addEventListener("mouseenter", function () {
+        hover = { side: side, index: i };
+        drawLines();
+      });
+      t.addEventListener("mouseleave", function () { hover = null; drawLines(); });
       t.addEventListener("click", function () {
         var same = pinned && pinned.side === side && pinned.index === i;
         pinned = same ? null : { side: side, index: i };
-        draw();
+        drawLines();
       });
     });
   }
 
-  function draw() {
-    var k = kind(), layer = k.layers[layerSelect.selectedIndex], count = layer.length;
-    var mark = k.highlight || [[], []];
+  function draw() {  // the columns of tokens, then the lines
+    var k = kind(), mark = k.highlight || [[], []];
     while (svg.firstChild) { svg.removeChild(svg.firstChild); }
     var left = textWidth(k.rows) + PAD, right = textWidth(k.cols) + PAD;
-    var x1 = left + PAD, x2 = x1 + GAP;
-    svg.setAttribute("width", x2 + PAD + right + PAD);
+    geometry = { x1: left + PAD, x2: left + PAD + GAP };
+    svg.setAttribute("width", geometry.x2 + PAD + right + PAD);
     svg.setAttribute("height", TOP + Math.max(k.rows.length, k.cols.length) * ROW + PAD);
-    var row = token("left"), col = token("right"), group = el("g", {}, svg);
+    group = el("g", {}, svg);
+    drawTokens(k.rows, "left", left, "end", mark[0]);
+    drawTokens(k.cols, "right", geometry.x2 + PAD, "start", mark[1]);
+    drawLines();
+  }
+
+  function drawLines() {  // one line per weight above the threshold, of the heads that are on
+    var k = kind(), layer = k.layers[layerSelect.selectedIndex], count = layer.length;
+    var row = token("left"), col = token("right");
+    while (group.firstChild) { group.removeChild(group.firstChild); }
     lines = 0;
     for (var h = 0; h < count; h++) {
       if (!heads[h]) { continue; }
@@ -159,15 +168,18 @@ HEAD_VIEW_SCRIPT = r"""
         for (var c = 0; c < m[r].length; c++) {
           var w = m[r][c];
           if (w <= data.threshold || (col >= 0 && c !== col)) { continue; }
-          el("line", { x1: x1, y1: TOP + (r + 0.5) * ROW, x2: x2, y2: TOP + (c + 0.5) * ROW,
-            stroke: colour(h, count), "stroke-width": 2, "stroke-opacity": Math.min(1, w),
-            "data-head": h, "data-row": r, "data-col": c }, group);
+          el("line", { x1: geometry.x1, y1: TOP + (r + 0.5) * ROW, x2: geometry.x2,
+            y2: TOP + (c + 0.5) * ROW, stroke: colour(h, count), "stroke-width": 2,
+            "stroke-opacity": Math.min(1, w), "data-head": h, "data-row": r, "data-col": c },
+            group);
           lines++;
         }
       }
     }
-    drawTokens(k.rows, "left", left, "end", mark[0]);
-    drawTokens(k.cols, "right", x2 + PAD, "start", mark[1]);
+    Array.prototype.forEach.call(svg.querySelectorAll("text"), function (t) {
+      var index = +t.getAttribute("data-index");
+      t.classList.toggle("active", token(t.getAttribute("data-side")) === index);
+    });
     describe(k, row, col);
   }
 
@@ -184,7 +196,7 @@ HEAD_VIEW_SCRIPT = r"""
   function toggleHead(h) {
     heads[h] = !heads[h];
     headsBox.children[h].className = heads[h] ? "hv-head" : "hv-head off";
-    draw();
+    drawLines();
   }
 
   function onKind() {
@@ -223,8 +235,8 @@ HEAD_VIEW_SCRIPT = r"""
                heads: heads.map(function (on, h) { return on ? h + 1 : 0; }).filter(Boolean),
                token: at ? { side: at.side, index: at.index } : null };
     },
-    hover: function (side, index) { hover = { side: side, index: index }; draw(); },
-    leave: function () { hover = null; pinned = null; draw(); },
+    hover: function (side, index) { hover = { side: side, index: index }; drawLines(); },
+    leave: function () { hover = null; pinned = null; drawLines(); },
     toggleHead: toggleHead,
     select: function (name, layer) {
       data.kinds.forEach(function (k, i) {

@@ -72,7 +72,8 @@ def collect_lm_attention(
     if not ids:
         raise UserError("--text is empty: give a prompt")
     limit = model.config.max_len
-    check_length("the prompt", len(ids) + continuation, limit, max_tokens)
+    what = f"the prompt with {continuation} new tokens" if continuation else "the prompt"
+    check_length(what, len(ids) + continuation, limit, max_tokens)
     new: list[int] = []
     was_training = model.training
     model.eval()
