@@ -126,6 +126,7 @@ def collect_bert_attention(
         inputs={"input_ids": ids},
         highlight={"self": (where, where)} if where else {},
         focus={"self": where[0]} if where else {},
+        marked="the masked positions",
     )
 
 

@@ -56,10 +56,12 @@ HEAD_VIEW_STYLE = """
   margin-right: 0.2em; border: 2px solid transparent; border-radius: 3px; color: #fff;
   font: 12px ui-monospace, monospace; text-align: center; cursor: pointer; user-select: none; }
 .headview .hv-head.off { background: #ddd !important; color: #777; }
-.headview #hv-readout { min-height: 1.4em; font-family: ui-monospace, monospace; }
+.headview #hv-readout { min-height: 2.8em; font-family: ui-monospace, monospace; }
 .headview svg text { font: 13px sans-serif; cursor: pointer; fill: #222; }
 .headview svg line { pointer-events: none; }
 .headview svg text.hl { font-weight: 700; fill: #b4006e; }
+.headview #hv-marked { font-size: 0.9em; margin: 0.3em 0; }
+.headview #hv-marked .hl { font-weight: 700; color: #b4006e; }
 .headview svg text.active { fill: #000; font-weight: 700; text-decoration: underline; }
 """
 
@@ -67,7 +69,7 @@ HEAD_VIEW_SCRIPT = r"""
 (function () {
   "use strict";
   var data = JSON.parse(document.getElementById("attention-data").textContent);
-  var ROW = 20, GAP = 170, PAD = 10, TOP = 14;
+  var ROW = 24, GAP = 300, PAD = 10, TOP = 14;
   var kindSelect = document.getElementById("hv-kind");
   var layerSelect = document.getElementById("hv-layer");
   var headsBox = document.getElementById("hv-heads");
@@ -158,18 +160,19 @@ HEAD_VIEW_SCRIPT = r"""
   function drawLines() {  // one line per weight above the threshold, of the heads that are on
     var k = kind(), layer = k.layers[layerSelect.selectedIndex], count = layer.length;
     var row = token("left"), col = token("right");
+    var spread = Math.min(0.6 * ROW, 2.5 * (count - 1));  // heads side by side in a row
     while (group.firstChild) { group.removeChild(group.firstChild); }
     lines = 0;
     for (var h = 0; h < count; h++) {
       if (!heads[h]) { continue; }
-      var m = layer[h];
+      var m = layer[h], dy = count > 1 ? (h / (count - 1) - 0.5) * spread : 0;
       for (var r = 0; r < m.length; r++) {
         if (row >= 0 && r !== row) { continue; }
         for (var c = 0; c < m[r].length; c++) {
           var w = m[r][c];
           if (w <= data.threshold || (col >= 0 && c !== col)) { continue; }
-          el("line", { x1: geometry.x1, y1: TOP + (r + 0.5) * ROW, x2: geometry.x2,
-            y2: TOP + (c + 0.5) * ROW, stroke: colour(h, count), "stroke-width": 2,
+          el("line", { x1: geometry.x1, y1: TOP + (r + 0.5) * ROW + dy, x2: geometry.x2,
+            y2: TOP + (c + 0.5) * ROW + dy, stroke: colour(h, count), "stroke-width": 2,
             "stroke-opacity": Math.min(1, w), "data-head": h, "data-row": r, "data-col": c },
             group);
           lines++;
@@ -221,6 +224,15 @@ HEAD_VIEW_SCRIPT = r"""
     option.textContent = k.title;
     kindSelect.appendChild(option);
   });
+  var marked = document.getElementById("hv-marked");
+  marked.innerHTML = "";
+  if (data.marked) {
+    var sample = document.createElement("span");
+    sample.className = "hl";
+    sample.textContent = "Coloured tokens";
+    marked.appendChild(sample);
+    marked.appendChild(document.createTextNode(": " + data.marked + "."));
+  }
   kindSelect.addEventListener("change", onKind);
   layerSelect.addEventListener("change", draw);
   onKind();
@@ -261,6 +273,7 @@ def head_view_section() -> str:
   <span><label>Heads</label> <span id="hv-heads"></span></span>
 </div>
 <div id="hv-readout"></div>
+<div id="hv-marked"></div>
 <svg id="hv-svg" width="10" height="10"></svg>
 <p class="note">Queries on the left, keys on the right; one colour per head, a line per weight
 above {HEAD_VIEW_THRESHOLD}, as opaque as the weight. Hover over a token to see

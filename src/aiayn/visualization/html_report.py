@@ -74,6 +74,7 @@ def report_data(attention: TokenAttention | AttentionMaps) -> dict[str, Any]:
         "title": attention.title,
         "lines": [list(line) for line in attention.lines],
         "threshold": HEAD_VIEW_THRESHOLD,
+        "marked": attention.marked,
         "kinds": kinds,
     }
 

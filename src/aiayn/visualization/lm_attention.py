@@ -107,6 +107,7 @@ def collect_lm_attention(
         note=LM_NOTE,
         inputs={"input_ids": tokens[0].tolist()},
         highlight={"self": (later, later)} if later else {},
+        marked="the model's greedy continuation",
     )
 
 

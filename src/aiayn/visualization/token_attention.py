@@ -100,6 +100,7 @@ class TokenAttention:
             ``[MASK]``), as (row indexes, column indexes).
         focus: per view name, a query row the head view isolates when it opens (BERT's first
             ``[MASK]``), or absent.
+        marked: what the highlighted tokens are ("the model's greedy continuation").
     """
 
     title: str
@@ -109,6 +110,7 @@ class TokenAttention:
     inputs: dict[str, list[int]] = field(default_factory=dict)
     highlight: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
     focus: dict[str, int] = field(default_factory=dict)
+    marked: str = ""
 
     def view(self, name: str) -> AttentionView:
         """The view called ``name``."""
