@@ -196,7 +196,11 @@ def test_the_flags_each_family_reads_pass() -> None:
     [
         ("gpt2", ["--text", TEXTS["gpt2"], "--continue", "3"], {"self_L2_H4.png", "self_all.png"}),
         ("bert", ["--text", TEXTS["bert"]], {"self_L1_H1.png", "mask_L2_H4.png", "mask_all.png"}),
-        ("t5", ["--src", TEXTS["t5"]], {"encoder_self_L2_H4.png", "cross_all.png"}),
+        (
+            "t5",
+            ["--src", TEXTS["t5"], "--tgt", "Die Katze"],
+            {"encoder_self_L2_H4.png", "cross_all.png"},
+        ),
     ],
 )
 def test_cli_writes_each_familys_maps(

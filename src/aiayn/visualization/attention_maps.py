@@ -1,9 +1,11 @@
-"""Attention maps of a trained model for one sentence pair (``aiayn attention``).
+"""Attention maps of an encoder–decoder for one sentence pair (``aiayn attention``).
 
-:func:`collect_attention` runs the model once, teacher-forced, on a source sentence and a target
-sentence (by default the model's own greedy translation) and keeps the attention weights the
-model *returns* (``Transformer.encode`` / ``Transformer.decode`` with ``need_weights=True``;
-nothing is stashed on the modules). Three kinds of attention (§3.2.3):
+:func:`collect_attention` runs the model (the paper's, or a converted T5 or Marian) once,
+teacher-forced, on a source sentence and a target sentence (by default the model's own greedy
+translation) and keeps the attention weights the model *returns* (``encode`` / ``decode`` with
+``need_weights=True``; nothing is stashed on the modules). :func:`translation_attention` is the
+family registry's capture for these families (``Family.attention``). Three kinds of attention
+(§3.2.3):
 
 - ``encoder_self``: encoder self-attention, queries and keys = the source tokens;
 - ``decoder_self``: masked decoder self-attention, queries and keys = the decoder inputs (BOS,
@@ -25,7 +27,8 @@ hundred tokens labelled maps are unreadable and take minutes and gigabytes to dr
 figure grows with the square of its tokens; ``aiayn attention --max-tokens``).
 
 Token labels are the subword tokens decoded one by one; a leading space (the start of a word) is
-shown as ``▁``, special tokens by name (``<s>``, ``</s>``).
+shown as ``▁``, special tokens by name (``<s>``, ``</s>``). A converted model's labels are its
+SentencePiece pieces (``▁`` starts a word) and special tokens.
 
 Shape legend:
     B  batch size (1 here)     H  heads          N  layers
