@@ -49,13 +49,17 @@ def register(subparsers: Any) -> None:
         subparsers,
         "attention",
         run,
-        help="draw every layer's and head's attention for one sentence pair or one image "
-        "(PNG + HTML)",
-        description="Attention maps (§3.2.3: encoder self-attention, masked decoder "
-        "self-attention, encoder–decoder attention) of a trained model for one sentence pair, "
-        "as PNG heatmaps and one self-contained HTML page; for a ViT checkpoint and --image, "
-        "the class token's attention over the image patches per layer and head and the "
-        "attention rollout, overlaid on the image.",
+        help="draw every layer's and head's attention for one input of any family "
+        "(PNG + HTML with a head view)",
+        description="Attention maps of a checkpoint for one input, as PNG heatmaps and one "
+        "self-contained HTML page with a heatmap per head and a head view (every head of a "
+        "layer at once). The family decides the input: --src [--tgt] for encoder-decoders "
+        "(the paper's model, T5, Marian: encoder self-attention, masked decoder "
+        "self-attention, encoder-decoder attention, §3.2.3); --text [--continue N] for GPT-2 "
+        "(causal self-attention of a prompt and its greedy continuation); --text for BERT "
+        "(bidirectional, [CLS] and [SEP] shown; with [MASK], the masked positions' attention); "
+        "--image for a ViT (the class token's attention over the patches per layer and head "
+        "and the attention rollout, overlaid on the image).",
     )
     p.add_argument(
         "--checkpoint",
