@@ -231,3 +231,17 @@ def test_head_view_for_a_notebook(converted_families: dict[str, Any], tmp_path: 
     frame = view._repr_html_()
     assert frame.startswith("<iframe srcdoc=") and "<script>" not in frame  # escaped inside
     assert view.save(tmp_path / "hv.html").read_text(encoding="utf-8") == view.html
+
+
+@pytest.mark.parametrize("name", ENCODER_DECODERS)
+def test_piece_labels_are_transformers_tokens(
+    converted_families: dict[str, Any], name: str
+) -> None:
+    """The converted tokenizer's ``id_to_token`` gives transformers' ``convert_ids_to_tokens``
+    for every id of the vocabulary (the encoder–decoders' labels)."""
+    from aiayn.checkpoint import load_translation_tokenizer
+
+    ours = load_translation_tokenizer(converted_families[name].checkpoint)
+    theirs = transformers.AutoTokenizer.from_pretrained(converted_families[name].hf)
+    ids = list(range(len(theirs)))
+    assert [ours.id_to_token(i) for i in ids] == theirs.convert_ids_to_tokens(ids)
