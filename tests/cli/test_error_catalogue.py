@@ -572,10 +572,10 @@ CASES = {
         "attention --checkpoint {mt} --src '  ' --out {tmp}/m", 2, "--src is empty"
     ),
     "attention/image for a translation model": Case(
-        "attention --checkpoint {mt} --image {tmp}/img.png", 2, "--image needs a ViT"
+        "attention --checkpoint {mt} --image {tmp}/img.png", 2, "--image is for ViT checkpoints"
     ),
     "attention/sentence for a ViT": Case(
-        "attention --checkpoint {vit} --src hi", 2, "--src is for translation models"
+        "attention --checkpoint {vit} --src hi", 2, "--src is for Transformer or T5 checkpoints"
     ),
     "attention/ViT without image": Case("attention --checkpoint {vit}", 2, "give --image"),
     "attention/missing image": Case(
@@ -602,8 +602,29 @@ CASES = {
     "attention/max-tokens 0": Case(
         "attention --checkpoint {mt} --src hi --max-tokens 0 --out {tmp}/m", 2, "--max-tokens"
     ),
-    "attention/language model": Case(
-        "attention --checkpoint {gpt2} --src hi --out {tmp}/m", 2, "holds a gpt2 model"
+    "attention/language model given --src": Case(
+        "attention --checkpoint {gpt2} --src hi --out {tmp}/m", 2, "holds a gpt2 model: give --text"
+    ),
+    "attention/--tgt for a language model": Case(
+        "attention --checkpoint {gpt2} --text hi --tgt x --out {tmp}/m",
+        2,
+        "--tgt does not apply here",
+    ),
+    "attention/--continue for BERT": Case(
+        "attention --checkpoint {bert} --text hi --continue 3 --out {tmp}/m",
+        2,
+        "--continue does not apply here",
+    ),
+    "attention/--continue below 0": Case(
+        "attention --checkpoint {gpt2} --text hi --continue -1 --out {tmp}/m", 2, "--continue"
+    ),
+    "attention/empty text": Case(
+        "attention --checkpoint {bert} --text '  ' --out {tmp}/m", 2, "--text is empty"
+    ),
+    "attention/prompt past the positions": Case(
+        "attention --checkpoint {gpt2} --text hi --continue 100000 --out {tmp}/m",
+        2,
+        "this model's limit is",
     ),
     # -- explain --------------------------------------------------------------------------------
     "explain/missing weights": Case(

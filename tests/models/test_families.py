@@ -40,6 +40,8 @@ def _refs() -> list[tuple[str, str]]:
         for name in ("to_hf", "to_ct2", "to_onnx", "inference"):
             if getattr(f, name):
                 refs += [(f"{f.name}.{name}", getattr(f, name))]
+        if f.attention is not None:
+            refs += [(f"{f.name}.attention", f.attention.collect)]
         t = f.training
         if t is not None:
             refs += [(f"{f.name}.training.data", t.data)]

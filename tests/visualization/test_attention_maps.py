@@ -225,7 +225,7 @@ def test_html_escapes_the_sentences(maps: AttentionMaps) -> None:
         cross=maps.cross,
     )
     page = attention_html(nasty)
-    assert page.count("</script>") == 2  # the data block's and the script's own
+    assert page.count("</script>") == 3  # the data block's and the two scripts' own
     assert "alert(1)</script>" not in page and "&lt;b&gt;" in page
 
 
@@ -237,7 +237,7 @@ def test_cli_with_target(
     argv = ["attention", "--checkpoint", str(checkpoint_dir), "--src", SOURCE, "--tgt", TARGET]
     assert main([*argv, "--out", str(out)]) == 0
     stdout = capsys.readouterr().out
-    assert f"target (given): {TARGET}" in stdout
+    assert f"Target (given): {TARGET}" in stdout
     names = {p.name for p in out.iterdir()}
     assert {"attention.html", "encoder_self_L1_H2.png", "decoder_self_L2_H1.png"} <= names
     assert "cross_L2_H2.png" in names and len(names) == 1 + 10 + 3
@@ -249,7 +249,7 @@ def test_cli_without_target_translates(
     out = tmp_path / "maps"
     argv = ["attention", "--checkpoint", str(checkpoint_dir), "--src", "tom is my friend"]
     assert main([*argv, "--out", str(out), "--no-png"]) == 0
-    assert "target (model translation):" in capsys.readouterr().out
+    assert "Target (the model's own greedy translation):" in capsys.readouterr().out
     assert [p.name for p in out.iterdir()] == ["attention.html"]
 
 

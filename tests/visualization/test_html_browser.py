@@ -147,3 +147,124 @@ def test_page_in_headless_chromium(driver: Any, page: Path) -> None:
     assert driver.execute_script("return window.__errors;") == []
     severe = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
     assert severe == [], severe
+
+
+# -- the head view -------------------------------------------------------------------------
+def _page_data(browser: Any) -> Any:
+    return browser.execute_script(
+        "return JSON.parse(document.getElementById('attention-data').textContent);"
+    )
+
+
+def _expected_lines(
+    layer: list[list[list[float]]],
+    threshold: float,
+    *,
+    heads: set[int] | None = None,
+    row: int | None = None,
+    col: int | None = None,
+) -> list[tuple[int, int, int]]:
+    """(head, row, col) of every weight the head view draws: above the threshold, of a head that
+    is on, in the hovered row or column if any."""
+    return [
+        (h, r, c)
+        for h, matrix in enumerate(layer)
+        if heads is None or h in heads
+        for r, weights in enumerate(matrix)
+        if row is None or r == row
+        for c, w in enumerate(weights)
+        if w > threshold and (col is None or c == col)
+    ]
+
+
+def _drawn(browser: Any) -> list[tuple[int, int, int]]:
+    lines = browser.execute_script(
+        "return Array.prototype.map.call(document.querySelectorAll('#hv-svg line'), function (l) {"
+        "  return [+l.getAttribute('data-head'), +l.getAttribute('data-row'),"
+        "          +l.getAttribute('data-col')]; });"
+    )
+    assert browser.execute_script("return window.aiaynHeadView.lineCount();") == len(lines)
+    return sorted(tuple(line) for line in lines)
+
+
+def _token(browser: Any, side: str, index: int) -> Any:
+    return browser.find_element(
+        "css selector", f'#hv-svg text[data-side="{side}"][data-index="{index}"]'
+    )
+
+
+def test_head_view_in_headless_chromium(driver: Any, page: Path) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.support.ui import Select
+
+    driver.set_window_size(1400, 1600)  # the head view, below the heatmap, in sight
+    driver.get(page.as_uri())
+    assert driver.execute_script("return window.__errors;") == []
+    driver.execute_script("document.getElementById('hv-svg').scrollIntoView();")
+    data = _page_data(driver)
+    threshold = data["threshold"]
+    assert driver.execute_script("return window.aiaynHeadView.threshold;") == threshold > 0
+    state = driver.execute_script("return window.aiaynHeadView.state();")
+    assert state == {"kind": "encoder_self", "layer": 1, "heads": [1, 2], "token": None}
+
+    # Every head of the layer at once: one line per weight above the threshold.
+    layer = data["kinds"][0]["layers"][0]
+    everything = _expected_lines(layer, threshold)
+    assert _drawn(driver) == sorted(everything) and len(everything) > len(layer[0])
+
+    # Hovering over a query isolates its row; over a key, its column; leaving restores all.
+    ActionChains(driver).move_to_element(_token(driver, "left", 1)).perform()
+    assert driver.execute_script("return window.aiaynHeadView.state();")["token"] == {
+        "side": "left",
+        "index": 1,
+    }
+    row = _expected_lines(layer, threshold, row=1)
+    assert _drawn(driver) == sorted(row) and 0 < len(row) < len(everything)
+    ActionChains(driver).move_to_element(_token(driver, "right", 2)).perform()
+    assert _drawn(driver) == sorted(_expected_lines(layer, threshold, col=2))
+    ActionChains(driver).move_to_element(driver.find_element("tag name", "h1")).perform()
+    assert _drawn(driver) == sorted(everything)
+
+    # A head clicked off is not drawn; clicked again, it is.
+    driver.find_element("css selector", '#hv-heads .hv-head[data-head="0"]').click()
+    assert _drawn(driver) == sorted(_expected_lines(layer, threshold, heads={1}))
+    driver.find_element("css selector", '#hv-heads .hv-head[data-head="0"]').click()
+    assert _drawn(driver) == sorted(everything)
+
+    # The decoder's masked self-attention, layer 2: no line to a later position.
+    Select(driver.find_element("id", "hv-kind")).select_by_visible_text(
+        "decoder masked self-attention"
+    )
+    Select(driver.find_element("id", "hv-layer")).select_by_index(1)
+    decoder = data["kinds"][1]["layers"][1]
+    drawn = _drawn(driver)
+    assert drawn == sorted(_expected_lines(decoder, threshold))
+    assert all(c <= r for _, r, c in drawn)
+
+    assert driver.execute_script("return window.__errors;") == []
+    severe = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    assert severe == [], severe
+
+
+@pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+def test_head_view_opens_on_berts_mask(
+    driver: Any, converted_families: dict[str, Any], tmp_path: Path
+) -> None:
+    """A fill-mask text: the head view opens with the [MASK] row isolated (its attention)."""
+    from aiayn.visualization import capture_attention, head_view
+
+    checkpoint = converted_families["bert"].checkpoint
+    attention = capture_attention(checkpoint, text="the cat [MASK] on the mat .")
+    path = head_view(attention).save(tmp_path / "head_view.html")
+    driver.get(path.as_uri())
+    assert driver.execute_script("return window.__errors;") == []
+    data = _page_data(driver)
+    where = data["kinds"][0]["rows"].index("[MASK]")
+    state = driver.execute_script("return window.aiaynHeadView.state();")
+    assert state["token"] == {"side": "left", "index": where}
+    layer = data["kinds"][0]["layers"][0]
+    assert _drawn(driver) == sorted(_expected_lines(layer, data["threshold"], row=where))
+    _token(driver, "left", where).click()  # unpinned: every line
+    driver.execute_script("window.aiaynHeadView.leave();")
+    assert _drawn(driver) == sorted(_expected_lines(layer, data["threshold"]))
+    assert driver.execute_script("return window.__errors;") == []

@@ -280,10 +280,17 @@ def test_cli_writes_the_overlays_and_the_page(
     assert "read as 32×32 pixels: a 4×4 grid of 8×8 patches" in stdout
     assert "wrote 11 PNG files" in stdout
     names = {p.name for p in out.iterdir()}
-    assert len(names) == LAYERS * HEADS + LAYERS + 1 + 1
-    assert names == {*image_attention_pngs(attention), "attention.html"}
+    assert len(names) == LAYERS * HEADS + LAYERS + 1 + 2
+    assert names == {*image_attention_pngs(attention), "attention.html", "head_view.html"}
     assert {"cls_L1_H1.png", "cls_L2_H4.png", "cls_L2_all.png", "rollout.png"} <= names
-    for name in sorted(names - {"attention.html"}):
+    head_view = (out / "head_view.html").read_text(encoding="utf-8")  # [CLS], then the patches
+    blob = re.search(r'id="attention-data">(.*?)</script>', head_view, re.S)
+    assert blob is not None
+    view = json.loads(blob.group(1))["kinds"][0]
+    assert view["rows"][:3] == ["[CLS]", "r1c1", "r1c2"] and len(view["rows"]) == 1 + 16
+    weights = np.stack([w.numpy() for w in attention.weights])  # (L, n, T, T)
+    np.testing.assert_allclose(np.array(view["layers"]), weights, atol=1e-4)
+    for name in sorted(names - {"attention.html", "head_view.html"}):
         with Image.open(out / name) as image:
             image.load()
             assert image.format == "PNG"
@@ -322,7 +329,7 @@ def test_cli_no_png_writes_only_the_page(vit: dict[str, Any], tmp_path: Path) ->
     out = tmp_path / "maps"
     argv = ["attention", "--checkpoint", str(vit["ckpt"]), "--image", str(vit["png"])]
     assert main([*argv, "--out", str(out), "--no-png"]) == 0
-    assert [p.name for p in out.iterdir()] == ["attention.html"]
+    assert sorted(p.name for p in out.iterdir()) == ["attention.html", "head_view.html"]
 
 
 def test_page_escapes_labels_and_handles_no_classifier(attention: ImageAttention) -> None:
@@ -363,9 +370,9 @@ def test_cli_refusals(
     ckpt, png, out = str(vit["ckpt"]), str(vit["png"]), str(tmp_path / "out")
     base = ["attention", "--out", out, "--checkpoint"]
     err = _fails([*base, str(checkpoint_dir), "--image", png], capsys)
-    assert "--image needs a ViT checkpoint" in err and "transformer" in err
+    assert "--image is for ViT checkpoints" in err and "transformer" in err
     err = _fails([*base, ckpt, "--src", "the cat sat"], capsys)
-    assert "--src is for translation models" in err and "give --image" in err
+    assert "--src is for Transformer or T5 checkpoints" in err and "give --image" in err
     assert "--tgt" in _fails([*base, ckpt, "--image", png, "--tgt", "die katze"], capsys)
     assert "give --image" in _fails([*base, ckpt], capsys)
     assert "give --src" in _fails([*base, str(checkpoint_dir)], capsys)

@@ -1,36 +1,41 @@
-"""``aiayn attention``: attention maps of a trained model for one sentence pair, or of a Vision
-Transformer for one image.
+"""``aiayn attention``: attention maps of a checkpoint of any family for one input.
 
     aiayn attention --checkpoint DIR --src "The cat sat on the mat." [--tgt "..."] --out DIR
+    aiayn attention --checkpoint GPT2_DIR --text "The cat" [--continue 8] --out DIR
+    aiayn attention --checkpoint BERT_DIR --text "The cat [MASK] on the mat." --out DIR
     aiayn attention --checkpoint VIT_DIR --image cat.png --out DIR
 
-For a translation checkpoint: one PNG per (kind, layer, head), e.g. ``encoder_self_L1_H2.png``,
-an overview PNG per kind (``cross_all.png``) and ``attention.html``, a self-contained page to pick
-the kind, layer and head. See :mod:`aiayn.visualization.attention_maps` and
-:mod:`aiayn.visualization.html_report`.
+The checkpoint's family decides the input and the maps, through the family registry
+(``Family.attention``: :mod:`aiayn.visualization.capture`):
 
-For a ViT checkpoint: the class token's attention over the patches overlaid on the image, one PNG
-per layer and head (``cls_L1_H2.png``), an overview per layer (``cls_L1_all.png``), the attention
-rollout (``rollout.png``) and ``attention.html`` with the top predicted labels. See
-:mod:`aiayn.visualization.image_attention`.
+- encoder–decoders (the paper's model, converted T5 and Marian): ``--src`` and optionally
+  ``--tgt`` (default: the model's own greedy translation); encoder self-attention, masked
+  decoder self-attention and encoder–decoder attention (:mod:`aiayn.visualization.attention_maps`);
+- GPT-2: ``--text``, the prompt, and optionally ``--continue N``, N tokens of its greedy
+  continuation; causal self-attention (:mod:`aiayn.visualization.lm_attention`);
+- BERT: ``--text`` with its [CLS] and [SEP]; bidirectional self-attention, and with [MASK] in
+  the text the masked positions' attention (:mod:`aiayn.visualization.bert_attention`);
+- ViT: ``--image``; the class token's attention over the patches and the attention rollout,
+  overlaid on the image (:mod:`aiayn.visualization.image_attention`), and ``head_view.html``.
 
-The checkpoint's family decides the input: ``--image`` for a ViT, ``--src`` for the others.
+For text: one PNG per (kind, layer, head), e.g. ``encoder_self_L1_H2.png``, an overview PNG per
+kind (``cross_all.png``) and ``attention.html``, a self-contained page with a heatmap of one
+head and the head view of every head of a layer (:mod:`aiayn.visualization.html_report`,
+:mod:`aiayn.visualization.head_view`).
 
-An ``--out`` folder that already holds files of these names (``attention.html``, the PNG names
-above) is refused before any work unless ``--force``; other files in it are left alone. The files
-are drawn into a temporary folder inside ``--out`` and moved into place when all are complete
-(:mod:`aiayn.cli.outputs`).
+An ``--out`` folder that already holds files of these names is refused before any work unless
+``--force``; other files in it are left alone. The files are drawn into a temporary folder
+inside ``--out`` and moved into place when all are complete (:mod:`aiayn.cli.outputs`).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from aiayn.cli.commands import add_command
-from aiayn.validation import PositiveInt, flag_type
+from aiayn.validation import NonNegativeInt, PositiveInt, flag_type
 
 MAX_TOKENS = 160
 """The default ``--max-tokens``: the most tokens a side of a map (source with EOS, decoder input
@@ -44,13 +49,17 @@ def register(subparsers: Any) -> None:
         subparsers,
         "attention",
         run,
-        help="draw every layer's and head's attention for one sentence pair or one image "
-        "(PNG + HTML)",
-        description="Attention maps (§3.2.3: encoder self-attention, masked decoder "
-        "self-attention, encoder–decoder attention) of a trained model for one sentence pair, "
-        "as PNG heatmaps and one self-contained HTML page; for a ViT checkpoint and --image, "
-        "the class token's attention over the image patches per layer and head and the "
-        "attention rollout, overlaid on the image.",
+        help="draw every layer's and head's attention for one input of any family "
+        "(PNG + HTML with a head view)",
+        description="Attention maps of a checkpoint for one input, as PNG heatmaps and one "
+        "self-contained HTML page with a heatmap per head and a head view (every head of a "
+        "layer at once). The family decides the input: --src [--tgt] for encoder-decoders "
+        "(the paper's model, T5, Marian: encoder self-attention, masked decoder "
+        "self-attention, encoder-decoder attention, §3.2.3); --text [--continue N] for GPT-2 "
+        "(causal self-attention of a prompt and its greedy continuation); --text for BERT "
+        "(bidirectional, [CLS] and [SEP] shown; with [MASK], the masked positions' attention); "
+        "--image for a ViT (the class token's attention over the patches per layer and head "
+        "and the attention rollout, overlaid on the image).",
     )
     p.add_argument(
         "--checkpoint",
@@ -59,11 +68,22 @@ def register(subparsers: Any) -> None:
     )
     given = p.add_mutually_exclusive_group()
     given.add_argument("--src", default=None, help="the source sentence (translation models)")
+    given.add_argument(
+        "--text", default=None, help="the text (GPT-2: the prompt; BERT: a text, [MASK] allowed)"
+    )
     given.add_argument("--image", default=None, help="an image file (ViT checkpoints)")
     p.add_argument(
         "--tgt",
         default=None,
         help="the target sentence, with --src (default: the model's own greedy translation)",
+    )
+    p.add_argument(
+        "--continue",
+        dest="continuation",
+        type=flag_type(NonNegativeInt),
+        default=0,
+        metavar="N",
+        help="GPT-2: append N tokens of the model's greedy continuation to the prompt (0)",
     )
     p.add_argument(
         "--max-tokens",
@@ -78,10 +98,13 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Check the arguments against the checkpoint's family and draw its attention."""
+    """Check the arguments against the checkpoint's family, capture its attention, write it."""
     from aiayn.checkpoint import read_checkpoint_config
+    from aiayn.cli.outputs import check_folder, staged_files
     from aiayn.errors import UserError
     from aiayn.models.families import refuse_unless_serving
+    from aiayn.visualization.capture import check_request, given_flags, run_capture
+    from aiayn.visualization.token_attention import AttentionRequest
 
     if not Path(args.checkpoint).exists():
         raise UserError(f"checkpoint not found: {args.checkpoint}")
@@ -90,102 +113,40 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--out {out} exists and is not a folder")
     folder, family, _, _ = read_checkpoint_config(args.checkpoint)
     refuse_unless_serving(family, "attention", folder)
-    if family.reads == "image":
-        if args.src is not None or args.tgt is not None:
-            flag = "--src" if args.src is not None else "--tgt"
-            raise UserError(f"{flag} is for translation models; {folder} holds a ViT: give --image")
-        if args.image is None:
-            raise UserError(f"{folder} holds a ViT: give --image IMAGE")
-        return _run_image(args, out)
-    if args.image is not None:
-        raise UserError(
-            f"--image needs a ViT checkpoint; {folder} holds a {family.name} model: give --src"
-        )
-    if args.src is None:
-        raise UserError(f"{folder} holds a {family.name} model: give --src SENTENCE")
-    return _run_translation(args, out)
-
-
-def _check_out(args: argparse.Namespace, out: Path, png_patterns: Sequence[str]) -> None:
-    """Refuse an --out that cannot be written or that holds maps of these names (no --force)."""
-    from aiayn.cli.outputs import check_folder
-
-    patterns = () if args.no_png else png_patterns
-    check_folder(out, force=args.force, flag="--out", names=["attention.html"], patterns=patterns)
-
-
-def _run_translation(args: argparse.Namespace, out: Path) -> int:
-    """Load the checkpoint, collect the maps, write the PNGs and the HTML page."""
-    from aiayn.checkpoint import load_checkpoint
-    from aiayn.cli.outputs import staged_files
-    from aiayn.data.tokenizer import Tokenizer
-    from aiayn.errors import UserError
-    from aiayn.visualization.attention_maps import (
-        KINDS,
-        collect_attention,
-        write_attention_pngs,
+    request = AttentionRequest(
+        args.src if args.src is not None else args.text,
+        args.tgt,
+        args.continuation,
+        args.image,
+        args.max_tokens,
     )
-    from aiayn.visualization.html_report import write_attention_html
+    capture = check_request(family, given_flags(request, source=args.src is not None), folder)
+    _check_texts(args)
+    patterns = () if args.no_png else capture.files
+    check_folder(out, force=args.force, flag="--out", names=capture.pages, patterns=patterns)
+    result = run_capture(capture, folder, request)
+    for line in result.summary():
+        print(line)
+    with staged_files(out) as stage:
+        written = result.write(stage, png=not args.no_png)
+    pngs = [p for p in written if p.suffix == ".png"]
+    if pngs:
+        print(f"wrote {len(pngs)} PNG files to {out}/")
+    for page in written:
+        if page.suffix == ".html":
+            print(f"wrote {out / page.name}")
+    return 0
 
-    if not args.src.strip():
-        raise UserError("--src is empty: give a source sentence")
+
+def _check_texts(args: argparse.Namespace) -> None:
+    """Refuse an empty --src, --text or --tgt before anything is loaded."""
+    from aiayn.errors import UserError
+
+    for flag in ("src", "text"):
+        value = getattr(args, flag)
+        if value is not None and not value.strip():
+            raise UserError(
+                f"--{flag} is empty: give a {'source sentence' if flag == 'src' else 'text'}"
+            )
     if args.tgt is not None and not args.tgt.strip():
         raise UserError("--tgt is empty: give a target sentence, or leave --tgt out")
-    _check_out(args, out, [f"{kind}_{rest}" for kind in KINDS for rest in ("L*_H*.png", "all.png")])
-
-    checkpoint = load_checkpoint(args.checkpoint)
-    tokenizer = Tokenizer.load(checkpoint.tokenizer_path)
-    maps = collect_attention(
-        checkpoint.model, tokenizer, args.src, args.tgt, max_tokens=args.max_tokens
-    )
-    print(f"source: {maps.source}")
-    print(f"target ({'model translation' if maps.target_from_model else 'given'}): {maps.target}")
-    print(f"tokens: {len(maps.source_labels)} source, {len(maps.target_labels)} decoder input")
-    with staged_files(out) as stage:
-        pngs = [] if args.no_png else write_attention_pngs(maps, stage)
-        write_attention_html(maps, stage / "attention.html", title=f"Attention maps: {maps.source}")
-    page = out / "attention.html"
-    layers = f"{len(maps.encoder_self)}+{len(maps.decoder_self)} layers × {maps.num_heads} heads"
-    if pngs:
-        print(f"wrote {len(pngs)} PNG files ({layers}) to {out}/")
-    print(f"wrote {page}")
-    return 0
-
-
-def _run_image(args: argparse.Namespace, out: Path) -> int:
-    """Load the ViT and its preprocessing, draw the class token's attention and the rollout."""
-    from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint
-    from aiayn.cli.outputs import staged_files
-    from aiayn.data.images import ImagePreprocessor
-    from aiayn.errors import UserError
-    from aiayn.models.vit import ViT
-    from aiayn.visualization.image_attention import (
-        collect_image_attention,
-        draw_overlays,
-        write_image_attention_html,
-        write_image_attention_pngs,
-    )
-
-    _check_out(args, out, ("cls_L*_H*.png", "cls_L*_all.png", "rollout.png"))
-    checkpoint = load_checkpoint(args.checkpoint, expect=ViT)
-    preprocessor = checkpoint_tokenizer(checkpoint.path)
-    if not isinstance(preprocessor, ImagePreprocessor):
-        raise UserError(f"{checkpoint.path} has no image preprocessing (preprocessor_config.json)")
-    attention = collect_image_attention(checkpoint.model, preprocessor, args.image)
-    (height, width), (g_h, g_w) = attention.input_size, attention.grid
-    p = attention.patch_size
-    print(f"image: {args.image} ({attention.image.width}×{attention.image.height} pixels)")
-    print(f"read as {width}×{height} pixels: a {g_h}×{g_w} grid of {p}×{p} patches")
-    for label, probability in attention.predictions():
-        print(f"{probability:.4f}\t{label}")
-    overlays = draw_overlays(attention)
-    title = f"Attention maps: {attention.name}"
-    with staged_files(out) as stage:
-        pngs = [] if args.no_png else write_image_attention_pngs(attention, stage, overlays)
-        write_image_attention_html(attention, stage / "attention.html", overlays, title=title)
-    page = out / "attention.html"
-    if pngs:
-        layers = f"{attention.num_layers} layers × {attention.num_heads} heads, rollout"
-        print(f"wrote {len(pngs)} PNG files ({layers}) to {out}/")
-    print(f"wrote {page}")
-    return 0

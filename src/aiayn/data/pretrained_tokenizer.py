@@ -233,15 +233,17 @@ class T5Tokenizer(_SpecialIds):
         """Every special token (skipped when decoding, one token when spelled in text) → id."""
         return dict(self._special)
 
-    def id_to_token(self, token_id: int) -> str | None:
-        """The token string of an id (a SentencePiece piece such as ``"▁the"``, or a special
-        token), or None for an id without one."""
+    def id_to_token(self, token_id: int, *, target: bool = False) -> str | None:
+        """The piece (``▁`` marks a word start) or special token of ``token_id``, or None
+        outside the vocabulary; ``target`` is accepted for the protocol's sake (T5 has one
+        vocabulary for both sides)."""
         if isinstance(self._model, _HFTokenizer):
-            return self._model.id_to_token(token_id)
-        for token, i in self._special.items():
-            if i == token_id:
-                return token
-        return self._pieces[token_id] if 0 <= token_id < len(self._pieces) else None
+            token: str | None = self._model.id_to_token(token_id)
+            return token
+        if 0 <= token_id < len(self._pieces):
+            return self._pieces[token_id]
+        names = {i: name for name, i in self._special.items()}
+        return names.get(token_id)
 
     # ----------------------------------------------------------------------------- coding
 
@@ -420,7 +422,7 @@ class MarianTokenizer(_SpecialIds):
         self._special_re = _alternation(self._special_tokens)
         decoding_vocab = self._vocab if self._target_vocab is None else self._target_vocab
         self._id_to_token = {i: t for t, i in decoding_vocab.items()}
-        self._source_tokens = {i: t for t, i in self._vocab.items()}
+        self._tokens_by_id: dict[str, dict[int, str]] = {}  # id_to_token's tables, when asked
         # Hugging Face turns target pieces into text with the source model when the vocabulary
         # is joint (its default use_source_tokenizer), with the target model otherwise.
         self._decoder_spm = source if self._target_vocab is None else target
@@ -440,13 +442,18 @@ class MarianTokenizer(_SpecialIds):
         """Whether source and target have vocabularies of their own."""
         return self._target_vocab is not None
 
-    def id_to_token(self, token_id: int) -> str | None:
-        """The source vocabulary's piece of an id, or None."""
-        return self._source_tokens.get(token_id)
+    def id_to_token(self, token_id: int, *, target: bool = False) -> str | None:
+        """The piece (``▁`` marks a word start) or special token of a source id, or with
+        ``target`` of a target id (the vocabularies may be separate), or None outside it."""
+        vocab = self._target_vocab if target and self._target_vocab is not None else self._vocab
+        key = "target" if vocab is not self._vocab else "source"
+        if key not in self._tokens_by_id:
+            self._tokens_by_id[key] = {i: t for t, i in vocab.items()}
+        return self._tokens_by_id[key].get(token_id)
 
     def target_id_to_token(self, token_id: int) -> str | None:
         """The target vocabulary's piece of an id, or None."""
-        return self._id_to_token.get(token_id)
+        return self.id_to_token(token_id, target=True)
 
     def encode(self, text: str) -> list[int]:
         """Source ids of ``text``, no EOS added."""

@@ -102,6 +102,29 @@ class Training:
 
 
 @dataclass(frozen=True)
+class AttentionCapture:
+    """How ``aiayn attention`` draws a family's attention (references, see :func:`resolve`).
+
+    Attributes:
+        collect: ``(checkpoint, AttentionRequest) -> result``: runs the model once on the input
+            and keeps the weights its forward returns; the result has ``summary()`` (lines to
+            print) and ``write(folder, png=...)`` (the PNGs and ``attention.html``).
+        reads: the flag its input comes from: "src", "text" or "image".
+        options: the further flags it takes: "tgt" (a target sentence), "continue" (greedy
+            tokens appended to a prompt).
+        files: glob patterns of the PNG files it writes (refused in ``--out`` without
+            ``--force``).
+        pages: the HTML files it writes (refused alike).
+    """
+
+    collect: str
+    reads: str
+    options: frozenset[str] = frozenset()
+    files: tuple[str, ...] = ()
+    pages: tuple[str, ...] = ("attention.html",)
+
+
+@dataclass(frozen=True)
 class Family:
     """A model family: everything about it that any command asks.
 
@@ -128,6 +151,7 @@ class Family:
             encoder–decoders' decoding step, which runs their encoder through
             :mod:`aiayn.inference`), or None (GPT-2 decodes through its module with a KV cache).
         training: how it trains, or None.
+        attention: how ``aiayn attention`` draws its attention, or None.
     """
 
     name: str
@@ -146,6 +170,7 @@ class Family:
     to_onnx: str | None = None
     inference: str | None = None
     training: Training | None = None
+    attention: AttentionCapture | None = None
 
     def build(self, config: ModelConfig) -> nn.Module:
         """A model of this family with fresh weights."""
@@ -163,6 +188,13 @@ class Family:
 
 
 _TOKENIZERS = "aiayn.data.pretrained_tokenizer"
+_MAPS = ("L*_H*.png", "all.png")
+_TRANSLATION_ATTENTION = AttentionCapture(
+    "aiayn.visualization.attention_maps:translation_attention",
+    "src",
+    frozenset({"tgt"}),
+    tuple(f"{kind}_{m}" for kind in ("encoder_self", "decoder_self", "cross") for m in _MAPS),
+)
 _DECODER_STEP = "aiayn.decoding.fast_step:InferenceStep"  # the encoder runs on aiayn.inference
 _TO_CT2_ENCODER_DECODER = "aiayn.convert.to_ct2:encoder_decoder_to_ct2"  # read from its parts
 
@@ -202,6 +234,7 @@ FAMILIES: dict[str, Family] = {
             to_ct2=_TO_CT2_ENCODER_DECODER,
             to_hf="aiayn.convert.transformer_to_hf:transformer_to_hf",
             inference=_DECODER_STEP,
+            attention=_TRANSLATION_ATTENTION,
             training=Training(
                 "aiayn.training.config:DataConfig",
                 {"translation": "aiayn.training.translation:TranslationTask"},
@@ -217,7 +250,7 @@ FAMILIES: dict[str, Family] = {
             GPT2_PRESETS,
             "gpt2-tiny",
             expected_gpt2_parameters,
-            frozenset({"generate"}),
+            frozenset({"generate", "attention"}),
             ("aiayn.models.gpt2", "aiayn.convert.gpt2", "aiayn.training.lm"),
             from_hf={
                 "gpt2": HFSource(
@@ -227,6 +260,12 @@ FAMILIES: dict[str, Family] = {
             },
             to_hf="aiayn.convert.gpt2:gpt2_to_hf",
             to_ct2="aiayn.convert.to_ct2:decoder_only_to_ct2",
+            attention=AttentionCapture(
+                "aiayn.visualization.lm_attention:lm_attention",
+                "text",
+                frozenset({"continue"}),
+                tuple(f"self_{m}" for m in _MAPS),
+            ),
             training=Training(
                 "aiayn.training.config:LMDataConfig",
                 {"language-model": "aiayn.training.lm:LanguageModelTask"},
@@ -244,7 +283,7 @@ FAMILIES: dict[str, Family] = {
             T5_PRESETS,
             "t5-tiny",
             expected_t5_parameters,
-            frozenset({"translate"}),
+            frozenset({"translate", "attention"}),
             ("aiayn.models.t5", "aiayn.convert.t5", "aiayn.convert.t5_to_hf", _TOKENIZERS),
             from_hf={
                 "t5": HFSource(
@@ -256,6 +295,7 @@ FAMILIES: dict[str, Family] = {
             to_ct2=_TO_CT2_ENCODER_DECODER,
             to_hf="aiayn.convert.t5_to_hf:t5_to_hf",
             inference=_DECODER_STEP,
+            attention=_TRANSLATION_ATTENTION,
         ),
         Family(
             "bert",
@@ -265,7 +305,7 @@ FAMILIES: dict[str, Family] = {
             BERT_PRESETS,
             "bert-tiny",
             expected_bert_parameters,
-            frozenset({"embed", "fill-mask", "classify-text"}),
+            frozenset({"embed", "fill-mask", "classify-text", "attention"}),
             (
                 "aiayn.models.bert",
                 "aiayn.convert.bert",
@@ -284,6 +324,11 @@ FAMILIES: dict[str, Family] = {
             to_onnx="aiayn.convert.to_onnx:bert_to_onnx",
             to_hf="aiayn.convert.bert_to_hf:bert_to_hf",
             inference="aiayn.inference.encoder:BertInference",
+            attention=AttentionCapture(
+                "aiayn.visualization.bert_attention:bert_attention",
+                "text",
+                files=tuple(f"{view}_{m}" for view in ("self", "mask") for m in _MAPS),
+            ),
             training=Training(
                 "aiayn.training.config:BertDataConfig",
                 {
@@ -321,6 +366,12 @@ FAMILIES: dict[str, Family] = {
             to_onnx="aiayn.convert.to_onnx:vit_to_onnx",
             to_hf="aiayn.convert.vit_to_hf:vit_to_hf",
             inference="aiayn.inference.encoder:ViTInference",
+            attention=AttentionCapture(
+                "aiayn.visualization.image_view:image_attention",
+                "image",
+                files=("cls_L*_H*.png", "cls_L*_all.png", "rollout.png"),
+                pages=("attention.html", "head_view.html"),
+            ),
             training=Training(
                 "aiayn.training.config:ImageDataConfig",
                 {"image-classification": "aiayn.training.images:ImageClassificationTask"},

@@ -1,9 +1,11 @@
-"""Attention maps of a trained model for one sentence pair (``aiayn attention``).
+"""Attention maps of an encoder–decoder for one sentence pair (``aiayn attention``).
 
-:func:`collect_attention` runs the model once, teacher-forced, on a source sentence and a target
-sentence (by default the model's own greedy translation) and keeps the attention weights the
-model *returns* (``Transformer.encode`` / ``Transformer.decode`` with ``need_weights=True``;
-nothing is stashed on the modules). Three kinds of attention (§3.2.3):
+:func:`collect_attention` runs the model (the paper's, or a converted T5 or Marian) once,
+teacher-forced, on a source sentence and a target sentence (by default the model's own greedy
+translation) and keeps the attention weights the model *returns* (``encode`` / ``decode`` with
+``need_weights=True``; nothing is stashed on the modules). :func:`translation_attention` is the
+family registry's capture for these families (``Family.attention``). Three kinds of attention
+(§3.2.3):
 
 - ``encoder_self``: encoder self-attention, queries and keys = the source tokens;
 - ``decoder_self``: masked decoder self-attention, queries and keys = the decoder inputs (BOS,
@@ -25,7 +27,8 @@ hundred tokens labelled maps are unreadable and take minutes and gigabytes to dr
 figure grows with the square of its tokens; ``aiayn attention --max-tokens``).
 
 Token labels are the subword tokens decoded one by one; a leading space (the start of a word) is
-shown as ``▁``, special tokens by name (``<s>``, ``</s>``).
+shown as ``▁``, special tokens by name (``<s>``, ``</s>``). A converted model's labels are its
+SentencePiece pieces (``▁`` starts a word) and special tokens.
 
 Shape legend:
     B  batch size (1 here)     H  heads          N  layers
@@ -36,16 +39,29 @@ Shape legend:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from aiayn.checkpoint import Checkpoint
+from aiayn.config import TransformerConfig
+from aiayn.data.pretrained_tokenizer import TranslationTokenizer
 from aiayn.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 from aiayn.decoding.translate import DecodeOptions, translate_ids
 from aiayn.errors import UserError
-from aiayn.models import Transformer
+from aiayn.models.transformer import EncoderDecoder
+from aiayn.visualization.token_attention import (
+    AttentionRequest,
+    AttentionView,
+    TokenAttention,
+    check_length,
+    draw_heatmap,
+    readable,
+    write_view_pngs,
+)
 
 __all__ = [
     "KINDS",
@@ -57,6 +73,7 @@ __all__ = [
     "draw_heatmap",
     "greedy_translation",
     "token_label",
+    "translation_attention",
     "write_attention_pngs",
 ]
 
@@ -77,6 +94,15 @@ _AXIS_NAMES: dict[str, tuple[str, str]] = {
 }
 
 
+TRANSLATION_NOTE = (
+    "Rows are queries, columns are keys; every row is a softmax and sums to 1 (§3.2.1, eq. 1). "
+    "In the decoder, the query at input token y_i (the outputs shifted right, starting with the "
+    "decoder's start token) predicts y_(i+1); its self-attention is masked so that no position "
+    "sees a later one (§3.2.3): nothing above the diagonal. A leading ▁ marks the start of a "
+    "word."
+)
+
+
 @dataclass(frozen=True, eq=False)
 class AttentionMaps:
     """The attention weights of every layer and head for one sentence pair.
@@ -90,6 +116,8 @@ class AttentionMaps:
         encoder_self: per layer, (H, S, S) encoder self-attention weights.
         decoder_self: per layer, (H, T, T) masked decoder self-attention weights.
         cross: per layer, (H, T, S) encoder–decoder attention weights.
+        source_ids: the S ids of the encoder input (with EOS).
+        target_ids: the T ids of the decoder input (with the decoder's start token).
     """
 
     source: str
@@ -100,6 +128,8 @@ class AttentionMaps:
     encoder_self: list[Tensor]
     decoder_self: list[Tensor]
     cross: list[Tensor]
+    source_ids: list[int] = field(default_factory=list)
+    target_ids: list[int] = field(default_factory=list)
 
     def maps(self, kind: str) -> list[Tensor]:
         """The per-layer (H, R, C) weights of ``kind`` (one of :data:`KINDS`)."""
@@ -122,6 +152,27 @@ class AttentionMaps:
         """H, the number of heads (the same in every layer)."""
         return int(self.encoder_self[0].shape[0])
 
+    def token_attention(self) -> TokenAttention:
+        """These maps as the views every page and picture draws (:mod:`~aiayn.visualization.
+        token_attention`): one per kind, in :data:`KINDS` order."""
+        views = []
+        for kind in KINDS:
+            rows, cols = self.labels(kind)
+            views.append(
+                AttentionView(
+                    kind, KIND_TITLES[kind], rows, cols, self.maps(kind), _AXIS_NAMES[kind]
+                )
+            )
+        origin = "the model's own greedy translation" if self.target_from_model else "given"
+        inputs = {"input_ids": self.source_ids, "decoder_input_ids": self.target_ids}
+        return TokenAttention(
+            title=f"Attention maps: {self.source}",
+            lines=[("Source", self.source), (f"Target ({origin})", self.target)],
+            views=views,
+            note=TRANSLATION_NOTE,
+            inputs={k: v for k, v in inputs.items() if v},
+        )
+
 
 def token_label(tokenizer: Tokenizer, token_id: int) -> str:
     """A readable label for one subword id: specials by name, a word-initial space as ``▁``."""
@@ -130,81 +181,103 @@ def token_label(tokenizer: Tokenizer, token_id: int) -> str:
     text = tokenizer.decode([token_id])
     if not text or "\ufffd" in text:  # part of a multi-byte character: show the raw symbol
         return tokenizer.id_to_token(token_id) or f"#{token_id}"
-    return "▁" + text[1:] if text.startswith(" ") else text
+    return readable(text)
 
 
-def _encode_sentence(tokenizer: Tokenizer, text: str, what: str) -> list[int]:
+def side_labels(tokenizer: Any, ids: Sequence[int], *, target: bool) -> list[str]:
+    """Labels of one side's ids: aiayn's own vocabulary by :func:`token_label`; a converted
+    model's by its pieces (SentencePiece's ``▁`` marks a word start; special tokens by name),
+    from the target vocabulary for the decoder side (Marian's may be separate)."""
+    if isinstance(tokenizer, Tokenizer):
+        return [token_label(tokenizer, i) for i in ids]
+    return [readable(tokenizer.id_to_token(i, target=target) or f"#{i}") for i in ids]
+
+
+def _encode_sentence(tokenizer: Any, text: str, what: str) -> list[int]:
     from aiayn.data import normalize
 
     clean = normalize(text)
     if not clean:
         raise UserError(f"{what} is empty: give a sentence")
-    return tokenizer.encode(clean)
+    ids: list[int] = tokenizer.encode(clean)
+    return ids
 
 
 @torch.no_grad()
 def greedy_translation(
-    model: Transformer, tokenizer: Tokenizer, src_ids: Sequence[int], *, extra_len: int = 50
+    model: EncoderDecoder,
+    tokenizer: Any,
+    src_ids: Sequence[int],
+    *,
+    extra_len: int = 50,
+    options: DecodeOptions | None = None,
 ) -> list[int]:
     """The model's greedy translation of one encoded sentence (ids without BOS/EOS), at most
     ``len(src_ids) + extra_len`` tokens (§6.1), with the shared KV-cached decoder; of the whole
-    sentence, which the maps show (translating files truncates at the model's ``max_len``)."""
-    options = DecodeOptions(beam_size=1, extra_len=extra_len, max_src_tokens=max(1, len(src_ids)))
+    sentence, which the maps show (translating files truncates at the model's ``max_len``).
+    ``options``: a converted model's decoding rules (banned and forced tokens, length cap) with
+    beam 1; None: the paper's."""
+    if options is None:
+        options = DecodeOptions(beam_size=1, extra_len=extra_len)
+    options = replace(options, max_src_tokens=max(1, len(src_ids)))
     return translate_ids(model, [list(src_ids)], tokenizer, options)[0][0].tokens
 
 
-def check_length(what: str, tokens: int, model_limit: int | None, max_tokens: int | None) -> None:
-    """Refuse ``tokens`` (of ``what``: "the source sentence") beyond the model's learned
-    positions ``model_limit`` or the drawing limit ``max_tokens`` (None: no such limit)."""
-    if model_limit is not None and tokens > model_limit:
-        raise UserError(f"{what} has {tokens} tokens; this model's limit is {model_limit}")
-    if max_tokens is not None and tokens > max_tokens:
-        raise UserError(
-            f"{what} has {tokens} tokens, more than --max-tokens {max_tokens}: maps that size are "
-            "unreadable and take minutes and gigabytes to draw; shorten it or raise --max-tokens"
-        )
+def _target(
+    model: EncoderDecoder,
+    tokenizer: Any,
+    src_ids: list[int],
+    target: str | None,
+    options: DecodeOptions | None,
+) -> tuple[list[int], str, str]:
+    """(ids, text, what it is for messages) of the given target, or of the model's greedy
+    translation of ``src_ids`` when ``target`` is None."""
+    if target is None:
+        tgt_ids = greedy_translation(model, tokenizer, src_ids, options=options)
+        text: str = tokenizer.decode_batch([tgt_ids])[0]
+        return tgt_ids, text, "the model's translation (give --tgt instead)"
+    tgt_ids = _encode_sentence(tokenizer, target, "the target sentence")
+    return tgt_ids, " ".join(target.split()), "the target sentence"
 
 
 @torch.no_grad()
 def collect_attention(
-    model: Transformer,
-    tokenizer: Tokenizer,
+    model: EncoderDecoder,
+    tokenizer: Tokenizer | TranslationTokenizer,
     source: str,
     target: str | None = None,
     *,
     max_tokens: int | None = None,
+    options: DecodeOptions | None = None,
 ) -> AttentionMaps:
     """Run ``model`` once on (source, target) and return the attention of every layer and head.
 
     Args:
-        model: an encoder–decoder :class:`~aiayn.models.Transformer` (put in eval mode for the
-            call: no dropout on the weights; its mode is restored afterwards).
-        tokenizer: the joint vocabulary the model was trained with.
+        model: an encoder–decoder (the paper's :class:`~aiayn.models.Transformer`, or a
+            converted T5 or Marian; put in eval mode for the call: no dropout on the weights;
+            its mode is restored afterwards).
+        tokenizer: the vocabulary the model was trained with (aiayn's joint BPE, or a
+            converted model's own).
         source: the source sentence.
         target: the target sentence; None = the model's own greedy translation (§6.1 length
             limit: source length + 50).
         max_tokens: the most tokens a side of a map may have (source with EOS, decoder input
             with BOS; None: the model's limit only).
+        options: a converted model's decoding rules for its greedy translation.
 
     Raises:
         UserError: an empty sentence, or one longer than the model's learned positions or
             ``max_tokens`` (see the module docstring).
     """
     src_row = [*_encode_sentence(tokenizer, source, "the source sentence"), tokenizer.eos_id]
-    learned = model.config.positional == "learned"  # sinusoidal positions go on (§3.5)
-    limit = model.config.max_len if learned else None
+    config = model.config
+    learned = isinstance(config, TransformerConfig) and config.positional == "learned"
+    limit = config.max_len if learned else None  # sinusoidal and relative positions go on
     check_length("the source sentence", len(src_row), limit, max_tokens)  # S: with EOS
     was_training = model.training
     model.eval()
     try:
-        if target is None:
-            tgt_ids = greedy_translation(model, tokenizer, src_row[:-1])
-            target_text = tokenizer.decode(tgt_ids)
-            what = "the model's translation (give --tgt instead)"
-        else:
-            tgt_ids = _encode_sentence(tokenizer, target, "the target sentence")
-            target_text = " ".join(target.split())
-            what = "the target sentence"
+        tgt_ids, target_text, what = _target(model, tokenizer, src_row[:-1], target, options)
         tgt_row = [tokenizer.bos_id, *tgt_ids]  # T tokens: the outputs shifted right (§3.1)
         check_length(what, len(tgt_row), limit, max_tokens)
         device = next(model.parameters()).device
@@ -220,70 +293,40 @@ def collect_attention(
         source=" ".join(source.split()),
         target=target_text,
         target_from_model=target is None,
-        source_labels=[token_label(tokenizer, i) for i in src_row],
-        target_labels=[token_label(tokenizer, i) for i in tgt_row],
+        source_labels=side_labels(tokenizer, src_row, target=False),
+        target_labels=side_labels(tokenizer, tgt_row, target=True),
         encoder_self=[w[0].float().cpu() for w in encoded.self_weights],  # N × (H, S, S)
         decoder_self=[w[0].float().cpu() for w in decoded.self_weights],  # N × (H, T, T)
         cross=[w[0].float().cpu() for w in decoded.cross_weights],  # N × (H, T, S)
+        source_ids=src_row,
+        target_ids=tgt_row,
     )
+
+
+def translation_attention(checkpoint: Checkpoint[Any], request: AttentionRequest) -> TokenAttention:
+    """``aiayn attention`` for an encoder–decoder checkpoint (the paper's model, a converted T5
+    or Marian): its maps for ``request.text`` and ``request.target`` (default: its own greedy
+    translation, with a converted model's decoding rules), every kind of §3.2.3."""
+    from aiayn.checkpoint import load_translation_tokenizer
+    from aiayn.decoding.translate import options_for_checkpoint
+
+    assert request.text is not None
+    tokenizer = load_translation_tokenizer(checkpoint.path)
+    options = options_for_checkpoint(checkpoint.state.get("generation"), beam_size=1)
+    maps = collect_attention(
+        checkpoint.model,
+        tokenizer,
+        request.text,
+        request.target,
+        max_tokens=request.max_tokens,
+        options=options,
+    )
+    return maps.token_attention()
 
 
 def attention_filename(kind: str, layer: int, head: int) -> str:
     """``{kind}_L{layer}_H{head}.png``; ``layer`` and ``head`` count from 1."""
     return f"{kind}_L{layer}_H{head}.png"
-
-
-def _cell_size(rows: int, cols: int) -> tuple[float, float]:
-    """Figure (width, height) in inches for an R × C map with tick labels and a colour bar."""
-    return (max(3.5, 0.28 * cols + 2.2), max(3.0, 0.28 * rows + 1.6))
-
-
-def draw_heatmap(
-    weights: Tensor,
-    row_labels: Sequence[str],
-    col_labels: Sequence[str],
-    title: str,
-    path: Path,
-    *,
-    axis_names: tuple[str, str] = ("query", "key"),
-) -> Path:
-    """Write one (R, C) attention map as a PNG: white = 0, dark blue = 1, labelled axes."""
-    from matplotlib.figure import Figure
-
-    rows, cols = weights.shape
-    fig = Figure(figsize=_cell_size(rows, cols), layout="constrained")
-    ax = fig.add_subplot()
-    image = ax.imshow(weights.numpy(), cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
-    ax.set_xticks(range(cols), list(col_labels), rotation=90, fontsize=8)
-    ax.set_yticks(range(rows), list(row_labels), fontsize=8)
-    ax.set_ylabel(axis_names[0])
-    ax.set_xlabel(axis_names[1])
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(image, ax=ax, shrink=0.8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    return path
-
-
-def _draw_overview(maps: AttentionMaps, kind: str, path: Path) -> Path:
-    """Every layer (rows) × head (columns) of one kind in one figure, without tick labels."""
-    from matplotlib.figure import Figure
-
-    layers = maps.maps(kind)
-    heads = maps.num_heads
-    fig = Figure(figsize=(1.9 * heads + 0.6, 1.9 * len(layers) + 0.6), layout="constrained")
-    axes = fig.subplots(len(layers), heads, squeeze=False)
-    for layer, weights in enumerate(layers):  # weights: (H, R, C)
-        for head in range(heads):
-            ax = axes[layer][head]
-            ax.imshow(weights[head].numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
-    fig.suptitle(f"{KIND_TITLES[kind]}: {maps.source!r}", fontsize=9)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    return path
 
 
 def write_attention_pngs(
@@ -294,19 +337,6 @@ def write_attention_pngs(
     Files: ``{kind}_L{layer}_H{head}.png`` for each map and, with ``overview``,
     ``{kind}_all.png`` with every layer and head of that kind.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for kind in KINDS:
-        rows, cols = maps.labels(kind)
-        for layer, weights in enumerate(maps.maps(kind), start=1):  # weights: (H, R, C)
-            for head in range(1, weights.shape[0] + 1):
-                title = f"{KIND_TITLES[kind]}, layer {layer}, head {head}"
-                path = out_dir / attention_filename(kind, layer, head)
-                written.append(
-                    draw_heatmap(
-                        weights[head - 1], rows, cols, title, path, axis_names=_AXIS_NAMES[kind]
-                    )
-                )
-        if overview:
-            written.append(_draw_overview(maps, kind, out_dir / f"{kind}_all.png"))
-    return written
+    return write_view_pngs(
+        maps.token_attention().views, repr(maps.source), out_dir, overview=overview
+    )

@@ -1,13 +1,17 @@
 """One self-contained HTML page to browse attention maps (``aiayn attention`` writes it).
 
-The page holds everything it needs: the weights as inline JSON, a small inline script that
-draws the selected map on a ``<canvas>``, and inline CSS. It loads nothing from the network or
-from other files, so it can be mailed or opened from disk. Three selects choose the kind of
-attention (§3.2.3: encoder self-attention, masked decoder self-attention, encoder–decoder
-attention), the layer and the head (§3.2.2); hovering over a cell shows its query, key and
-weight. The colour scale is the PNGs' (matplotlib "Blues"): white = 0, dark blue = 1.
+The page holds everything it needs: the weights as inline JSON, small inline scripts that
+draw them, and inline CSS. It loads nothing from the network or from other files, so it can be
+mailed or opened from disk. It has two parts:
 
-For tests and curious readers the script exposes ``window.aiaynAttention``:
+- a heatmap of one map: selects choose the attention (for an encoder–decoder, §3.2.3: encoder
+  self-attention, masked decoder self-attention, encoder–decoder attention; GPT-2's causal and
+  BERT's bidirectional self-attention), the layer and the head (§3.2.2); hovering over a cell
+  shows its query, key and weight. The colour scale is the PNGs' (matplotlib "Blues"):
+  white = 0, dark blue = 1.
+- the head view (:mod:`aiayn.visualization.head_view`): every head of a layer at once.
+
+For tests and curious readers the heatmap's script exposes ``window.aiaynAttention``:
 ``state()`` (the selected kind, layer and head), ``matrix()`` (the weights drawn, R × C),
 ``pixel(r, c)`` (the RGBA of the canvas at the centre of cell (r, c)) and ``draw()``.
 
@@ -22,46 +26,92 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aiayn.visualization.attention_maps import KIND_TITLES, KINDS, AttentionMaps
+from aiayn.visualization.attention_maps import AttentionMaps
+from aiayn.visualization.head_view import (
+    HEAD_VIEW_SCRIPT,
+    HEAD_VIEW_STYLE,
+    HEAD_VIEW_THRESHOLD,
+    head_view_section,
+)
+from aiayn.visualization.token_attention import TokenAttention
 
 __all__ = ["attention_html", "report_data", "write_attention_html"]
 
 _DECIMALS = 4  # weights are rounded to this many decimals in the page (exact zeros stay zero)
 
 
-def report_data(maps: AttentionMaps) -> dict[str, Any]:
-    """The JSON-ready content of the page: sentences, labels and every map's weights.
+def _as_token_attention(attention: TokenAttention | AttentionMaps) -> TokenAttention:
+    return attention.token_attention() if isinstance(attention, AttentionMaps) else attention
 
-    ``kinds[k]["layers"]`` is nested N × H × R × C (lists of floats).
+
+def report_data(attention: TokenAttention | AttentionMaps) -> dict[str, Any]:
+    """The JSON-ready content of the page: the input, labels and every map's weights.
+
+    ``kinds[k]["layers"]`` is nested N × H × R × C (lists of floats, rounded to 4 decimals);
+    ``threshold`` is the head view's (weights at or below it are not drawn there).
     """
+    attention = _as_token_attention(attention)
     kinds = []
-    for kind in KINDS:
-        rows, cols = maps.labels(kind)
+    for view in attention.views:
         layers = [
             [[[round(float(x), _DECIMALS) for x in row] for row in head] for head in w.tolist()]
-            for w in maps.maps(kind)  # w: (H, R, C)
+            for w in view.layers  # w: (H, R, C)
         ]
+        rows, cols = attention.highlight.get(view.name, ([], []))
         kinds.append(
-            {"name": kind, "title": KIND_TITLES[kind], "rows": rows, "cols": cols, "layers": layers}
+            {
+                "name": view.name,
+                "title": view.title,
+                "rows": view.rows,
+                "cols": view.cols,
+                "axes": list(view.axis_names),
+                "layers": layers,
+                "highlight": [rows, cols],
+                "focus": attention.focus.get(view.name),
+            }
         )
     return {
-        "source": maps.source,
-        "target": maps.target,
-        "target_from_model": maps.target_from_model,
+        "title": attention.title,
+        "lines": [list(line) for line in attention.lines],
+        "threshold": HEAD_VIEW_THRESHOLD,
+        "marked": attention.marked,
         "kinds": kinds,
     }
 
 
-def _script_json(data: dict[str, Any]) -> str:
+def script_json(data: dict[str, Any]) -> str:
     """JSON that is safe inside a ``<script>`` element (no ``</script>`` or ``<!--``)."""
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-_STYLE = """
+def page_head(title: str, style: str) -> str:
+    """The ``<head>`` element: charset, viewport, title and inline style."""
+    return f"""<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)}</title>
+<style>{_BASE_STYLE}{style}</style>
+</head>"""
+
+
+def page_lines(attention: TokenAttention) -> str:
+    """The input's description, one paragraph per (label, text) line."""
+    return "\n".join(
+        f'<p class="pair"><b>{html.escape(label)}:</b> {html.escape(text)}</p>'
+        for label, text in attention.lines
+    )
+
+
+_BASE_STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 h1 { font-size: 1.3em; margin-bottom: 0.2em; }
+h2 { font-size: 1.1em; margin: 1.5em 0 0.3em; }
 p.pair { margin: 0.2em 0; }
+.note { color: #555; font-size: 0.9em; max-width: 60em; }
+"""
+
+_STYLE = """
 .controls { margin: 1em 0; display: flex; gap: 1.2em; align-items: center; flex-wrap: wrap; }
 .controls label { font-weight: 600; }
 #readout { min-height: 1.4em; font-family: ui-monospace, monospace; margin: 0.5em 0; }
@@ -69,7 +119,6 @@ p.pair { margin: 0.2em 0; }
 .legend .bar { width: 160px; height: 12px; border: 1px solid #999;
   background: linear-gradient(to right, rgb(255,255,255), rgb(8,48,107)); }
 canvas { border: 1px solid #ddd; }
-.note { color: #555; font-size: 0.9em; max-width: 60em; }
 """
 
 _SCRIPT = r"""
@@ -195,21 +244,18 @@ _SCRIPT = r"""
 """
 
 
-def attention_html(maps: AttentionMaps, *, title: str = "Attention maps") -> str:
-    """The complete page as a string (inline data, script and style; no external resources)."""
-    origin = "the model's own greedy translation" if maps.target_from_model else "given"
+def attention_html(
+    attention: TokenAttention | AttentionMaps, *, title: str = "Attention maps"
+) -> str:
+    """The complete page as a string (inline data, scripts and style; no external resources)."""
+    attention = _as_token_attention(attention)
     return f"""<!DOCTYPE html>
 <html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{html.escape(title)}</title>
-<style>{_STYLE}</style>
-</head>
+{page_head(title, _STYLE + HEAD_VIEW_STYLE)}
 <body>
 <h1>{html.escape(title)}</h1>
-<p class="pair"><b>Source:</b> {html.escape(maps.source)}</p>
-<p class="pair"><b>Target</b> ({origin}): {html.escape(maps.target)}</p>
+{page_lines(attention)}
+<h2>One head</h2>
 <div class="controls">
   <span><label for="kind">Attention</label> <select id="kind"></select></span>
   <span><label for="layer">Layer</label> <select id="layer"></select></span>
@@ -218,20 +264,20 @@ def attention_html(maps: AttentionMaps, *, title: str = "Attention maps") -> str
 </div>
 <div id="readout"></div>
 <canvas id="map" width="10" height="10"></canvas>
-<p class="note">Rows are queries, columns are keys; every row is a softmax and sums to 1
-(§3.2.1, eq. 1). In the decoder, the query at input token y<sub>i</sub> (the outputs shifted
-right, starting with &lt;s&gt;) predicts y<sub>i+1</sub>; its self-attention is masked so that
-no position sees a later one (§3.2.3): nothing above the diagonal. A leading ▁ marks the start
-of a word.</p>
-<script type="application/json" id="attention-data">{_script_json(report_data(maps))}</script>
+<p class="note">{html.escape(attention.note)}</p>
+{head_view_section()}
+<script type="application/json" id="attention-data">{script_json(report_data(attention))}</script>
 <script>{_SCRIPT}</script>
+<script>{HEAD_VIEW_SCRIPT}</script>
 </body>
 </html>
 """
 
 
-def write_attention_html(maps: AttentionMaps, path: Path, *, title: str = "Attention maps") -> Path:
+def write_attention_html(
+    attention: TokenAttention | AttentionMaps, path: Path, *, title: str = "Attention maps"
+) -> Path:
     """Write :func:`attention_html` to ``path`` (parent folders are created); returns ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(attention_html(maps, title=title), encoding="utf-8")
+    path.write_text(attention_html(attention, title=title), encoding="utf-8")
     return path
