@@ -189,6 +189,8 @@ FAMILIES: dict[str, Family] = {
                 "aiayn.training.config:DataConfig",
                 {"translation": "aiayn.training.translation:TranslationTask"},
                 "translation",
+                init_from=True,
+                check="aiayn.training.translation_start:check_translation_run",
                 demos={"translation": "aiayn.training.translation:DEMO_CONFIG"},
             ),
         ),
@@ -236,6 +238,13 @@ FAMILIES: dict[str, Family] = {
                 )
             },
             inference=_DECODER_STEP,
+            training=Training(  # fine-tuning a converted T5 only (init_from required)
+                "aiayn.training.config:DataConfig",
+                {"translation": "aiayn.training.translation:TranslationTask"},
+                "translation",
+                init_from=True,
+                check="aiayn.training.translation_start:check_fine_tuning_run",
+            ),
         ),
         Family(
             "bert",
