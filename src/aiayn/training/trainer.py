@@ -57,10 +57,10 @@ from aiayn.training.config import RunConfig, TrainConfig
 from aiayn.training.plot import plot_curves
 from aiayn.training.rng import rng_state, set_rng_state
 from aiayn.training.run_folder import (
+    TOKENIZER_FILES,
     check_resume,
     claim_fresh,
     hold_run_folder,
-    TOKENIZER_FILES,
     resume_metrics,
 )
 from aiayn.training.schedule import transformer_lr

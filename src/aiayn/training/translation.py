@@ -12,7 +12,6 @@ Shape legend:  B sentences in a batch   S source length   T target length
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path

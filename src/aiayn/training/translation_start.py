@@ -28,7 +28,7 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from torch import nn
 
@@ -118,9 +118,12 @@ def start_config(run: RunConfig, tokenizer: TranslationTokenizer) -> ModelConfig
     """The run's model config with ``init_from``'s tokenizer: the checkpoint's, whose embeddings
     must hold every id of the tokenizer and which must pad with the tokenizer's pad id."""
     config = run.model
+    assert isinstance(config, _Vocabulary)  # every encoder-decoder's config
     target_rows = getattr(config, "tgt_vocab_size", None) or config.vocab_size
-    separate = isinstance(tokenizer, MarianTokenizer)
-    target_ids = tokenizer.target_vocab_size if separate else tokenizer.vocab_size
+    if isinstance(tokenizer, MarianTokenizer):
+        target_ids = tokenizer.target_vocab_size
+    else:
+        target_ids = tokenizer.vocab_size
     for what, ids, rows in (
         ("source", tokenizer.vocab_size, config.vocab_size),
         ("target", target_ids, target_rows),
@@ -136,6 +139,17 @@ def start_config(run: RunConfig, tokenizer: TranslationTokenizer) -> ModelConfig
             f"the model with pad_id={config.pad_id}"
         )
     return config
+
+
+@runtime_checkable
+class _Vocabulary(Protocol):
+    """What the encoder-decoders' configs say of their vocabulary."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def pad_id(self) -> int: ...
 
 
 class StartingModel:
