@@ -22,7 +22,7 @@ import json
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import sentencepiece as spm
@@ -42,7 +42,7 @@ from aiayn.models.families import family_of
 from aiayn.models.transformer import EncoderDecoder
 from aiayn.training.averaging import WINDOW_DIR
 from aiayn.training.config import RunConfig, load_run_config, run_config_from_dict
-from aiayn.training.trainer import Trainer
+from aiayn.training.trainer import Trainer, TrainResult
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
@@ -273,26 +273,56 @@ def test_the_run_codes_with_the_checkpoints_tokenizer_and_starts_from_its_weight
     assert batch.tgt_in[0, 0] == start.model.config.pad_id  # the decoder starts from the pad
 
 
+class FineTuned(NamedTuple):
+    """A finished fine-tuning run: its folder, result, and the validation before training."""
+
+    run_dir: Path
+    result: TrainResult
+    before: dict[str, float]
+
+
+_RUNS: dict[str, FineTuned] = {}
+
+
+def _fine_tuned(
+    name: str, request: pytest.FixtureRequest, data: dict[str, Path], root: Path
+) -> FineTuned:
+    """30 steps of fine-tuning the converted ``name`` model, three checkpoints averaged (run
+    once per module, shared by the tests that read it)."""
+    if name not in _RUNS:
+        model = _pretrained(name, request)
+        values = _values(
+            root / name, model["ckpt"], FAMILIES[name], data, max_steps=30, keep_last=3,
+            lr_scale=LR_SCALE[name], save_every=10, average_last=3, average_window=0.6,
+        )  # fmt: skip
+        trainer = Trainer(run_config_from_dict(values))
+        before = trainer.evaluate()
+        _RUNS[name] = FineTuned(root / name, trainer.fit(), before)
+    return _RUNS[name]
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield tmp_path_factory.mktemp("runs")
+    _RUNS.clear()
+
+
 @pytest.mark.parametrize("name", ["marian", "t5"])
 def test_fine_tuning_lowers_the_loss_and_translate_reads_the_result(
     name: str,
     multi30k: dict[str, Path],
+    runs_root: Path,
     tmp_path: Path,
     request: pytest.FixtureRequest,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     model = _pretrained(name, request)
-    values = _values(
-        tmp_path / "r", model["ckpt"], FAMILIES[name], multi30k, max_steps=30, keep_last=3,
-        lr_scale=LR_SCALE[name], save_every=10, average_last=3, average_window=0.6,
-    )  # fmt: skip
-    trainer = Trainer(run_config_from_dict(values))
-    before = trainer.evaluate()
-    result = trainer.fit()
+    run = _fine_tuned(name, request, multi30k, runs_root)
+    result, before = run.result, run.before
     assert result.valid["loss"] < before["loss"] - 0.5, (before, result.valid)
     # averaging: the mean of the window's three checkpoints (the last at step 30)
     assert result.averaged_checkpoint is not None
-    window = sorted((tmp_path / "r" / "checkpoints" / WINDOW_DIR).iterdir())
+    window = sorted((run.run_dir / "checkpoints" / WINDOW_DIR).iterdir())
     assert len(window) == 3 and window[-1].name == "step_00000030"
     averaged = load_file(str(result.averaged_checkpoint / "model.safetensors"))
     saved = [load_file(str(p / "model.safetensors")) for p in window]
@@ -302,7 +332,7 @@ def test_fine_tuning_lowers_the_loss_and_translate_reads_the_result(
     key = "encoder.layers.1.feed_forward.linear2.weight"
     assert not torch.equal(saved[0][key], saved[2][key])
     # the checkpoints carry the converted model's settings and its tokenizer files
-    last = list_checkpoints(tmp_path / "r")[-1]
+    last = list_checkpoints(run.run_dir)[-1]
     state = json.loads((last / "state.json").read_text())
     converted = json.loads((model["ckpt"] / "state.json").read_text())
     assert state["generation"] == converted["generation"]
@@ -315,7 +345,7 @@ def test_fine_tuning_lowers_the_loss_and_translate_reads_the_result(
     capsys.readouterr()
     assert main([*argv, *prefix, "-i", str(tmp_path / "src.txt")]) == 0
     hyps = capsys.readouterr().out.splitlines()
-    assert hyps == (tmp_path / "r" / "test.hyp.txt").read_text(encoding="utf-8").splitlines()
+    assert hyps == (run.run_dir / "test.hyp.txt").read_text(encoding="utf-8").splitlines()
     assert len(set(hyps)) >= 3, hyps  # varied: the comparison can fail
     refs = [line.split("\t")[1] for line in multi30k["test"].read_text().splitlines()]
     assert result.test is not None and result.test["bleu"] == corpus_bleu(hyps, refs).score
