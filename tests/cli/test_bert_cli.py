@@ -13,6 +13,9 @@ import numpy as np
 import pytest
 import torch
 from transformers import (
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
     BertForSequenceClassification,
@@ -118,3 +121,34 @@ def test_refusals_are_one_line(
     assert code == 2 and "head 'classification'; this needs 'mlm'" in err
     code, _, err = run_cli("translate", "--checkpoint", mlm["ckpt"])
     assert code == 2 and "holds a bert model" in err
+
+
+@pytest.mark.parametrize("architecture", ["mlm", "classifier"])
+def test_written_back_tokenizer_and_model_equal_the_original(
+    architecture: str, tmp_path: Path, hf_bert_folder: Any
+) -> None:
+    """``aiayn convert --checkpoint --to-hf``: transformers' tokenizer of the written folder gives
+    the original's ids (special tokens, lower-casing, pairs), its model the original's logits
+    and labels."""
+    labels = {"id2label": {0: "no", 1: "maybe", 2: "yes"}} if architecture == "classifier" else {}
+    cls = BertForSequenceClassification if labels else BertForMaskedLM
+    hf = cls(_config(**labels))
+    folder = hf_bert_folder(tmp_path / "hf", hf, CORPUS, 120)
+    assert main(["convert", "--from-hf", str(folder), "--to", str(tmp_path / "ckpt")]) == 0
+    out = tmp_path / "back"
+    assert main(["convert", "--checkpoint", str(tmp_path / "ckpt"), "--to-hf", str(out)]) == 0
+    original = BertTokenizerFast.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    texts = [*TEXTS, "The CAT, unknown-word: Zürich!"]
+    assert tokenizer(texts)["input_ids"] == original(texts)["input_ids"]
+    assert (
+        tokenizer(texts[0], texts[2])["token_type_ids"]
+        == original(texts[0], texts[2])["token_type_ids"]
+    )
+    auto = AutoModelForSequenceClassification if labels else AutoModelForMaskedLM
+    again = auto.from_pretrained(out).eval()
+    batch = original(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert (again(**batch).logits - hf(**batch).logits).abs().max() < 1e-5
+    if labels:
+        assert again.config.id2label == hf.config.id2label

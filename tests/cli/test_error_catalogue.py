@@ -35,6 +35,7 @@ from tokenizers import models
 from aiayn.checkpoint import save_checkpoint
 from aiayn.cli.main import main
 from aiayn.config import preset
+from aiayn.convert import to_hf
 from aiayn.data import Tokenizer
 from aiayn.data.bert_tokenizer import BertTokenizer
 from aiayn.data.images import ImagePreprocessor
@@ -70,7 +71,13 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         num_labels=3, id2label=("a", "b", "c"),
     )  # fmt: skip
     vocab = HFTokenizer(models.WordPiece({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    learned = Transformer(mt.replace(positional="learned"))
+    hf_bad = to_hf(Transformer(mt), root / "mt_hf_bad", root / "tok.json")
+    config = json.loads((hf_bad / "config.json").read_text())
+    (hf_bad / "config.json").write_text(json.dumps({**config, "aiayn_positional": "rotary"}))
     return {
+        "mt_learned": save_checkpoint(root / "mt_learned", learned, {}, root / "tok.json"),
+        "mt_hf_bad": hf_bad,
         "mt": save_checkpoint(root / "mt", Transformer(mt), {"step": 1}, root / "tok.json"),
         "gpt2": save_checkpoint(root / "gpt2", GPT2(gpt2), {"step": 1}, root / "tok.json"),
         "bert": save_checkpoint(root / "bert", BERT(bert), {}, BertTokenizer(vocab)),
@@ -718,8 +725,18 @@ CASES = {
     "convert/destination exists": Case(
         "convert --from-hf {tmp}/adir --to {tmp}/nohf", 2, "exists: pass --force"
     ),
-    "convert/family without a way back": Case(
-        "convert --checkpoint {mt} --to-hf {tmp}/c", 2, "cannot be written as a Hugging Face"
+    "convert/a model no transformers class computes": Case(
+        "convert --checkpoint {mt_learned} --to-hf {tmp}/c",
+        2,
+        "positional='learned' has no transformers encoder-decoder class",
+    ),
+    "convert/to-hf destination exists": Case(
+        "convert --checkpoint {mt} --to-hf {tmp}/nohf", 2, "exists: pass --force"
+    ),
+    "convert/unknown aiayn_positional": Case(
+        "convert --from-hf {mt_hf_bad} --to {tmp}/c",
+        2,
+        "aiayn_positional=\"rotary\" is not 'sinusoidal'",
     ),
     "convert/force over a folder of other files": Case(
         "convert --checkpoint {gpt2} --to-hf {tmp}/nohf --force",

@@ -565,3 +565,24 @@ def test_an_unknown_length_penalty_is_an_argparse_error(
     assert "Traceback" not in err
     last = err.splitlines()[-1]
     assert last.startswith("aiayn translate: error: argument --length-penalty: invalid choice")
+
+
+@pytest.mark.parametrize("family", ["marian", "t5", "t5-spm"])
+def test_written_back_the_folder_translates_as_the_original(
+    family: str, converted: dict[str, Converted], tmp_path: Path
+) -> None:
+    """``aiayn convert --checkpoint --to-hf``: the tokenizer files the folder came with, its
+    generation settings and its weights go back; transformers' tokenizer gives the original's
+    ids, and ``generate`` with the written generation config the original's outputs."""
+    ckpt, out = converted[family], tmp_path / "back"
+    assert main(["convert", "--checkpoint", str(ckpt.path), "--to-hf", str(out)]) == 0
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    prefix = "" if family == "marian" else PREFIX
+    lines = [prefix + s for s in SOURCES if s]
+    assert tokenizer(lines)["input_ids"] == ckpt.hf.tokenizer(lines)["input_ids"]
+    assert model.generation_config.num_beams == 4
+    back = HFFolder(out, model, tokenizer)
+    for beams in (1, 4):
+        expected = hf_translate(ckpt.hf, SOURCES, num_beams=beams, prefix=prefix)
+        assert hf_translate(back, SOURCES, num_beams=beams, prefix=prefix) == expected

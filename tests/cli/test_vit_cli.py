@@ -80,3 +80,23 @@ def test_refusals(vit: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFix
     assert "--top-k must be in 1..4" in capsys.readouterr().err
     assert main(["translate", "--checkpoint", str(vit["ckpt"])]) == 2
     assert "holds a vit model" in capsys.readouterr().err
+
+
+@torch.no_grad()
+def test_written_back_preprocessing_and_model_equal_the_original(
+    vit: dict[str, Any], tmp_path: Path
+) -> None:
+    """``aiayn convert --checkpoint --to-hf``: transformers' image processor of the written
+    folder gives the original's pixels, its classifier the original's logits and labels."""
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    out = tmp_path / "back"
+    assert main(["convert", "--checkpoint", str(vit["ckpt"]), "--to-hf", str(out)]) == 0
+    images = [Image.open(p) for p in vit["images"]]
+    pixels = AutoImageProcessor.from_pretrained(out)(images, return_tensors="pt").pixel_values
+    assert torch.equal(pixels, vit["processor"](images, return_tensors="pt").pixel_values)
+    again = AutoModelForImageClassification.from_pretrained(out).eval()
+    assert (
+        again(pixel_values=pixels).logits - vit["hf"](pixel_values=pixels).logits
+    ).abs().max() < 1e-5
+    assert again.config.id2label == vit["hf"].config.id2label

@@ -2,6 +2,8 @@
 
     aiayn convert --from-hf gpt2 --to runs/gpt2            Hugging Face -> aiayn checkpoint
     aiayn convert --checkpoint runs/gpt2 --to-hf out/gpt2  aiayn checkpoint -> Hugging Face
+                                                           (with its tokenizer and, for an
+                                                           encoder-decoder, generation_config.json)
 
 An existing destination is refused unless ``--force``; then it is replaced if it is of the kind
 written (an aiayn checkpoint for ``--to``, a Hugging Face folder with ``config.json`` for
@@ -102,9 +104,9 @@ def _to_hf(checkpoint: Path, out: Path, force: bool) -> int:
     from torch import nn
 
     from aiayn.checkpoint import load_checkpoint
+    from aiayn.checkpoint.tokenizers import checkpoint_tokenizer
     from aiayn.cli.outputs import check_tree, staged_tree
     from aiayn.convert import to_hf
-    from aiayn.data.text_tokenizer import TextTokenizer
     from aiayn.models import count_parameters
 
     check_tree(
@@ -115,9 +117,8 @@ def _to_hf(checkpoint: Path, out: Path, force: bool) -> int:
         is_what=lambda folder: (folder / "config.json").is_file(),
     )
     loaded = load_checkpoint(checkpoint, expect=nn.Module)
-    tokenizer = TextTokenizer.load(loaded.tokenizer_path)
     with staged_tree(out) as staged:
-        to_hf(loaded.model, staged, tokenizer)
+        to_hf(loaded.model, staged, checkpoint_tokenizer(loaded.path), loaded.state)
     print(
         f"wrote {loaded.path} -> {out}: {loaded.family}, "
         f"{count_parameters(loaded.model):,} parameters, Hugging Face format"

@@ -3,14 +3,19 @@
 :func:`from_hf` reads a Hugging Face model folder (or Hub name), picks the family from
 ``config.json``'s ``model_type`` (in the family registry, :mod:`aiayn.models.families`) and
 converts the weights exactly (every tensor used, shapes checked); :func:`to_hf` writes an aiayn
-model back as a folder transformers loads (GPT-2). One
-module per family holds its name map (:mod:`aiayn.convert.gpt2`, :mod:`aiayn.convert.t5`,
-:mod:`aiayn.convert.marian`, :mod:`aiayn.convert.bert`); :mod:`aiayn.convert.hf_folder` reads
-and writes the folders.
+model back as a folder transformers loads, with its tokenizer and generation settings (the
+family's ``to_hf`` entry: :mod:`aiayn.convert.gpt2`, :mod:`aiayn.convert.transformer_to_hf` (the
+paper's model as Marian or Pegasus), :mod:`aiayn.convert.t5_to_hf`,
+:mod:`aiayn.convert.bert_to_hf`, :mod:`aiayn.convert.vit_to_hf`). One module per family holds its
+name map (:mod:`aiayn.convert.gpt2`, :mod:`aiayn.convert.t5`, :mod:`aiayn.convert.marian`,
+:mod:`aiayn.convert.pegasus`, :mod:`aiayn.convert.bert`, :mod:`aiayn.convert.vit`), which
+:mod:`aiayn.convert.hf_export` reads backwards; :mod:`aiayn.convert.hf_folder` reads and writes the
+folders.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,13 +108,21 @@ def check_vocabulary(model: nn.Module, tokenizer: object) -> None:
             )
 
 
-def to_hf(model: nn.Module, out_dir: str | Path, tokenizer: TextTokenizer | None = None) -> Path:
+def to_hf(
+    model: nn.Module,
+    out_dir: str | Path,
+    tokenizer: object = None,
+    state: Mapping[str, Any] | None = None,
+) -> Path:
     """Write ``model`` as a Hugging Face folder (the families with a converter back:
-    :func:`aiayn.models.families.conversion_directions`)."""
+    :func:`aiayn.models.families.conversion_directions`). ``tokenizer``: the checkpoint's input
+    processing (:func:`aiayn.checkpoint.tokenizers.checkpoint_tokenizer`: a tokenizer file, a
+    converted model's tokenizer, a ViT's image preprocessing) or None; ``state``: the
+    checkpoint's ``state.json`` (a converted model's recorded decoding settings)."""
     family = family_of(model)
     if family.to_hf is None:
         raise UserError(f"the {family.name} family cannot be written as a Hugging Face model yet")
-    written: Path = resolve(family.to_hf)(model, out_dir, tokenizer)
+    written: Path = resolve(family.to_hf)(model, out_dir, tokenizer, state or {})
     return written
 
 

@@ -313,8 +313,16 @@ def gpt2_from_hf(path: str | Path) -> tuple[GPT2, TextTokenizer | None]:
     return model, read_hf_tokenizer(folder)
 
 
-def gpt2_to_hf(model: GPT2, out_dir: str | Path, tokenizer: TextTokenizer | None = None) -> Path:
+def gpt2_to_hf(
+    model: GPT2,
+    out_dir: str | Path,
+    tokenizer: TextTokenizer | Path | None = None,
+    state: Mapping[str, Any] | None = None,
+) -> Path:
     """Write ``model`` as a Hugging Face folder ``GPT2LMHeadModel.from_pretrained`` loads:
-    ``config.json``, ``model.safetensors`` and, when given, the tokenizer."""
+    ``config.json``, ``model.safetensors`` and, when given, the tokenizer (or its
+    ``tokenizer.json``). ``state`` (the checkpoint's) holds nothing GPT-2 needs."""
+    if isinstance(tokenizer, Path):
+        tokenizer = TextTokenizer.load(tokenizer)
     tensors = gpt2_state_dict_to_hf(model)
     return write_hf_folder(Path(out_dir), gpt2_config_to_hf(model.config), tensors, tokenizer)

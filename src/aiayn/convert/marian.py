@@ -44,7 +44,14 @@ from torch import Tensor
 from aiayn.config import Activation, TransformerConfig
 from aiayn.convert.checks import check_field_types
 from aiayn.convert.generation import Seq2SeqSpecials, generation_defaults, is_token_id
-from aiayn.data.pretrained_tokenizer import PretrainedTokenizer, pretrained_tokenizer_from_hf
+from aiayn.convert.residual_basis import OUTPUT_BIAS_KEY, from_halves, positional_from_hf
+from aiayn.data.pretrained_tokenizer import (
+    TOKENIZER_JSON,
+    PretrainedTokenizer,
+    pretrained_tokenizer_from_hf,
+)
+from aiayn.data.text_tokenizer import TextTokenizer
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import UserError
 from aiayn.layers.embedding import sinusoidal_encoding
 from aiayn.models.transformer import Transformer, build_positional
@@ -184,7 +191,8 @@ HF_DEFAULTS: dict[str, Any] = {
 
 
 def _hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
-    check_field_types(hf_config, HF_DEFAULTS)
+    # forced_eos_token_id may be null (nothing forced): generation_defaults checks it
+    check_field_types(hf_config, HF_DEFAULTS, skip=("forced_eos_token_id",))
     return {**HF_DEFAULTS, **{k: v for k, v in hf_config.items() if k in HF_DEFAULTS}}
 
 
@@ -446,10 +454,35 @@ def marian_from_hf_tensors(
         UserError: an unsupported option, or an unexpected, missing or mis-shaped tensor, named.
     """
     state, mapped = marian_state_dict_from_hf(hf_config, hf_tensors)
+    config, state = aiayn_layout(marian_config_from_hf(hf_config), hf_config, state)
     with torch.device("meta"):  # no random draws or memory for weights the checkpoint gives
-        model = Transformer(marian_config_from_hf(hf_config))
+        model = Transformer(config)
     load_marian_state(model, state)
     return model.eval(), mapped
+
+
+def aiayn_layout(
+    config: TransformerConfig, hf_config: Mapping[str, Any], state: Mapping[str, Tensor]
+) -> tuple[TransformerConfig, dict[str, Tensor]]:
+    """The config and tensors of a folder that aiayn wrote from its own model, as that model
+    was: the paper's interleaved sinusoids (the residual stream permuted back,
+    :mod:`aiayn.convert.residual_basis`) and no output bias, when config.json records them;
+    any other folder's unchanged.
+
+    Raises:
+        UserError: a folder recording no output bias whose ``final_logits_bias`` is not zero.
+    """
+    state = dict(state)
+    if positional_from_hf(hf_config) == "sinusoidal":
+        state = from_halves(state, config.d_model)
+        config = config.replace(positional="sinusoidal")
+    if hf_config.get(OUTPUT_BIAS_KEY) is False:
+        if bool(state.pop("output_proj.bias").any()):
+            raise UserError(
+                f"final_logits_bias is not zero, yet config.json has {OUTPUT_BIAS_KEY}=false"
+            )
+        config = config.replace(output_bias=False)
+    return config, state
 
 
 # -- special ids and generation settings -----------------------------------------------------------
@@ -480,6 +513,16 @@ __all__ = [
 ]
 
 
-def marian_tokenizer_from_hf(folder: Path) -> PretrainedTokenizer | None:
-    """The tokenizer of a Hugging Face folder of this family (None when it has none)."""
-    return pretrained_tokenizer_from_hf(folder, "marian")
+def marian_tokenizer_from_hf(folder: Path) -> PretrainedTokenizer | TextTokenizer | None:
+    """The tokenizer of a Hugging Face folder of this family: OPUS-MT's SentencePiece files, or
+    the ``tokenizer.json`` of aiayn's joint BPE in a folder aiayn wrote (None when it has
+    neither).
+
+    Raises:
+        UserError: a ``tokenizer.json`` without aiayn's fixed special ids, named.
+    """
+    tokenizer = pretrained_tokenizer_from_hf(folder, "marian")
+    if tokenizer is None and (folder / TOKENIZER_JSON).is_file():
+        Tokenizer.load(folder / TOKENIZER_JSON)  # aiayn's special ids, or refused by name
+        return TextTokenizer.load(folder / TOKENIZER_JSON)
+    return tokenizer

@@ -117,8 +117,10 @@ class Family:
         modules: the modules that are its own (a test holds its name to them and this one).
         reads: what its input is, "text" or "image".
         from_hf: Hugging Face ``model_type`` -> how to convert it.
-        to_hf: ``(model, folder, tokenizer) -> folder``: writes it back as transformers loads
-            it, or None.
+        to_hf: ``(model, folder, tokenizer, state) -> folder``: writes it back as transformers
+            loads it (``tokenizer``: the checkpoint's input processing,
+            :func:`aiayn.checkpoint.tokenizers.checkpoint_tokenizer`, or None; ``state``: its
+            ``state.json``), or None.
         inference: the fast inference runner (held equal to the model's forward; the
             encoder–decoders' decoding step, which runs their encoder through
             :mod:`aiayn.inference`), or None (GPT-2 decodes through its module with a KV cache).
@@ -174,6 +176,8 @@ FAMILIES: dict[str, Family] = {
                 "aiayn.config",
                 "aiayn.models.transformer",
                 "aiayn.convert.marian",
+                "aiayn.convert.pegasus",
+                "aiayn.convert.transformer_to_hf",
                 "aiayn.training.translation",
                 _TOKENIZERS,
             ),
@@ -182,8 +186,14 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.marian:marian_from_hf_tensors",
                     "aiayn.convert.marian:marian_tokenizer_from_hf",
                     "aiayn.convert.marian:marian_generation_defaults",
-                )
+                ),
+                "pegasus": HFSource(
+                    "aiayn.convert.pegasus:pegasus_from_hf_tensors",
+                    "aiayn.convert.pegasus:pegasus_tokenizer_from_hf",
+                    "aiayn.convert.pegasus:pegasus_generation_defaults",
+                ),
             },
+            to_hf="aiayn.convert.transformer_to_hf:transformer_to_hf",
             inference=_DECODER_STEP,
             training=Training(
                 "aiayn.training.config:DataConfig",
@@ -229,7 +239,7 @@ FAMILIES: dict[str, Family] = {
             "t5-tiny",
             expected_t5_parameters,
             frozenset({"translate"}),
-            ("aiayn.models.t5", "aiayn.convert.t5", _TOKENIZERS),
+            ("aiayn.models.t5", "aiayn.convert.t5", "aiayn.convert.t5_to_hf", _TOKENIZERS),
             from_hf={
                 "t5": HFSource(
                     "aiayn.convert.t5:t5_from_hf_tensors",
@@ -237,6 +247,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.t5:t5_generation_defaults",
                 )
             },
+            to_hf="aiayn.convert.t5_to_hf:t5_to_hf",
             inference=_DECODER_STEP,
             training=Training(  # fine-tuning a converted T5 only (init_from required)
                 "aiayn.training.config:DataConfig",
@@ -258,6 +269,7 @@ FAMILIES: dict[str, Family] = {
             (
                 "aiayn.models.bert",
                 "aiayn.convert.bert",
+                "aiayn.convert.bert_to_hf",
                 "aiayn.training.bert_start",
                 "aiayn.training.masked_lm",
                 "aiayn.training.text_classification",
@@ -268,6 +280,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.data.bert_tokenizer:bert_tokenizer_from_hf",
                 )
             },
+            to_hf="aiayn.convert.bert_to_hf:bert_to_hf",
             inference="aiayn.inference.encoder:BertInference",
             training=Training(
                 "aiayn.training.config:BertDataConfig",
@@ -290,7 +303,12 @@ FAMILIES: dict[str, Family] = {
             "vit-tiny-digits",
             expected_vit_parameters,
             frozenset({"classify-image", "attention"}),
-            ("aiayn.models.vit", "aiayn.convert.vit", "aiayn.training.images"),
+            (
+                "aiayn.models.vit",
+                "aiayn.convert.vit",
+                "aiayn.convert.vit_to_hf",
+                "aiayn.training.images",
+            ),
             reads="image",
             from_hf={
                 "vit": HFSource(
@@ -298,6 +316,7 @@ FAMILIES: dict[str, Family] = {
                     "aiayn.convert.vit:vit_preprocessor_from_hf",
                 )
             },
+            to_hf="aiayn.convert.vit_to_hf:vit_to_hf",
             inference="aiayn.inference.encoder:ViTInference",
             training=Training(
                 "aiayn.training.config:ImageDataConfig",
