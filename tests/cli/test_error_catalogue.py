@@ -409,6 +409,31 @@ def _short_lm_text(tmp: Path, _: pytest.MonkeyPatch) -> None:
     (tmp / "lm.txt").write_text("hello world\nthe cat sat\n")
 
 
+def _finetune(family: str, small_vocab: bool = False) -> Callable[[Path, pytest.MonkeyPatch], None]:
+    """``{tmp}/ft.yaml``: a translation run of ``family`` on ``{tmp}/pairs.tsv`` naming no
+    preset (the command line adds ``model.init_from``); ``small_vocab``: also
+    ``{tmp}/small_vocab``, a checkpoint whose embeddings lack rows for 10 of its tokenizer's ids."""
+
+    def setup(tmp: Path, _: pytest.MonkeyPatch) -> None:
+        (tmp / "pairs.tsv").write_text("".join(f"{t}\t{t}\n" for t in TEXTS * 3))
+        values = {
+            "run_dir": "runs/ft",
+            "model": {"family": family},
+            "data": {"train_src": str(tmp / "pairs.tsv"), "valid_size": 2},
+            "train": {"max_steps": 1, "progress": False},
+        }
+        (tmp / "ft.yaml").write_text(json.dumps(values))  # JSON is YAML
+        if small_vocab:
+            tokenizer = Tokenizer.train(TEXTS * 20, 300, min_frequency=1)
+            tokenizer.save(tmp / "tok.json")
+            config = preset("tiny", vocab_size=tokenizer.vocab_size - 10, d_model=32, d_ff=64)
+            model = Transformer(config.replace(num_heads=4))
+            save_checkpoint(tmp / "small_vocab", model, {}, tmp / "tok.json")
+            (tmp / "tok.json").unlink()
+
+    return setup
+
+
 _MANY_WORDS = " ".join(["w"] * 20_000)
 
 
@@ -431,6 +456,36 @@ CASES = {
     "train/--set unknown": Case("train --set nope.key=1", 2, "unknown top-level config key"),
     "train/config and demo": Case("train --config {tmp}/one.txt --demo lm", 2, "not both"),
     "train/unknown demo": Case("train --demo nope", 2, "invalid choice: 'nope'"),
+    "train/init_from another family's checkpoint": Case(
+        "train --config {tmp}/ft.yaml --set model.init_from={gpt2}",
+        2,
+        "holds a gpt2 model, not transformer (set model.family: gpt2)",
+        _finetune("transformer"),
+    ),
+    "train/init_from and a model vocab_size": Case(
+        "train --config {tmp}/ft.yaml --set model.init_from={mt} --set model.vocab_size=500",
+        2,
+        "model.vocab_size=500 differs from the",
+        _finetune("transformer"),
+    ),
+    "train/init_from and a data vocab_size": Case(
+        "train --config {tmp}/ft.yaml --set model.init_from={mt} --set data.vocab_size=500",
+        2,
+        "data.vocab_size does not apply with model.init_from",
+        _finetune("transformer"),
+    ),
+    "train/t5 without init_from": Case(
+        "train --config {tmp}/ft.yaml",
+        2,
+        "family t5 trains only from a checkpoint: set model.init_from",
+        _finetune("t5"),
+    ),
+    "train/init_from whose tokenizer outgrows its model": Case(
+        "train --config {tmp}/ft.yaml --set model.init_from={tmp}/small_vocab",
+        2,
+        "model.init_from: the tokenizer of {tmp}/small_vocab has",
+        _finetune("transformer", small_vocab=True),
+    ),
     # -- translate ------------------------------------------------------------------------------
     "translate/missing checkpoint": Case(
         "translate --checkpoint {tmp}/nope -i {tmp}/one.txt", 2, "no checkpoint found"

@@ -244,6 +244,18 @@ def test_marian_matches_hugging_face(marian_pair: tuple[MarianTokenizer, Any]) -
     assert ours.decode(hf(text_target=german)["input_ids"]) == german
 
 
+def test_marian_targets_match_hugging_face_text_target(
+    marian_pair: tuple[MarianTokenizer, Any],
+) -> None:
+    """Target text is coded by target.spm and the target vocabulary, as ``tokenizer(
+    text_target=...)`` codes it (without its EOS): what a fine-tuning run trains on."""
+    ours, hf = marian_pair
+    texts = [*MARIAN_TRICKY, "Ich habe meinem Lehrer eine Frage gestellt.", "Hallo </s> Welt"]
+    got = ours.encode_target_batch(texts)
+    assert got == [hf(text_target=t)["input_ids"][:-1] for t in texts]
+    assert got != ours.encode_batch(texts)  # the target side has a model of its own
+
+
 def test_marian_language_codes(marian_folders: dict[str, Path]) -> None:
     ours = pretrained_tokenizer_from_hf(marian_folders["joint"], "marian")
     assert isinstance(ours, MarianTokenizer)

@@ -65,6 +65,27 @@ def test_gated_feed_forward_is_the_glu_variant() -> None:
     torch.testing.assert_close(ffn(x), want)
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_feed_forward_inner_dropout_by_hand(gated: bool) -> None:
+    """T5's dropout inside the network: on the (gated) activations, before W_2; none in eval
+    mode, and none by default (the paper's network)."""
+    from aiayn.dropout import dropout
+
+    torch.manual_seed(0)
+    make = GatedFeedForward if gated else FeedForward
+    ffn = make(4, 64, "relu", dropout=0.5)  # type: ignore[operator]
+    x = torch.randn(2, 3, 4)
+    inner = torch.relu(ffn.linear1(x)) if not gated else torch.relu(ffn.gate(x)) * ffn.linear1(x)
+    torch.manual_seed(1)
+    got = ffn(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(got, ffn.linear2(dropout(inner, 0.5)))
+    ffn.eval()
+    torch.testing.assert_close(ffn(x), ffn.linear2(inner))
+    assert not torch.allclose(got, ffn(x))
+    assert make(4, 6, "relu").dropout.p == 0.0  # type: ignore[operator]
+
+
 def test_embedding_scale_is_an_option() -> None:
     emb = TokenEmbedding(10, 16, scale=1.0)
     tokens = torch.tensor([[3, 4]])

@@ -85,7 +85,7 @@ def test_lookups_name_what_is_unknown() -> None:
 def test_demo_runs_and_trainable_families() -> None:
     assert next(iter(demo_runs())) == "translation"
     assert set(demo_runs()) == {"translation", "lm", "vit"}
-    assert set(trainable()) == {"transformer", "gpt2", "bert", "vit"}
+    assert set(trainable()) == {"transformer", "gpt2", "t5", "bert", "vit"}
 
 
 def test_presets_build_with_overrides_and_refuse_unknown_names() -> None:

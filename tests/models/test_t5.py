@@ -92,3 +92,38 @@ def test_float16_refused_bfloat16_runs() -> None:
     with pytest.raises(ValueError, match="bfloat16"):
         model.half()(src, tgt)
     assert model.bfloat16()(src, tgt).isfinite().all()
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_feed_forward_drops_out_at_dropout_rate_as_hugging_face(gated: bool) -> None:
+    """Each feed-forward network drops out its inner activations at ``dropout``, where Hugging
+    Face's T5 has a ``Dropout(dropout_rate)`` (``DenseReluDense.dropout``); in training only."""
+    from aiayn.layers import FeedForward, GatedFeedForward
+
+    config = t5_preset("t5-tiny", dropout=0.2, gated=gated, activation="gelu_tanh")
+    model = T5(config)
+    ours = [m for m in model.modules() if isinstance(m, (FeedForward, GatedFeedForward))]
+    hf = T5ForConditionalGeneration(
+        HFT5Config(
+            vocab_size=config.vocab_size,
+            d_model=config.d_model,
+            d_kv=config.d_kv,
+            d_ff=config.d_ff,
+            num_layers=config.num_encoder_layers,
+            num_decoder_layers=config.num_decoder_layers,
+            num_heads=config.num_heads,
+            dropout_rate=0.2,
+            feed_forward_proj="gated-gelu" if gated else "gelu_new",
+        )
+    )
+    theirs = [m.dropout.p for name, m in hf.named_modules() if name.endswith("DenseReluDense")]
+    assert [m.dropout.p for m in ours] == theirs == [0.2] * len(ours) and ours
+    ff, x = ours[0], torch.randn(2, 3, config.d_model)
+    ff.train()
+    torch.manual_seed(1)
+    a = ff(x)
+    torch.manual_seed(2)
+    assert not torch.allclose(a, ff(x))  # another mask
+    ff.eval()
+    torch.manual_seed(1)
+    assert not torch.allclose(a, ff(x)) and torch.equal(ff(x), ff(x))  # eval: no dropout

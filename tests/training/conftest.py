@@ -1,10 +1,15 @@
-"""Fixtures for training tests: tiny corpora written to disk and tiny run configs."""
+"""Fixtures for training tests: tiny corpora written to disk and tiny run configs; the tiny
+builders of Hugging Face T5 and Marian tokenizers of
+``tests/data/conftest.py`` (loaded from its path, as ``tests/cli/conftest.py`` does)."""
 
 from __future__ import annotations
 
+import importlib.util
 import random
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pytest
@@ -16,6 +21,23 @@ if TYPE_CHECKING:
     from aiayn.training.trainer import Trainer
 
 LETTERS = "abcdefghij"
+
+
+def _data_conftest() -> ModuleType:
+    name = "_aiayn_tests_data_conftest"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "data" / "conftest.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_data = _data_conftest()
+make_hf_t5_tokenizer = _data.make_hf_t5_tokenizer
+make_marian_vocab = _data.make_marian_vocab
 
 
 def write_reverse_task(folder: Path, n: int, seed: int, *, reverse: bool = True) -> Path:

@@ -219,7 +219,7 @@ def test_vit_digits_yaml_equals_builtin_and_loads() -> None:
         ({"model": {"num_labels": 5, "id2label": []}}, r"model\.num_labels=5 does not fit"),
         ({"model": {"vocab_size": 100}}, r"unknown model config key\(s\): vocab_size"),
         ({"model": {"preset": "small"}}, r"unknown ViT preset 'small'"),
-        ({"model": {"init_from": "x"}}, r"init_from must be a checkpoint folder of family gpt2"),
+        ({"model": {"init_from": "x"}}, r"init_from must be a checkpoint folder of family trans"),
         ({"train": {"label_smoothing": 1.5}}, r"train\.label_smoothing must be in \[0, 1\)"),
     ],
 )

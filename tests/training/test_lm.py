@@ -217,7 +217,7 @@ def test_lm_demo_yaml_equals_builtin_and_loads() -> None:
         ({"data": {"block_size": 64}}, r"data\.block_size=64 exceeds the model's max_len=32"),
         ({"data": {"tokens": 5}}, r"unknown data config key\(s\): tokens"),
         ({"data": {"demo_side": "fr"}}, r"data\.demo_side must be one of 'en', 'de', 'both'"),
-        ({"model": {"family": "t5"}}, r"unknown model\.family 't5'"),
+        ({"model": {"family": "llama"}}, r"unknown model\.family 'llama'"),
         (
             {"model": {"num_encoder_layers": 2}},
             r"unknown model config key\(s\): num_encoder_layers",
@@ -241,7 +241,7 @@ def test_translation_config_refuses_lm_keys() -> None:
         load_run_config(None, ["data.block_size=64"])
     with pytest.raises(ConfigError, match=r"model\.label_smoothing is a training setting"):
         load_run_config(None, ["model.label_smoothing=0.1"])
-    with pytest.raises(ConfigError, match="init_from must be a checkpoint folder of family gpt2"):
+    with pytest.raises(ConfigError, match=r"model\.preset and model\.init_from exclude each"):
         load_run_config(None, ["model.init_from=x"])
 
 

@@ -29,14 +29,17 @@ import functools
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 from torch import Tensor
 
-from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import UserError
+
+if TYPE_CHECKING:
+    from aiayn.data.pretrained_tokenizer import TranslationTokenizer
 
 __all__ = [
     "SPECIALS_PER_ROW",
@@ -67,7 +70,8 @@ class Example:
 
 @dataclass(frozen=True)
 class ParallelDataset:
-    """Sentence pairs encoded with a :class:`~aiayn.data.tokenizer.Tokenizer`.
+    """Sentence pairs encoded with a :class:`~aiayn.data.tokenizer.Tokenizer` (or a converted
+    model's :class:`~aiayn.data.pretrained_tokenizer.TranslationTokenizer`).
 
     Build one with :meth:`from_pairs`. Ids are stored without specials as int32 arrays.
 
@@ -102,7 +106,7 @@ class ParallelDataset:
     def from_pairs(
         cls,
         pairs: Sequence[tuple[str, str]],
-        tokenizer: Tokenizer,
+        tokenizer: TranslationTokenizer,
         *,
         max_tokens_per_sentence: int | None = None,
     ) -> ParallelDataset:
@@ -110,7 +114,8 @@ class ParallelDataset:
 
         Args:
             pairs: ``(source, target)`` sentence pairs.
-            tokenizer: the joint vocabulary.
+            tokenizer: the joint vocabulary, or a pretrained model's (sources by its
+                ``encode_batch``, targets by its ``encode_target_batch``).
             max_tokens_per_sentence: drop (not truncate: a cut sentence is no longer a
                 translation) pairs with more subword tokens than this on either side, specials
                 not counted; :attr:`num_dropped_too_long` counts them. None keeps every pair.
@@ -125,7 +130,7 @@ class ParallelDataset:
                 f"got {max_tokens_per_sentence!r}"
             )
         src_ids = tokenizer.encode_batch([s for s, _ in pairs])
-        tgt_ids = tokenizer.encode_batch([t for _, t in pairs])
+        tgt_ids = tokenizer.encode_target_batch([t for _, t in pairs])
         src: list[IdArray] = []
         tgt: list[IdArray] = []
         kept: list[int] = []

@@ -95,8 +95,9 @@ class TranslationTokenizer(Protocol):
     """What decoding needs of a vocabulary: aiayn's own :class:`~aiayn.data.tokenizer.Tokenizer`,
     :class:`T5Tokenizer` and :class:`MarianTokenizer` all provide it.
 
-    ``encode_batch`` gives source ids without specials (the caller appends ``eos_id``);
-    ``decode_batch`` skips special ids; ``bos_id`` is the decoder's first input.
+    ``encode_batch`` gives source ids without specials (the caller appends ``eos_id``),
+    ``encode_target_batch`` target ids (for training: Marian's target side has a SentencePiece
+    model of its own); ``decode_batch`` skips special ids; ``bos_id`` is the decoder's first input.
     """
 
     @property
@@ -112,6 +113,8 @@ class TranslationTokenizer(Protocol):
     def vocab_size(self) -> int: ...
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
 
     def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]: ...
 
@@ -280,6 +283,10 @@ class T5Tokenizer(_SpecialIds):
                     ids.extend(next(encoded))
             out.append(ids)
         return out
+
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Target ids of ``texts``: T5 codes both sides alike (:meth:`encode_batch`)."""
+        return self.encode_batch(texts)
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``, special tokens skipped."""
@@ -461,13 +468,27 @@ class MarianTokenizer(_SpecialIds):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """:meth:`encode` for many texts (one SentencePiece call for all)."""
-        vocab, unk = self._vocab, self._unk_id
+        return self._encode(texts, self._source, self._vocab)
+
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Target ids of ``texts``, no EOS added, as ``tokenizer(text_target=...)`` gives them:
+        pieces of the target SentencePiece model, ids of the target vocabulary (the joint one
+        unless the vocabularies are separate)."""
+        return self._encode(texts, self._target, self._target_vocab or self._vocab)
+
+    def _encode(
+        self, texts: Sequence[str], model: spm.SentencePieceProcessor, vocab: Mapping[str, int]
+    ) -> list[list[int]]:
+        """Ids of ``texts`` by the pieces of ``model`` and the ids of ``vocab`` (its ``<unk>``
+        for what it lacks); special tokens spelled in the text keep their source ids, as in
+        Hugging Face."""
+        unk = vocab.get(self._tokens["unk_token"], self._unk_id)
         plans: list[list[int | str]] = []
         for text in texts:
             plan: list[int | str] = []
             for segment in _split_at(self._special_re, text):
                 if segment in self._special_tokens:
-                    plan.append(vocab[segment])
+                    plan.append(self._vocab[segment])
                 elif segment:
                     code, rest = _language_code(segment)
                     if code:
@@ -475,7 +496,7 @@ class MarianTokenizer(_SpecialIds):
                     plan.append(rest)
             plans.append(plan)
         words = [p for plan in plans for p in plan if isinstance(p, str)]
-        encoded = iter(self._source.encode(words, out_type=str) if words else [])
+        encoded = iter(model.encode(words, out_type=str) if words else [])
         out: list[list[int]] = []
         for plan in plans:
             ids: list[int] = []

@@ -178,6 +178,10 @@ class Tokenizer:
         encodings = self._hf.encode_batch_fast(list(texts), add_special_tokens=False)
         return [list(e.ids) for e in encodings]
 
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Target ids of ``texts``: the joint vocabulary codes both sides alike."""
+        return self.encode_batch(texts)
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``; special ids are skipped wherever they are (cut at EOS first)."""
         return str(self._hf.decode(self._strip_specials(ids), skip_special_tokens=True))

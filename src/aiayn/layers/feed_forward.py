@@ -7,6 +7,11 @@ Activations by name: ``relu`` (eq. 2), ``gelu`` (exact erf form, BERT/ViT), ``ge
 tanh approximation of GPT-2 and T5 v1.1's "gelu_new"), ``silu`` (x·σ(x), "swish": Marian's
 OPUS-MT models).
 
+Both networks may drop out their inner activations (the F-wide hidden layer) in training, as
+Hugging Face's T5 (``T5DenseActDense``, ``T5DenseGatedActDense``) does at its ``dropout_rate``:
+Raffel et al. (2020) apply dropout "throughout the network". The paper's network (§5.4) drops
+out only the sub-layer's output, so the default rate is 0.
+
 Shape legend:  B batch   T length   D d_model   F d_ff
 """
 
@@ -17,6 +22,8 @@ from functools import partial
 
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from aiayn.dropout import Dropout
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
@@ -41,14 +48,24 @@ class FeedForward(nn.Module):
         d_ff: F, the inner size (2048 in the base model).
         activation: a name of :data:`ACTIVATIONS` ("relu" in eq. 2).
         bias: whether the two maps have biases (T5's have none).
+        dropout: dropout on the inner activations in training (T5's; 0 in the paper).
     """
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", *, bias: bool = True):
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        activation: str = "relu",
+        *,
+        bias: bool = True,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.activation_name = activation
         self.activation = activation_fn(activation)
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)  # W_1, b_1
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2, b_2
+        self.dropout = Dropout(dropout)  # on the (B, T, F) activations; identity in eval mode
         for layer in (self.linear1, self.linear2):
             nn.init.xavier_uniform_(layer.weight)
             if layer.bias is not None:
@@ -56,7 +73,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, T, F) -> (B, T, D)."""
-        return self.linear2(self.activation(self.linear1(x)))
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
 class GatedFeedForward(nn.Module):
@@ -68,15 +85,19 @@ class GatedFeedForward(nn.Module):
         d_ff: F.
         activation: a name of :data:`ACTIVATIONS`, applied to the gate x W_0.
         bias: whether the three maps have biases.
+        dropout: dropout on the gated (B, T, F) activations in training (T5 v1.1's).
     """
 
-    def __init__(self, d_model: int, d_ff: int, activation: str, *, bias: bool = False):
+    def __init__(
+        self, d_model: int, d_ff: int, activation: str, *, bias: bool = False, dropout: float = 0.0
+    ):
         super().__init__()
         self.activation_name = activation
         self.activation = activation_fn(activation)
         self.gate = nn.Linear(d_model, d_ff, bias=bias)  # W_0
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)  # W_1
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2
+        self.dropout = Dropout(dropout)  # on the (B, T, F) gated activations; eval: identity
         for layer in (self.gate, self.linear1, self.linear2):
             nn.init.xavier_uniform_(layer.weight)
             if layer.bias is not None:
@@ -84,4 +105,4 @@ class GatedFeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, D) -> 2 × (B, T, F) -> (B, T, D)."""
-        return self.linear2(self.activation(self.gate(x)) * self.linear1(x))
+        return self.linear2(self.dropout(self.activation(self.gate(x)) * self.linear1(x)))

@@ -239,6 +239,8 @@ FAMILIES: dict[str, Family] = {
                 "aiayn.training.config:DataConfig",
                 {"translation": "aiayn.training.translation:TranslationTask"},
                 "translation",
+                init_from=True,
+                check="aiayn.training.translation_start:check_translation_run",
                 demos={"translation": "aiayn.training.translation:DEMO_CONFIG"},
             ),
         ),
@@ -296,6 +298,13 @@ FAMILIES: dict[str, Family] = {
             to_hf="aiayn.convert.t5_to_hf:t5_to_hf",
             inference=_DECODER_STEP,
             attention=_TRANSLATION_ATTENTION,
+            training=Training(  # fine-tuning a converted T5 only (init_from required)
+                "aiayn.training.config:DataConfig",
+                {"translation": "aiayn.training.translation:TranslationTask"},
+                "translation",
+                init_from=True,
+                check="aiayn.training.translation_start:check_fine_tuning_run",
+            ),
         ),
         Family(
             "bert",

@@ -81,8 +81,8 @@ class T5Config(ModelConfig):
         num_buckets: relative-position buckets [relative_attention_num_buckets].
         max_distance: distance from which every relative position shares the last bucket
             [relative_attention_max_distance].
-        dropout: on embeddings, sub-layer outputs, attention weights and the stacks' outputs
-            [dropout_rate].
+        dropout: on embeddings, sub-layer outputs, attention weights, the feed-forward
+            network's inner activations and the stacks' outputs [dropout_rate].
         layer_norm_eps: ε of RMSNorm [layer_norm_epsilon].
         tie_output: the output layer is the shared embedding [tie_word_embeddings].
         scale_output: decoder states × D^−½ before the output layer (v1.0, tied)
@@ -216,11 +216,12 @@ def expected_t5_parameters(config: T5Config) -> int:
 
 
 def t5_feed_forward(config: T5Config) -> nn.Module:
-    """ReLU network without biases (v1.0), or the gated one (v1.1: "gated-gelu")."""
+    """ReLU network without biases (v1.0), or the gated one (v1.1: "gated-gelu"); both drop
+    out their inner activations at ``dropout`` in training, as Hugging Face's T5 does."""
     c = config
     if c.gated:
-        return GatedFeedForward(c.d_model, c.d_ff, c.activation, bias=False)
-    return FeedForward(c.d_model, c.d_ff, c.activation, bias=False)
+        return GatedFeedForward(c.d_model, c.d_ff, c.activation, bias=False, dropout=c.dropout)
+    return FeedForward(c.d_model, c.d_ff, c.activation, bias=False, dropout=c.dropout)
 
 
 def t5_encoder_layer(config: T5Config) -> SelfAttentionBlock:

@@ -94,6 +94,9 @@ class DataConfig:
         valid, test: instead of the ``*_src``/``*_tgt`` files: ``sacrebleu:NAME`` (a sacreBLEU
             test set, e.g. ``sacrebleu:wmt13``, ``sacrebleu:wmt14/full``) or ``split:NAME`` (a
             split of ``hf_dataset``, e.g. ``split:validation``).
+        source_prefix: text put before every source sentence (training, validation and test;
+            an empty sentence stays empty): T5's task prefix, e.g. ``"translate English to
+            German: "``. ``aiayn translate --prefix`` must then be given the same.
     """
 
     train_src: str | None = None
@@ -117,6 +120,7 @@ class DataConfig:
     tgt_lang: str | None = None
     valid: str | None = None
     test: str | None = None
+    source_prefix: str = ""
 
     @property
     def task_name(self) -> str:
@@ -127,6 +131,11 @@ class DataConfig:
         validate(self)
         if self.train_tgt is not None and self.train_src is None:
             raise ConfigError("data.train_tgt is set but data.train_src is not")
+        if not self.source_prefix.isprintable():
+            raise ConfigError(
+                "data.source_prefix must be printable text on one line (no line breaks or "
+                f"tabs), got {self.source_prefix[:40]!r}"
+            )
         _check_corpus_sources(self)
 
 
@@ -416,9 +425,10 @@ class RunConfig:
         data: the family's data section (:class:`DataConfig`, :class:`LMDataConfig`,
             :class:`ImageDataConfig` or :class:`BertDataConfig`).
         train: optimisation and bookkeeping.
-        init_from: (families gpt2 and bert) a checkpoint folder whose weights, architecture
-            and tokenizer the run starts from (fine-tuning, e.g. a GPT-2 or a BERT converted by
-            ``aiayn convert``; a BERT's heads that do not fit the task start fresh).
+        init_from: a checkpoint folder whose weights, architecture and tokenizer the run
+            starts from (fine-tuning, e.g. a GPT-2, BERT, Marian or T5 model converted by
+            ``aiayn convert``; a BERT's heads that do not fit the task start fresh; families
+            with ``Training.init_from`` in the registry).
     """
 
     run_dir: str = "runs/demo"
@@ -559,7 +569,11 @@ def checkpoint_model_config(path: str, family: str) -> ModelConfig:
     except UserError as error:
         raise ConfigError(f"model.init_from: {error}") from None
     if found.name != family:
-        raise ConfigError(f"model.init_from: {folder} holds a {found.name} model, not {family}")
+        able = found.training is not None and found.training.init_from
+        hint = f" (set model.family: {found.name})" if able else ""
+        raise ConfigError(
+            f"model.init_from: {folder} holds a {found.name} model, not {family}{hint}"
+        )
     return config
 
 

@@ -36,7 +36,11 @@ from aiayn.errors import UserError
 from aiayn.limits import MAX_CHECKPOINT_JSON_BYTES
 from aiayn.training.config import RunConfig, run_config_from_dict
 
-RUN_FILES = ("checkpoints", "tokenizer.json", "metrics.jsonl", "curves.png", "test.hyp.txt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer")
+"""Where a run keeps its tokenizer: aiayn's own file, or the subfolder of a converted model's
+tokenizer files (a fine-tuned Marian or T5: :mod:`aiayn.training.translation_start`)."""
+
+RUN_FILES = ("checkpoints", *TOKENIZER_FILES, "metrics.jsonl", "curves.png", "test.hyp.txt")
 """What a training run writes into its ``run_dir`` (``--force`` deletes these, nothing else)."""
 
 METRICS_FILE = "metrics.jsonl"

@@ -213,6 +213,11 @@ class Task(Protocol):
         """Print the end of ``aiayn train``'s output for a finished run (rank 0)."""
         ...
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Entries every checkpoint's ``state.json`` carries besides the trainer's own (a
+        converted starting checkpoint's Hugging Face settings); {} for most tasks."""
+        ...
+
 
 class HeldOutData(TaskData, Protocol):
     """Prepared data with a validation split and an optional test split, which one metrics
@@ -252,6 +257,10 @@ class HeldOutTask:
     def test_line(self, test: Mapping[str, float]) -> str:
         """The test split's metrics in one log line."""
         raise NotImplementedError
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Nothing beyond the trainer's own state."""
+        return {}
 
     def evaluate(
         self, model: nn.Module, data: TaskData, *, max_tokens: int, **options: Any

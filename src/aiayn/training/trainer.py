@@ -57,6 +57,7 @@ from aiayn.training.config import RunConfig, TrainConfig
 from aiayn.training.plot import plot_curves
 from aiayn.training.rng import rng_state, set_rng_state
 from aiayn.training.run_folder import (
+    TOKENIZER_FILES,
     check_resume,
     claim_fresh,
     hold_run_folder,
@@ -285,10 +286,11 @@ class Trainer:
         data = dist.on_main(lambda: prepare(self.run_dir, reuse_tokenizer=reuse))
         if data is not None:
             return data
-        if not (self.run_dir / "tokenizer.json").is_file():
+        if not any((self.run_dir / name).exists() for name in TOKENIZER_FILES):
             raise UserError(
-                f"rank {self.dist.rank} cannot see {self.run_dir / 'tokenizer.json'}, which "
-                "rank 0 wrote: with several machines, run_dir must be on a shared file system"
+                f"rank {self.dist.rank} cannot see the tokenizer in {self.run_dir} "
+                f"({' or '.join(TOKENIZER_FILES)}), which rank 0 wrote: with several machines, "
+                "run_dir must be on a shared file system"
             )
         return prepare(self.run_dir, reuse_tokenizer=True)
 
@@ -376,6 +378,7 @@ class Trainer:
         """A checkpoint's JSON state; collective with several processes (every rank's RNG)."""
         rngs = dist.all_gather_object(rng_state())
         state = {
+            **self.task.checkpoint_state(),
             "step": self.step,
             "epoch": self.epoch,
             "batch_index": self.batch_index,

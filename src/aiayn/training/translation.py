@@ -2,12 +2,16 @@
 label-smoothed teacher forcing, and validation by loss, perplexity and greedy BLEU (the best
 checkpoint has the highest BLEU); at the end, the test set's BLEU and chrF.
 
+With ``model.init_from`` the run fine-tunes a checkpoint instead: one aiayn trained, or a
+converted Marian (OPUS-MT) or T5 model, with that checkpoint's own tokenizer and, for T5, a task
+prefix before every source sentence (``data.source_prefix``); see
+:mod:`aiayn.training.translation_start`.
+
 Shape legend:  B sentences in a batch   S source length   T target length
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,24 +20,30 @@ from typing import Any
 import numpy as np
 from torch import Tensor, nn
 
-from aiayn.config import ModelConfig, TransformerConfig
+from aiayn.config import ModelConfig
 from aiayn.data import (
     Batch,
     FilterReport,
     ParallelDataset,
     TokenBatchSampler,
-    Tokenizer,
     demo_corpus_path,
     filter_pairs,
     read_parallel,
 )
 from aiayn.data.batching import batches_padding_fraction
 from aiayn.data.hf_datasets import HFCorpus, hf_pairs, read_eval_source
-from aiayn.decoding.translate import DecodeOptions, translate_ids, translate_texts
+from aiayn.data.pretrained_tokenizer import MarianTokenizer, T5Tokenizer, TranslationTokenizer
+from aiayn.decoding.translate import (
+    DecodeOptions,
+    options_for_checkpoint,
+    translate_ids,
+    translate_texts,
+    with_prefix,
+)
 from aiayn.errors import UserError
 from aiayn.evaluation import corpus_bleu, corpus_chrf
 from aiayn.evaluation.perplexity import EvalTally
-from aiayn.models import Transformer
+from aiayn.models.transformer import EncoderDecoder
 from aiayn.training.config import DataConfig, RunConfig
 from aiayn.training.objective import TranslationObjective
 from aiayn.training.task import (
@@ -43,6 +53,12 @@ from aiayn.training.task import (
     TaskData,
     print_main,
     refuse_options,
+)
+from aiayn.training.translation_start import (
+    StartingModel,
+    carried_state,
+    run_tokenizer,
+    start_config,
 )
 
 DEMO_SENTENCES = (
@@ -58,10 +74,18 @@ DEMO_SENTENCES = (
 
 @dataclass
 class PreparedData:
-    """Tokenizer, encoded splits and the raw validation/test text for BLEU."""
+    """Tokenizer, encoded splits and the raw validation/test text for BLEU.
 
-    tokenizer: Tokenizer
-    tokenizer_file: Path
+    Attributes:
+        tokenizer: codes both sides (aiayn's joint BPE, or a converted model's).
+        tokenizer_file: what checkpoints save of it: the BPE's ``tokenizer.json``, or the
+            pretrained tokenizer itself (which saves its files).
+        train, valid: the encoded splits (sources after the run's ``data.source_prefix``).
+        valid_pairs, test_pairs: the raw pairs (without the prefix), for BLEU.
+    """
+
+    tokenizer: TranslationTokenizer
+    tokenizer_file: Path | T5Tokenizer | MarianTokenizer
     train: ParallelDataset
     valid: ParallelDataset
     valid_pairs: list[tuple[str, str]]
@@ -69,34 +93,38 @@ class PreparedData:
 
 
 def prepare_data(run: RunConfig, *, reuse_tokenizer: bool, log: Log = print_main) -> PreparedData:
-    """Read, clean, split and tokenise the corpus; train (or reload) the joint BPE (§5.1)."""
+    """Read, clean, split and tokenise the corpus; train (or reload) the joint BPE (§5.1), or
+    take the ``init_from`` checkpoint's tokenizer."""
     d = run.data
     assert isinstance(d, DataConfig)
     train_pairs, valid_pairs = _read_pairs(d, run.train.seed, log)
     test = _eval_pairs(d, d.test, d.test_src, d.test_tgt)
     test_pairs = test[0] if test is not None else []
 
-    tokenizer_file = Path(run.run_dir) / "tokenizer.json"
-    if reuse_tokenizer and tokenizer_file.is_file():
-        tokenizer = Tokenizer.load(tokenizer_file)
-    else:
-        started = time.perf_counter()
-        texts = [s for s, _ in train_pairs] + [t for _, t in train_pairs]
-        tokenizer = Tokenizer.train(texts, d.vocab_size, min_frequency=d.min_frequency)
-        tokenizer_file.parent.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(tokenizer_file)
-        log(
-            f"data: joint BPE vocabulary of {tokenizer.vocab_size} tokens "
-            f"({time.perf_counter() - started:.1f}s)"
-        )
+    tokenizer, saved = run_tokenizer(
+        run,
+        Path(run.run_dir),
+        lambda: [s for s, _ in train_pairs] + [t for _, t in train_pairs],
+        reuse=reuse_tokenizer,
+        log=log,
+    )
     limit = d.max_tokens_per_sentence
-    train = ParallelDataset.from_pairs(train_pairs, tokenizer, max_tokens_per_sentence=limit)
-    valid = ParallelDataset.from_pairs(valid_pairs, tokenizer)
+    train = ParallelDataset.from_pairs(
+        _prefixed(d, train_pairs), tokenizer, max_tokens_per_sentence=limit
+    )
+    valid = ParallelDataset.from_pairs(_prefixed(d, valid_pairs), tokenizer)
     if train.num_dropped_too_long:
         log(f"data: dropped {train.num_dropped_too_long} training pairs over {limit} subwords")
     if len(train) == 0:
         raise UserError("no training pairs left after cleaning; check the data files")
-    return PreparedData(tokenizer, tokenizer_file, train, valid, valid_pairs, test_pairs)
+    return PreparedData(tokenizer, saved, train, valid, valid_pairs, test_pairs)
+
+
+def _prefixed(d: DataConfig, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``pairs`` with ``data.source_prefix`` before each source sentence (none: as they are)."""
+    if not d.source_prefix:
+        return pairs
+    return [(with_prefix(d.source_prefix, s), t) for s, t in pairs]
 
 
 def _read_pairs(
@@ -161,10 +189,11 @@ TRANSLATION_LABEL_SMOOTHING = 0.1
 
 
 class TranslationTask:
-    """Translation with the paper's encoder–decoder (see :mod:`aiayn.training.task`).
+    """Translation with an encoder–decoder (see :mod:`aiayn.training.task`): the paper's,
+    trained from scratch or fine-tuned, or a converted Marian or T5 model, fine-tuned.
 
     Args:
-        run: the run config (family ``transformer``, a :class:`DataConfig` data section).
+        run: the run config (an encoder–decoder family, a :class:`DataConfig` data section).
         log: prints the data reports and the test scores.
     """
 
@@ -173,31 +202,43 @@ class TranslationTask:
     )
 
     def __init__(self, run: RunConfig, log: Log = print_main):
-        assert isinstance(run.model, TransformerConfig) and isinstance(run.data, DataConfig)
+        assert isinstance(run.data, DataConfig)
         self.run, self.model_cfg, self.data_cfg, self.log = run, run.model, run.data, log
         smoothing = run.train.label_smoothing
         self.label_smoothing = TRANSLATION_LABEL_SMOOTHING if smoothing is None else smoothing
+        self._new_model = StartingModel(run, log)
+        self._carried = carried_state(run)
 
     def prepare_data(self, run_dir: Path, *, reuse_tokenizer: bool) -> PreparedData:
         """See :func:`prepare_data` (``run_dir`` is the run config's)."""
         return prepare_data(self.run, reuse_tokenizer=reuse_tokenizer, log=self.log)
 
-    def model_config(self, data: TaskData) -> TransformerConfig:
-        """The run's model with the joint vocabulary's size and padding id."""
+    def model_config(self, data: TaskData) -> ModelConfig:
+        """The run's model with the joint vocabulary's size and padding id; with
+        ``init_from``, the checkpoint's (checked against its tokenizer)."""
         tok = _prepared(data).tokenizer
+        if self.run.init_from is not None:
+            return start_config(self.run, tok)
         return self.model_cfg.replace(
             vocab_size=tok.vocab_size, pad_id=tok.pad_id, tgt_vocab_size=None
         )
 
-    def new_model(self, config: ModelConfig) -> Transformer:
-        """A freshly initialised Transformer."""
-        assert isinstance(config, TransformerConfig)
-        return Transformer(config)
+    def new_model(self, config: ModelConfig) -> EncoderDecoder:
+        """A freshly initialised model of the run's family, or one holding the ``init_from``
+        checkpoint's weights."""
+        model = self._new_model(config)
+        assert isinstance(model, EncoderDecoder)
+        return model
 
     def objective(self, model: nn.Module) -> TranslationObjective:
         """Teacher forcing + the fused label-smoothed loss."""
-        assert isinstance(model, Transformer)
+        assert isinstance(model, EncoderDecoder)
         return TranslationObjective(model, self.label_smoothing)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a converted ``init_from`` checkpoint recorded about its model (its Hugging Face
+        config and generation settings), for every checkpoint of the run."""
+        return dict(self._carried)
 
     def sampler(self, data: TaskData, max_tokens: int, seed: int) -> TokenBatchSampler:
         """Length-bucketed token-budget batches (§5.1)."""
@@ -228,21 +269,20 @@ class TranslationTask:
         """Validation loss, NLL, perplexity and greedy BLEU on ``bleu_sentences`` sentences
         (default: ``data.bleu_sentences``; 0 = all)."""
         refuse_options(options)
-        assert isinstance(model, Transformer)
+        assert isinstance(model, EncoderDecoder)
         prepared = _prepared(data)
         tally, tokens = self._valid_loss(model, prepared, max_tokens)
         valid = prepared.valid
         n = self.data_cfg.bleu_sentences if bleu_sentences is None else bleu_sentences
         n = len(valid) if n == 0 else min(n, len(valid))
-        greedy = DecodeOptions(beam_size=1, max_tokens=max_tokens)
-        best = translate_ids(model, valid.src[:n], prepared.tokenizer, greedy)
+        best = translate_ids(model, valid.src[:n], prepared.tokenizer, self.greedy(max_tokens))
         hyps = prepared.tokenizer.decode_batch([h[0].tokens for h in best])
         refs = [prepared.valid_pairs[int(i)][1] for i in valid.source_indices[:n]]
         bleu = corpus_bleu(hyps, refs).score
         return tally.metrics(tokens, "tokens") | {"bleu": bleu, "bleu_sentences": n}
 
     def _valid_loss(
-        self, model: Transformer, data: PreparedData, max_tokens: int
+        self, model: EncoderDecoder, data: PreparedData, max_tokens: int
     ) -> tuple[EvalTally, int]:
         """(Σ loss and Σ NLL, target tokens) over the validation pairs."""
         objective = TranslationObjective(model, self.label_smoothing)
@@ -257,6 +297,13 @@ class TranslationTask:
             tokens += batch.num_tgt_tokens
         return tally, tokens
 
+    def greedy(self, max_tokens: int) -> DecodeOptions:
+        """Greedy decoding for validation and test, as ``aiayn translate --beam 1`` decodes the
+        run's checkpoints: with a converted ``init_from`` checkpoint's generation settings (its
+        length cap, banned ids, forced EOS), else the paper's rules."""
+        generation = self._carried.get("generation")
+        return options_for_checkpoint(generation, beam_size=1, max_tokens=max_tokens)
+
     def metrics_line(self, metrics: dict[str, float]) -> str:
         """Loss, perplexity and BLEU."""
         return (
@@ -269,10 +316,12 @@ class TranslationTask:
         prepared = _prepared(data)
         if not prepared.test_pairs:
             return FinalOutputs()
-        assert isinstance(model, Transformer)
+        assert isinstance(model, EncoderDecoder)
         sources = [s for s, _ in prepared.test_pairs]
         references = [t for _, t in prepared.test_pairs]
-        hyps = translate_texts(model, prepared.tokenizer, sources)
+        greedy = self.greedy(DecodeOptions.max_tokens)  # the default batch of translate_texts
+        prefix = self.data_cfg.source_prefix
+        hyps = translate_texts(model, prepared.tokenizer, sources, greedy, prefix=prefix)
         (run_dir / "test.hyp.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
         bleu, chrf = corpus_bleu(hyps, references), corpus_chrf(hyps, references)
         self.log(f"test: {bleu}\ntest: {chrf}")
@@ -299,14 +348,14 @@ class TranslationTask:
                 "(sacreBLEU, detokenized, cased)"
             )
 
-    @staticmethod
-    def _demo_translations(checkpoint: Path) -> None:
-        from aiayn.checkpoint import load_checkpoint
+    def _demo_translations(self, checkpoint: Path) -> None:
+        from aiayn.checkpoint import load_checkpoint, load_translation_tokenizer
 
         ckpt = load_checkpoint(checkpoint)
-        tokenizer = Tokenizer.load(ckpt.tokenizer_path)
+        tokenizer = load_translation_tokenizer(ckpt.path)
         print("\ndemo translations (English -> German, greedy):")
-        hyps = translate_texts(ckpt.model, tokenizer, DEMO_SENTENCES)
+        prefix = self.data_cfg.source_prefix
+        hyps = translate_texts(ckpt.model, tokenizer, DEMO_SENTENCES, prefix=prefix)
         for src, hyp in zip(DEMO_SENTENCES, hyps, strict=True):
             print(f"  {src:<32} -> {hyp}")
 
