@@ -123,6 +123,11 @@ class Family:
             encoder–decoders' decoding step, which runs their encoder through
             :mod:`aiayn.inference`), or None (GPT-2 decodes through its module with a KV cache).
         training: how it trains, or None.
+        first_layer: ``(model, checkpoint folder, text or image file) -> FirstLayerInputs``:
+            its first self-attention layer's inputs for ``aiayn explain --checkpoint``
+            (:mod:`aiayn.visualization.first_layer`), or None.
+        position_bias: ``(model) -> {stack name: RelativePositionBias}``: its learned relative
+            position biases (``aiayn attention --bias``), or None.
     """
 
     name: str
@@ -139,6 +144,8 @@ class Family:
     to_hf: str | None = None
     inference: str | None = None
     training: Training | None = None
+    first_layer: str | None = None
+    position_bias: str | None = None
 
     def build(self, config: ModelConfig) -> nn.Module:
         """A model of this family with fresh weights."""
@@ -157,6 +164,7 @@ class Family:
 
 _TOKENIZERS = "aiayn.data.pretrained_tokenizer"
 _DECODER_STEP = "aiayn.decoding.fast_step:InferenceStep"  # the encoder runs on aiayn.inference
+_FIRST_LAYER = "aiayn.visualization.first_layer:"
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -191,6 +199,7 @@ FAMILIES: dict[str, Family] = {
                 "translation",
                 demos={"translation": "aiayn.training.translation:DEMO_CONFIG"},
             ),
+            first_layer=_FIRST_LAYER + "encoder_decoder_first_layer",
         ),
         Family(
             "gpt2",
@@ -217,6 +226,7 @@ FAMILIES: dict[str, Family] = {
                 check="aiayn.training.lm:check_lm_run",
                 demos={"lm": "aiayn.training.lm:LM_DEMO_CONFIG"},
             ),
+            first_layer=_FIRST_LAYER + "decoder_only_first_layer",
         ),
         Family(
             "t5",
@@ -236,6 +246,8 @@ FAMILIES: dict[str, Family] = {
                 )
             },
             inference=_DECODER_STEP,
+            first_layer=_FIRST_LAYER + "encoder_decoder_first_layer",
+            position_bias="aiayn.models.t5:t5_position_biases",
         ),
         Family(
             "bert",
@@ -271,6 +283,7 @@ FAMILIES: dict[str, Family] = {
                 check="aiayn.training.bert_start:check_bert_run",
                 adapt="aiayn.training.bert_start:bert_task_model",
             ),
+            first_layer=_FIRST_LAYER + "bert_first_layer",
         ),
         Family(
             "vit",
@@ -297,6 +310,7 @@ FAMILIES: dict[str, Family] = {
                 check="aiayn.training.images:check_image_run",
                 demos={"vit": "aiayn.training.images:VIT_DEMO_CONFIG"},
             ),
+            first_layer=_FIRST_LAYER + "vit_first_layer",
         ),
     )
 }
