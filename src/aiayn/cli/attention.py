@@ -72,6 +72,20 @@ def register(subparsers: Any) -> None:
         help="refuse sentences of more tokens than this a side (with EOS or BOS): larger maps "
         f"are unreadable and slow to draw (default {MAX_TOKENS})",
     )
+    p.add_argument(
+        "--bias",
+        default=None,
+        metavar="OUT.png",
+        help="instead of maps: draw the checkpoint's learned relative position bias (T5) per "
+        "head against key − query, its buckets marked, into this PNG",
+    )
+    p.add_argument(
+        "--bias-reach",
+        type=flag_type(PositiveInt),
+        default=None,
+        metavar="N",
+        help="with --bias: draw relative positions -N .. N (default: max_distance × 1.25)",
+    )
     p.add_argument("--out", default="attention_maps", help="output folder (created)")
     p.add_argument("--no-png", action="store_true", help="write only the HTML page")
     p.add_argument("--force", action="store_true", help="replace attention maps already in --out")
@@ -85,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not Path(args.checkpoint).exists():
         raise UserError(f"checkpoint not found: {args.checkpoint}")
+    if args.bias is not None or args.bias_reach is not None:
+        return _run_bias(args)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a folder")
@@ -188,4 +204,58 @@ def _run_image(args: argparse.Namespace, out: Path) -> int:
         layers = f"{attention.num_layers} layers × {attention.num_heads} heads, rollout"
         print(f"wrote {len(pngs)} PNG files ({layers}) to {out}/")
     print(f"wrote {page}")
+    return 0
+
+
+def _run_bias(args: argparse.Namespace) -> int:
+    """Draw the checkpoint's relative position biases (the family's ``position_bias``)."""
+    from torch import nn
+
+    from aiayn.checkpoint import load_checkpoint, read_checkpoint_config
+    from aiayn.cli.outputs import atomic_file, check_file
+    from aiayn.errors import UserError
+    from aiayn.limits import MAX_POSITION_BIAS_REACH
+    from aiayn.models.families import FAMILIES, resolve
+    from aiayn.visualization.position_bias import (
+        bias_by_distance,
+        default_reach,
+        draw_position_bias,
+    )
+
+    if args.bias is None:
+        raise UserError("--bias-reach needs --bias OUT.png")
+    for flag in ("src", "tgt", "image"):
+        if getattr(args, flag) is not None:
+            raise UserError(
+                f"--bias draws the checkpoint's position bias: give it without --{flag}"
+            )
+    reach = args.bias_reach
+    if reach is not None and reach > MAX_POSITION_BIAS_REACH:
+        raise UserError(
+            f"--bias-reach {reach} is more than {MAX_POSITION_BIAS_REACH} "
+            "(aiayn.limits.MAX_POSITION_BIAS_REACH)"
+        )
+    folder, family, _, _ = read_checkpoint_config(args.checkpoint)
+    if family.position_bias is None:
+        having = " or ".join(f.title for f in FAMILIES.values() if f.position_bias is not None)
+        raise UserError(
+            f"{folder} holds a {family.name} model, which has no learned relative position bias "
+            f"(--bias needs a checkpoint of {having})"
+        )
+    path = check_file(args.bias, force=args.force, flag="--bias")
+    model = load_checkpoint(folder, expect=nn.Module).model
+    biases = resolve(family.position_bias)(model)
+    curves = [
+        bias_by_distance(name, bias, reach or default_reach(bias.max_distance))
+        for name, bias in biases.items()
+    ]
+    title = f"{family.title} relative position bias of {folder}, per head"
+    figure = draw_position_bias(curves, title)
+    with atomic_file(path, "wb") as handle:
+        figure.savefig(handle, format="png", dpi=110)
+    for curve in curves:
+        low, high = int(curve.distances[0]), int(curve.distances[-1])
+        heads, buckets = curve.values.shape[0], curve.num_buckets
+        print(f"{curve.stack}: {heads} heads, relative positions {low}..{high}, {buckets} buckets")
+    print(f"wrote {path}")
     return 0
