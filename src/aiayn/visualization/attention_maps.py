@@ -276,10 +276,11 @@ def _draw_overview(maps: AttentionMaps, kind: str, path: Path) -> Path:
     for layer, weights in enumerate(layers):  # weights: (H, R, C)
         for head in range(heads):
             ax = axes[layer][head]
-            ax.imshow(weights[head].numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
+            image = ax.imshow(weights[head].numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
             ax.set_xticks([])
             ax.set_yticks([])
             ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")  # one scale: 0 .. 1
     fig.suptitle(f"{KIND_TITLES[kind]}: {maps.source!r}", fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
