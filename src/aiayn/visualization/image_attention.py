@@ -725,10 +725,10 @@ def image_attention_html(
 ([CLS], whose final state the classifier reads) over the image patches: the softmax row of the
 [CLS] query without its own column, upsampled to the image and laid over it, drawn in grey
 with the patch grid, as one translucent red: none at the map's minimum, the strongest at its
-maximum (each map scaled to its own range; the colour bar under the pictures). A border narrower than a
-patch is not seen by the model and has no colour. The rollout multiplies the layers'
-head-averaged attention matrices, each with the identity added and its rows renormalised, from
-the first layer to the last.</p>
+maximum (each map scaled to its own range; the colour bar under the pictures). A border
+narrower than a patch is not seen by the model and has no colour. The rollout multiplies the
+layers' head-averaged attention matrices, each with the identity added and its rows
+renormalised, from the first layer to the last.</p>
 <script type="application/json" id="image-attention-data">{_script_json(data)}</script>
 <script>{_SCRIPT}</script>
 </body>
