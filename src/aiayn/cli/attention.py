@@ -16,6 +16,12 @@ rollout (``rollout.png``) and ``attention.html`` with the top predicted labels. 
 
 The checkpoint's family decides the input: ``--image`` for a ViT, ``--src`` for the others.
 
+    aiayn attention --checkpoint T5_DIR --bias OUT.png [--bias-reach N]
+
+draws instead the checkpoint's learned relative position bias (a family whose registry entry
+names its ``position_bias``: T5), every head against key − query, its buckets marked
+(:mod:`aiayn.visualization.position_bias`); an existing OUT.png is replaced only with ``--force``.
+
 An ``--out`` folder that already holds files of these names (``attention.html``, the PNG names
 above) is refused before any work unless ``--force``; other files in it are left alone. The files
 are drawn into a temporary folder inside ``--out`` and moved into place when all are complete

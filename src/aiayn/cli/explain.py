@@ -1,6 +1,10 @@
-"""``aiayn explain``: self-attention of a small example, step by step and with the numbers.
+"""``aiayn explain``: self-attention of a small example, step by step and with the numbers; with
+``--checkpoint``, the first self-attention layer of a real checkpoint of any family on the
+user's sentence (or image), with its own tokenizer.
 
-The logic lives in :mod:`aiayn.visualization.explain`; this module parses the options and prints.
+The logic lives in :mod:`aiayn.visualization.explain` and :mod:`aiayn.visualization.first_layer`
+(the family's inputs through the registry's ``first_layer``); this module parses the options and
+prints.
 """
 
 from __future__ import annotations

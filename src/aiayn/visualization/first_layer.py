@@ -213,7 +213,10 @@ def encoder_decoder_first_layer(model: Any, folder: Path, text: str) -> FirstLay
     ids = [*tokenizer.encode_batch([clean])[0], tokenizer.eos_id]
     _check_tokens(len(ids))
     specials = {tokenizer.eos_id: "</s>", tokenizer.pad_id: "<pad>"}
-    decode = lambda row: tokenizer.decode_batch([row])[0]  # noqa: E731
+
+    def decode(row: list[int]) -> str:
+        return tokenizer.decode_batch([row])[0]
+
     src = torch.tensor([ids])  # (1, T)
     encoder = model.encoder
     parts, x, combine = _text_parts(encoder.embedder, src[0])
@@ -337,7 +340,10 @@ def vit_first_layer(model: Any, folder: Path, image: str) -> FirstLayerInputs:
     pixels = preprocessor.load(image)[None]  # (1, C, H, W)
     embedder = model.embedder
     p = embedder.projection.kernel_size[0]
-    _check_tokens(1 + (pixels.shape[-2] // p) * (pixels.shape[-1] // p))
+    patches = (pixels.shape[-2] // p) * (pixels.shape[-1] // p)
+    if patches == 0:
+        raise UserError(f"{image}: the model reads it as smaller than one {p}×{p} patch")
+    _check_tokens(1 + patches)
     parts, x, (g_h, g_w) = _patch_parts(embedder, pixels)
     norm, attention = _block(model.layers[0])
     labels = ["[CLS]"] + [f"p{r + 1},{c + 1}" for r in range(g_h) for c in range(g_w)]
