@@ -31,6 +31,10 @@ MAX_EXPLAIN_HEADS = 64
 """The most heads of ``aiayn explain --heads`` (they must also divide ``d_model``): each head's
 T × T scores, weights and outputs are printed."""
 
+MAX_POSITION_BIAS_REACH = 4096
+"""The farthest relative position ``aiayn attention --bias`` draws (``--bias-reach``): each is
+a column of the picture; T5's buckets stop changing at ``max_distance`` (128 in the releases)."""
+
 MAX_EXPLAIN_WEIGHTS_BYTES = 64 * 1024 * 1024
 """The largest ``aiayn explain --weights`` JSON file read: room for four
 :data:`MAX_EXPLAIN_D_MODEL`-square matrices and :data:`MAX_EXPLAIN_TOKENS` embedding rows

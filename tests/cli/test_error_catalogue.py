@@ -681,6 +681,12 @@ CASES = {
         2,
         "this model's limit is",
     ),
+    "attention/bias of a model without one": Case(
+        "attention --checkpoint {mt} --bias {tmp}/b.png", 2, "no learned relative position bias"
+    ),
+    "attention/bias-reach without bias": Case(
+        "attention --checkpoint {mt} --bias-reach 3", 2, "--bias-reach needs --bias"
+    ),
     # -- explain --------------------------------------------------------------------------------
     "explain/missing weights": Case(
         "explain --weights {tmp}/nope.json", 2, "cannot read weights file"
@@ -692,6 +698,27 @@ CASES = {
     "explain/weights are a folder": Case("explain --weights {tmp}/adir", 2, "Is a directory"),
     "explain/no tokens": Case("explain --tokens ''", 2, "no tokens"),
     "explain/heads do not divide": Case("explain --heads 3", 2, "does not divide d_model"),
+    "explain/missing checkpoint": Case(
+        "explain --checkpoint {tmp}/nope", 2, "checkpoint not found"
+    ),
+    "explain/text without checkpoint": Case("explain --text hi", 2, "--text needs --checkpoint"),
+    "explain/toy option with checkpoint": Case(
+        "explain --checkpoint {mt} --seed 1", 2, "--seed is for the small example"
+    ),
+    "explain/image for a text model": Case(
+        "explain --checkpoint {gpt2} --image {tmp}/img.png", 2, "--image needs a ViT"
+    ),
+    "explain/ViT without image": Case("explain --checkpoint {vit}", 2, "give --image"),
+    "explain/not an image": Case(
+        "explain --checkpoint {vit} --image {tmp}/not_an_image.png", 2, "not_an_image.png"
+    ),
+    "explain/empty text": Case("explain --checkpoint {bert} --text '  '", 2, "--text is empty"),
+    "explain/head out of range": Case(
+        "explain --checkpoint {mt} --head 9", 2, "--head 9 is not a head"
+    ),
+    "explain/too many tokens": Case(
+        "explain --checkpoint {gpt2} --text '" + "cat " * 100 + "'", 2, "more than explain traces"
+    ),
     # -- generate, fill-mask, embed, classify-image ----------------------------------------------
     "generate/translation model": Case(
         "generate --checkpoint {mt} hi", 2, "holds a transformer model"

@@ -37,7 +37,7 @@ def _refs() -> list[tuple[str, str]]:
             refs += [(f"{f.name}.tokenizer[{model_type}]", how.tokenizer)]
             if how.generation:
                 refs += [(f"{f.name}.generation[{model_type}]", how.generation)]
-        for name in ("to_hf", "to_ct2", "to_onnx", "inference"):
+        for name in ("to_hf", "to_ct2", "to_onnx", "inference", "first_layer", "position_bias"):
             if getattr(f, name):
                 refs += [(f"{f.name}.{name}", getattr(f, name))]
         if f.attention is not None:

@@ -26,6 +26,10 @@ from aiayn.cli.main import main
 from aiayn.data.images import ImagePreprocessor
 from aiayn.models.vit import ViT
 from aiayn.visualization.image_attention import (
+    GREY_FLOOR,
+    GRID_GREY,
+    OVERLAY_ALPHA,
+    OVERLAY_HUE,
     ImageAttention,
     attention_rollout,
     cls_attention,
@@ -34,7 +38,6 @@ from aiayn.visualization.image_attention import (
     image_attention_html,
     image_attention_pngs,
     overlay_heatmap,
-    overview_tile_box,
     page_data,
     rollout_cls_map,
     top_predictions,
@@ -149,22 +152,31 @@ def test_top_predictions() -> None:
 
 def test_overlay_heatmap_geometry() -> None:
     grey = Image.new("RGB", (60, 40), (128, 128, 128))
-    heat = torch.tensor([[0.0, 0.0], [0.0, 0.02]])  # (g_h, g_w): the maximum bottom right
+    heat = torch.tensor([[0.01, 0.01], [0.01, 0.02]])  # (g_h, g_w): the maximum bottom right
     out = overlay_heatmap(grey, heat, (32, 48))
     assert out.size == (60, 40) and out.mode == "RGB"
     pixels = np.asarray(out).astype(int)  # (40, 60, 3)
     assert (pixels[32:] == 128).all() and (pixels[:, 48:] == 128).all()  # not covered: as is
-    assert not (pixels[:32, :48] == 128).all()
-    # Scaled to its maximum: the covered corners show the colour map's two ends.
-    from matplotlib import colormaps
+    # From its minimum to its maximum: grey as it was top left, the hue at opacity α bottom right.
+    assert (pixels[0, 0] == 128).all()
+    expected = np.round(
+        ((1 - OVERLAY_ALPHA) * 128 / 255 + OVERLAY_ALPHA * np.asarray(OVERLAY_HUE)) * 255
+    )
+    assert np.abs(pixels[31, 47] - expected).max() <= 1
+    colour = Image.new("RGB", (60, 40), (200, 40, 90))  # drawn in grey: the luma of the colour
+    flat = np.asarray(overlay_heatmap(colour, torch.zeros(2, 2), (32, 48))).astype(int)
+    assert len({tuple(p) for p in flat.reshape(-1, 3)}) == 1  # an even map: one colour
+    assert flat[0, 0, 0] == flat[0, 0, 1] == flat[0, 0, 2]  # grey
 
-    for (y, x), level in (((0, 0), 0.0), ((31, 47), 1.0)):
-        expected = np.round(
-            (0.5 * 128 / 255 + 0.5 * np.asarray(colormaps["turbo"](level)[:3])) * 255
-        )
-        assert np.abs(pixels[y, x] - expected).max() <= 1
-    flat = np.asarray(overlay_heatmap(grey, torch.zeros(2, 2), (32, 48))).astype(int)
-    assert len({tuple(p) for p in flat[:32, :48].reshape(-1, 3)}) == 1  # all zero: one colour
+
+def test_overlay_draws_the_patch_grid() -> None:
+    black = Image.new("RGB", (48, 32), (0, 0, 0))
+    pixels = np.asarray(overlay_heatmap(black, torch.zeros(2, 3), (32, 48), patch_pixels=16))
+    line = round(GRID_GREY * 255)
+    on_grid = np.zeros((32, 48), dtype=bool)
+    on_grid[[0, 16, 31], :] = True
+    on_grid[:, [0, 16, 32, 47]] = True
+    assert (pixels[on_grid] == line).all() and (pixels[~on_grid] == 0).all()
 
 
 def test_overlay_blocks_colour_each_patch_alone() -> None:
@@ -192,8 +204,8 @@ def test_small_dim_inputs_are_drawn_stretched_and_pixelated(
     overlays = draw_overlays(attention)  # × 7: 224 pixels, drawn pixel by pixel
     shown = np.asarray(overlays.input).astype(int)
     assert overlays.size == (224, 224)
-    assert shown.max() == 255 and shown.min() == 0  # stretched: 16 is drawn white
-    assert set(np.unique(shown)) == {0, 255}  # nearest: no interpolated greys at the edges
+    floor = round(GREY_FLOOR * 255)  # stretched: 16 is drawn white, 0 as the darkest grey
+    assert set(np.unique(shown)) == {floor, 255}  # nearest: no interpolated greys at the edges
 
 
 # -- the model's attention on one image ----------------------------------------------------------
@@ -278,11 +290,11 @@ def test_cli_writes_the_overlays_and_the_page(
     assert main([*argv, "--out", str(out)]) == 0
     stdout = capsys.readouterr().out
     assert "read as 32×32 pixels: a 4×4 grid of 8×8 patches" in stdout
-    assert "wrote 11 PNG files" in stdout
+    assert "wrote 12 PNG files" in stdout
     names = {p.name for p in out.iterdir()}
-    assert len(names) == LAYERS * HEADS + LAYERS + 1 + 2
+    assert len(names) == 1 + LAYERS * HEADS + LAYERS + 1 + 2
     assert names == {*image_attention_pngs(attention), "attention.html", "head_view.html"}
-    assert {"cls_L1_H1.png", "cls_L2_H4.png", "cls_L2_all.png", "rollout.png"} <= names
+    assert {"input.png", "cls_L1_H1.png", "cls_L2_H4.png", "cls_L2_all.png", "rollout.png"} <= names
     head_view = (out / "head_view.html").read_text(encoding="utf-8")  # [CLS], then the patches
     blob = re.search(r'id="attention-data">(.*?)</script>', head_view, re.S)
     assert blob is not None
@@ -290,21 +302,20 @@ def test_cli_writes_the_overlays_and_the_page(
     assert view["rows"][:3] == ["[CLS]", "r1c1", "r1c2"] and len(view["rows"]) == 1 + 16
     weights = np.stack([w.numpy() for w in attention.weights])  # (L, n, T, T)
     np.testing.assert_allclose(np.array(view["layers"]), weights, atol=1e-4)
+    bar_top = np.round(((1 - OVERLAY_ALPHA) + OVERLAY_ALPHA * np.asarray(OVERLAY_HUE)) * 255)
     for name in sorted(names - {"attention.html", "head_view.html"}):
         with Image.open(out / name) as image:
             image.load()
             assert image.format == "PNG"
-            if name.endswith("_all.png"):  # 4 heads a row, 224 pixels each, with margins
-                assert image.size == (8 + 4 * (224 + 8), 28 + 20 + 224 + 8)
-            else:  # the 32×32 input enlarged 7×
-                assert image.size == (224, 224) and image.mode == "RGB"
-    overlays = draw_overlays(attention)
-    with Image.open(out / "cls_L2_all.png") as sheet:
-        for head in range(HEADS):  # each tile is that head's overlay
-            tile = sheet.crop(overview_tile_box(head, HEADS, (224, 224)))
-            np.testing.assert_array_equal(np.asarray(tile), np.asarray(overlays.heads[1][head]))
-    with Image.open(out / "cls_L2_H3.png") as image:
-        np.testing.assert_array_equal(np.asarray(image), np.asarray(overlays.heads[1][2]))
+            pixels = np.asarray(image.convert("RGB")).reshape(-1, 3).astype(int)
+        # a figure: the 224-pixel drawing with a title, numbered axes and (maps) a colour bar
+        assert image.width > 224 and image.height > 224
+        reddish = (pixels[:, 0] > pixels[:, 1] + 60) & (pixels[:, 0] > pixels[:, 2] + 60)
+        assert reddish.any() != (name == "input.png"), name  # the hue on every map, not the input
+        if name != "input.png":  # the colour bar's top: the hue at its opacity over white
+            assert np.abs(pixels - bar_top).max(axis=1).min() <= 3, name
+    with Image.open(out / "cls_L2_all.png") as sheet:  # 4 heads side by side
+        assert sheet.width > 3 * sheet.height
 
     page = (out / "attention.html").read_text(encoding="utf-8")
     assert "http://" not in page and "https://" not in page

@@ -23,6 +23,12 @@ kind (``cross_all.png``) and ``attention.html``, a self-contained page with a he
 head and the head view of every head of a layer (:mod:`aiayn.visualization.html_report`,
 :mod:`aiayn.visualization.head_view`).
 
+    aiayn attention --checkpoint T5_DIR --bias OUT.png [--bias-reach N]
+
+draws instead the checkpoint's learned relative position bias (a family whose registry entry
+names its ``position_bias``: T5), every head against key − query, its buckets marked
+(:mod:`aiayn.visualization.position_bias`); an existing OUT.png is replaced only with ``--force``.
+
 An ``--out`` folder that already holds files of these names is refused before any work unless
 ``--force``; other files in it are left alone. The files are drawn into a temporary folder
 inside ``--out`` and moved into place when all are complete (:mod:`aiayn.cli.outputs`).
@@ -92,6 +98,20 @@ def register(subparsers: Any) -> None:
         help="refuse sentences of more tokens than this a side (with EOS or BOS): larger maps "
         f"are unreadable and slow to draw (default {MAX_TOKENS})",
     )
+    p.add_argument(
+        "--bias",
+        default=None,
+        metavar="OUT.png",
+        help="instead of maps: draw the checkpoint's learned relative position bias (T5) per "
+        "head against key − query, its buckets marked, into this PNG",
+    )
+    p.add_argument(
+        "--bias-reach",
+        type=flag_type(PositiveInt),
+        default=None,
+        metavar="N",
+        help="with --bias: draw relative positions -N .. N (default: max_distance × 1.25)",
+    )
     p.add_argument("--out", default="attention_maps", help="output folder (created)")
     p.add_argument("--no-png", action="store_true", help="write only the HTML page")
     p.add_argument("--force", action="store_true", help="replace attention maps already in --out")
@@ -108,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not Path(args.checkpoint).exists():
         raise UserError(f"checkpoint not found: {args.checkpoint}")
+    if args.bias is not None or args.bias_reach is not None:
+        return _run_bias(args)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a folder")
@@ -150,3 +172,57 @@ def _check_texts(args: argparse.Namespace) -> None:
             )
     if args.tgt is not None and not args.tgt.strip():
         raise UserError("--tgt is empty: give a target sentence, or leave --tgt out")
+
+
+def _run_bias(args: argparse.Namespace) -> int:
+    """Draw the checkpoint's relative position biases (the family's ``position_bias``)."""
+    from torch import nn
+
+    from aiayn.checkpoint import load_checkpoint, read_checkpoint_config
+    from aiayn.cli.outputs import atomic_file, check_file
+    from aiayn.errors import UserError
+    from aiayn.limits import MAX_POSITION_BIAS_REACH
+    from aiayn.models.families import FAMILIES, resolve
+    from aiayn.visualization.position_bias import (
+        bias_by_distance,
+        default_reach,
+        draw_position_bias,
+    )
+
+    if args.bias is None:
+        raise UserError("--bias-reach needs --bias OUT.png")
+    for flag in ("src", "tgt", "text", "image"):
+        if getattr(args, flag) is not None:
+            raise UserError(
+                f"--bias draws the checkpoint's position bias: give it without --{flag}"
+            )
+    reach = args.bias_reach
+    if reach is not None and reach > MAX_POSITION_BIAS_REACH:
+        raise UserError(
+            f"--bias-reach {reach} is more than {MAX_POSITION_BIAS_REACH} "
+            "(aiayn.limits.MAX_POSITION_BIAS_REACH)"
+        )
+    folder, family, _, _ = read_checkpoint_config(args.checkpoint)
+    if family.position_bias is None:
+        having = " or ".join(f.title for f in FAMILIES.values() if f.position_bias is not None)
+        raise UserError(
+            f"{folder} holds a {family.name} model, which has no learned relative position bias "
+            f"(--bias needs a checkpoint of {having})"
+        )
+    path = check_file(args.bias, force=args.force, flag="--bias")
+    model = load_checkpoint(folder, expect=nn.Module).model
+    biases = resolve(family.position_bias)(model)
+    curves = [
+        bias_by_distance(name, bias, reach or default_reach(bias.max_distance))
+        for name, bias in biases.items()
+    ]
+    title = f"{family.title} relative position bias of {folder}, per head"
+    figure = draw_position_bias(curves, title)
+    with atomic_file(path, "wb") as handle:
+        figure.savefig(handle, format="png", dpi=110)
+    for curve in curves:
+        low, high = int(curve.distances[0]), int(curve.distances[-1])
+        heads, buckets = curve.values.shape[0], curve.num_buckets
+        print(f"{curve.stack}: {heads} heads, relative positions {low}..{high}, {buckets} buckets")
+    print(f"wrote {path}")
+    return 0

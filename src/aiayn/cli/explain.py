@@ -1,6 +1,10 @@
-"""``aiayn explain``: self-attention of a small example, step by step and with the numbers.
+"""``aiayn explain``: self-attention of a small example, step by step and with the numbers; with
+``--checkpoint``, the first self-attention layer of a real checkpoint of any family on the
+user's sentence (or image), with its own tokenizer.
 
-The logic lives in :mod:`aiayn.visualization.explain`; this module parses the options and prints.
+The logic lives in :mod:`aiayn.visualization.explain` and :mod:`aiayn.visualization.first_layer`
+(the family's inputs through the registry's ``first_layer``); this module parses the options and
+prints.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ def register(subparsers: Any) -> None:
     )
     _add_example_options(p)
     _add_step_options(p)
+    _add_checkpoint_options(p)
     p.set_defaults(func=run)
 
 
@@ -101,11 +106,104 @@ def _add_step_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_checkpoint_options(p: argparse.ArgumentParser) -> None:
+    """A real checkpoint's first layer instead of the small example."""
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="DIR",
+        help="walk through the first self-attention layer of this checkpoint (or run folder) "
+        "on --text (or --image for a ViT), with its own tokenizer and weights",
+    )
+    p.add_argument(
+        "--text",
+        default=None,
+        help="with --checkpoint: the sentence (default: the tokens of --tokens' default, "
+        f"{' '.join(DEFAULT_TOKENS)!r})",
+    )
+    p.add_argument("--image", default=None, help="with --checkpoint of a ViT: an image file")
+    p.add_argument(
+        "--head",
+        type=flag_type(PositiveInt),
+        default=1,
+        help="with --checkpoint: the head to show, from 1 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--columns",
+        type=flag_type(PositiveInt),
+        default=8,
+        help="with --checkpoint: columns shown of the d_model- and d_k-wide matrices "
+        "(default: %(default)s)",
+    )
+
+
+_TOY_ONLY = ("d_model", "seed", "weights")
+_TOY_OFF = (("positional", "--no-positional"), ("scale", "--no-scale"))
+
+
+def _run_checkpoint(args: argparse.Namespace) -> int:
+    """Walk through a checkpoint's first layer; the family gives its inputs (the registry)."""
+    from pathlib import Path
+
+    from torch import nn
+
+    from aiayn.checkpoint import load_checkpoint, read_checkpoint_config
+    from aiayn.errors import UserError
+    from aiayn.models.families import resolve
+    from aiayn.visualization.first_layer import (
+        check_first_layer,
+        format_first_layer,
+        trace_first_layer,
+    )
+
+    given = [f"--{n.replace('_', '-')}" for n in _TOY_ONLY if getattr(args, n) is not None]
+    given += [flag for name, flag in _TOY_OFF if not getattr(args, name)]
+    given += ["--causal"] if args.causal else []
+    given += ["--tokens"] if args.tokens != " ".join(DEFAULT_TOKENS) else []
+    if given:
+        raise UserError(f"{given[0]} is for the small example; with --checkpoint give --text")
+    if not Path(args.checkpoint).exists():
+        raise UserError(f"checkpoint not found: {args.checkpoint}")
+    folder, family, _, _ = read_checkpoint_config(args.checkpoint)
+    if family.first_layer is None:
+        raise UserError(f"{folder} holds a {family.name} model, which explain cannot walk through")
+    if family.reads == "image":
+        if args.image is None or args.text is not None:
+            raise UserError(f"{folder} holds a {family.title}: give --image IMAGE (not --text)")
+        source = args.image
+    else:
+        if args.image is not None:
+            raise UserError(f"--image needs a ViT checkpoint; {folder} holds a {family.title}")
+        source = " ".join(DEFAULT_TOKENS) if args.text is None else args.text
+    checkpoint = load_checkpoint(args.checkpoint, expect=nn.Module)
+    inputs = resolve(family.first_layer)(checkpoint.model.eval(), checkpoint.path, source)
+    trace = trace_first_layer(inputs, args.head)
+    check = check_first_layer(trace)
+    text = format_first_layer(
+        trace,
+        source=source,
+        where=f"the {family.title} checkpoint {checkpoint.path}",
+        columns=args.columns,
+        decimals=args.decimals,
+        check=check,
+    )
+    print(text, end="")
+    return 0 if check.passed else 1
+
+
 def run(args: argparse.Namespace) -> int:
     """Build the trace, check it against the library's SelfAttention, print it.
 
     Returns 0, or 1 if the library disagrees with the explicit arithmetic (a bug, not bad input).
+    With ``--checkpoint``: the checkpoint's first layer instead (:func:`_run_checkpoint`).
     """
+    if args.checkpoint is not None:
+        return _run_checkpoint(args)
+    for flag in ("text", "image"):
+        if getattr(args, flag) is not None:
+            from aiayn.errors import UserError
+
+            raise UserError(f"--{flag} needs --checkpoint (the small example takes --tokens)")
     weights = None if args.weights is None else load_weights(args.weights)
     trace = build_trace(
         args.tokens.split(),

@@ -152,6 +152,11 @@ class Family:
             :mod:`aiayn.inference`), or None (GPT-2 decodes through its module with a KV cache).
         training: how it trains, or None.
         attention: how ``aiayn attention`` draws its attention, or None.
+        first_layer: ``(model, checkpoint folder, text or image file) -> FirstLayerInputs``:
+            its first self-attention layer's inputs for ``aiayn explain --checkpoint``
+            (:mod:`aiayn.visualization.first_layer`), or None.
+        position_bias: ``(model) -> {stack name: RelativePositionBias}``: its learned relative
+            position biases (``aiayn attention --bias``), or None.
     """
 
     name: str
@@ -171,6 +176,8 @@ class Family:
     inference: str | None = None
     training: Training | None = None
     attention: AttentionCapture | None = None
+    first_layer: str | None = None
+    position_bias: str | None = None
 
     def build(self, config: ModelConfig) -> nn.Module:
         """A model of this family with fresh weights."""
@@ -197,6 +204,7 @@ _TRANSLATION_ATTENTION = AttentionCapture(
 )
 _DECODER_STEP = "aiayn.decoding.fast_step:InferenceStep"  # the encoder runs on aiayn.inference
 _TO_CT2_ENCODER_DECODER = "aiayn.convert.to_ct2:encoder_decoder_to_ct2"  # read from its parts
+_FIRST_LAYER = "aiayn.visualization.first_layer:"
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -243,6 +251,7 @@ FAMILIES: dict[str, Family] = {
                 check="aiayn.training.translation_start:check_translation_run",
                 demos={"translation": "aiayn.training.translation:DEMO_CONFIG"},
             ),
+            first_layer=_FIRST_LAYER + "encoder_decoder_first_layer",
         ),
         Family(
             "gpt2",
@@ -276,6 +285,7 @@ FAMILIES: dict[str, Family] = {
                 check="aiayn.training.lm:check_lm_run",
                 demos={"lm": "aiayn.training.lm:LM_DEMO_CONFIG"},
             ),
+            first_layer=_FIRST_LAYER + "decoder_only_first_layer",
         ),
         Family(
             "t5",
@@ -305,6 +315,8 @@ FAMILIES: dict[str, Family] = {
                 init_from=True,
                 check="aiayn.training.translation_start:check_fine_tuning_run",
             ),
+            first_layer=_FIRST_LAYER + "encoder_decoder_first_layer",
+            position_bias="aiayn.models.t5:t5_position_biases",
         ),
         Family(
             "bert",
@@ -349,6 +361,7 @@ FAMILIES: dict[str, Family] = {
                 check="aiayn.training.bert_start:check_bert_run",
                 adapt="aiayn.training.bert_start:bert_task_model",
             ),
+            first_layer=_FIRST_LAYER + "bert_first_layer",
         ),
         Family(
             "vit",
@@ -388,6 +401,7 @@ FAMILIES: dict[str, Family] = {
                 check="aiayn.training.images:check_image_run",
                 demos={"vit": "aiayn.training.images:VIT_DEMO_CONFIG"},
             ),
+            first_layer=_FIRST_LAYER + "vit_first_layer",
         ),
     )
 }

@@ -320,3 +320,10 @@ class T5(EncoderDecoder):
         """Causal only: the decoder's first input is the pad token (its start token), so target
         padding cannot be told by id; right padding is never seen by a real position anyway."""
         return CAUSAL
+
+
+def t5_position_biases(model: T5) -> dict[str, RelativePositionBias]:
+    """The model's two learned relative position biases: the encoder's (bidirectional) and the
+    decoder's (causal), by stack name."""
+    biases = {"encoder": model.encoder.position_bias, "decoder": model.decoder.position_bias}
+    return {name: bias for name, bias in biases.items() if bias is not None}

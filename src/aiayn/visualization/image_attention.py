@@ -63,6 +63,10 @@ from aiayn.models.vit import ViT
 
 __all__ = [
     "DISPLAY_MIN_SIDE",
+    "GREY_FLOOR",
+    "GRID_GREY",
+    "OVERLAY_ALPHA",
+    "OVERLAY_HUE",
     "PIXELATED_FROM",
     "ImageAttention",
     "Overlays",
@@ -72,9 +76,7 @@ __all__ = [
     "draw_overlays",
     "image_attention_html",
     "image_attention_pngs",
-    "layer_overview",
     "overlay_heatmap",
-    "overview_tile_box",
     "page_data",
     "rollout_cls_map",
     "top_predictions",
@@ -92,8 +94,14 @@ CLASS_TOKEN = 0
 TOP_K = 5
 """Labels listed on the page."""
 
-_COLOUR_MAP = "turbo"
-_ALPHA = 0.5  # the heatmap's share of each covered pixel
+OVERLAY_HUE = (1.0, 0.27, 0.0)
+"""The attention's one colour (red-orange, RGB in [0, 1]), laid over the image in grey."""
+OVERLAY_ALPHA = 0.75
+"""The hue's opacity at a map's maximum (0 at its minimum)."""
+GRID_GREY = 0.5
+"""The patch grid's lines (a grey level in [0, 1])."""
+GREY_FLOOR = 0.3
+"""The image's darkest grey, as drawn: black would hide the hue laid over it."""
 _PAGE_FORMAT = ("JPEG", "image/jpeg")  # the page's images: a few KB each (the PNG files stay)
 
 
@@ -280,31 +288,38 @@ def overlay_heatmap(
     heat: Tensor,
     covered: tuple[int, int],
     *,
-    alpha: float = _ALPHA,
-    colour_map: str = _COLOUR_MAP,
+    alpha: float = OVERLAY_ALPHA,
+    hue: tuple[float, float, float] = OVERLAY_HUE,
     blocks: bool = False,
+    patch_pixels: int = 0,
 ) -> Image.Image:
-    """Blend a (g_h, g_w) map into ``image`` as a translucent colour map.
+    """Lay a (g_h, g_w) map over ``image`` drawn in grey, as one translucent hue.
 
-    The map is scaled to its own maximum (0 -> the colour map's low end, the maximum -> its
-    high end), upsampled (bilinearly, or with ``blocks`` as one colour per patch) to
-    ``covered`` = (height, width) pixels from the top left corner (the part of the image the
-    patch grid covers) and mixed in with weight ``alpha``; pixels outside that part are left as
-    they are. Returns a new RGB image of ``image``'s size.
+    The map is scaled from its own minimum (0) to its maximum (1), upsampled (bilinearly, or
+    with ``blocks`` as one value per patch) to ``covered`` = (height, width) pixels from the top
+    left corner (the part of the image the patch grid covers); a pixel at level v ∈ [0, 1] becomes
+    (1 − alpha·v)·grey + alpha·v·hue, so the map's minimum leaves the grey image as it is and
+    its maximum is the hue at opacity ``alpha`` (a nearly even map, as a rollout is, still shows
+    where it is highest). With ``patch_pixels`` > 0, the patch grid is drawn
+    over the covered part (a mid grey line every ``patch_pixels`` pixels). Pixels outside the
+    covered part stay grey. Returns a new RGB image of ``image``'s size.
     """
-    from matplotlib import colormaps
-
     width, height = image.size
     heat = heat.detach().double()
-    peak = float(heat.max()) if heat.numel() else 0.0
-    scaled = heat / peak if peak > 0 else torch.zeros_like(heat)  # (g_h, g_w) in [0, 1]
+    low, high = (float(heat.min()), float(heat.max())) if heat.numel() else (0.0, 0.0)
+    spread = high - low
+    scaled = (heat - low) / spread if spread > 0 else torch.zeros_like(heat)  # (g_h, g_w) in [0, 1]
     mode = "nearest" if blocks else "bilinear"
     upsampled = F.interpolate(scaled[None, None], size=covered, mode=mode)[0, 0]  # (h, w)
-    colours = colormaps[colour_map](upsampled.clamp(0, 1).numpy())[..., :3]  # (h, w, 3)
-    base = np.asarray(image.convert("RGB"), dtype=np.float64) / 255.0  # (H', W', 3)
+    opacity = alpha * upsampled.clamp(0, 1).numpy()[..., None]  # (h, w, 1)
+    base = np.asarray(image.convert("L").convert("RGB"), dtype=np.float64) / 255.0  # (H', W', 3)
     ch, cw = covered
     mixed = base.copy()
-    mixed[:ch, :cw] = (1 - alpha) * base[:ch, :cw] + alpha * colours
+    mixed[:ch, :cw] = (1 - opacity) * base[:ch, :cw] + opacity * np.asarray(hue)
+    if patch_pixels > 0:
+        mixed[:ch:patch_pixels, :cw] = GRID_GREY  # the top edge of every patch row
+        mixed[:ch, :cw:patch_pixels] = GRID_GREY  # the left edge of every patch column
+        mixed[ch - 1, :cw] = mixed[:ch, cw - 1] = GRID_GREY  # the grid's last edges
     pixels = np.clip(np.round(mixed * 255.0), 0, 255).astype(np.uint8)
     assert pixels.shape == (height, width, 3)
     return Image.fromarray(pixels, "RGB")
@@ -319,12 +334,14 @@ class Overlays:
         heads: L × n overlays of :meth:`ImageAttention.cls_maps`.
         rollout: the overlay of :meth:`ImageAttention.rollout_map`.
         covered: (height, width) of the part of the drawing the patch grid covers.
+        patch_pixels: the side of a patch in the drawing (the grid's step).
     """
 
     input: Image.Image
     heads: list[list[Image.Image]]
     rollout: Image.Image
     covered: tuple[int, int]
+    patch_pixels: int = 0
 
     @property
     def size(self) -> tuple[int, int]:
@@ -333,69 +350,154 @@ class Overlays:
 
 
 def draw_overlays(attention: ImageAttention, *, min_side: int = DISPLAY_MIN_SIDE) -> Overlays:
-    """Every overlay of ``attention``: the input contrast-stretched and resized to (H, W) × s, s
-    the smallest whole factor with a longer side of at least ``min_side`` pixels (1 for a large
-    enough input); pixel by pixel, with one heatmap colour per patch, when s ≥ PIXELATED_FROM."""
+    """Every overlay of ``attention``: the input in grey (contrast-stretched to the greys
+    :data:`GREY_FLOOR` .. white, so that the hue shows over dark pixels too) and resized to
+    (H, W) × s, s the smallest whole factor with a longer side of at least ``min_side`` pixels
+    (1 for a large enough input); pixel by pixel, with one level per patch, when
+    s ≥ PIXELATED_FROM; the patch grid drawn over each map."""
     height, width = attention.input_size
     scale = max(1, math.ceil(min_side / max(height, width)))
     size = (width * scale, height * scale)  # (W', H')
     blocks = scale >= PIXELATED_FROM
     resample = Image.Resampling.NEAREST if blocks else Image.Resampling.BICUBIC
-    shown = ImageOps.autocontrast(attention.image.convert("RGB")).resize(size, resample=resample)
+    grey = ImageOps.autocontrast(attention.image.convert("L"))
+    grey = grey.point(lambda v: round(GREY_FLOOR * 255 + (1 - GREY_FLOOR) * v))  # lighter
+    shown = grey.resize(size, resample=resample).convert("RGB")
     g_h, g_w = attention.grid
-    covered = (g_h * attention.patch_size * scale, g_w * attention.patch_size * scale)
-    heads = [
-        [overlay_heatmap(shown, head, covered, blocks=blocks) for head in layer]  # (n, g_h, g_w)
-        for layer in attention.cls_maps()
-    ]
-    rollout = overlay_heatmap(shown, attention.rollout_map(), covered, blocks=blocks)
-    return Overlays(shown, heads, rollout, covered)
+    step = attention.patch_size * scale
+    covered = (g_h * step, g_w * step)
+
+    def overlay(heat: Tensor) -> Image.Image:
+        return overlay_heatmap(shown, heat, covered, blocks=blocks, patch_pixels=step)
+
+    heads = [[overlay(head) for head in layer] for layer in attention.cls_maps()]  # (n, g_h, g_w)
+    return Overlays(shown, heads, overlay(attention.rollout_map()), covered, step)
 
 
 def image_attention_pngs(attention: ImageAttention) -> list[str]:
     """The names :func:`write_image_attention_pngs` writes, in order."""
-    names = []
+    names = ["input.png"]
     for layer in range(1, attention.num_layers + 1):
         names += [f"cls_L{layer}_H{head}.png" for head in range(1, attention.num_heads + 1)]
         names.append(f"cls_L{layer}_all.png")
     return [*names, "rollout.png"]
 
 
-_GAP, _LABEL, _TITLE = 8, 20, 28  # pixels around the tiles of an overview, above each, on top
+def _overlay_scale(
+    alpha: float = OVERLAY_ALPHA, hue: tuple[float, float, float] = OVERLAY_HUE
+) -> Any:
+    """The colour bar's colour map: the hue from transparent (0) to opacity ``alpha`` (the
+    map's maximum), as :func:`overlay_heatmap` lays it over the image."""
+    from matplotlib.colors import ListedColormap
+
+    levels = np.linspace(0.0, 1.0, 256)[:, None]  # (256, 1)
+    rgba = np.concatenate([np.broadcast_to(hue, (256, 3)), alpha * levels], axis=1)  # (256, 4)
+    return ListedColormap(rgba)
 
 
-def overview_tile_box(index: int, heads: int, size: tuple[int, int]) -> tuple[int, int, int, int]:
-    """Where head ``index`` (from 0) of ``heads`` lies in a layer overview of (W', H') tiles:
-    (left, top, right, bottom) pixels. At most four heads a row, each labelled above."""
-    cols = min(4, heads)
-    row, col = divmod(index, cols)
-    width, height = size
-    left = _GAP + col * (width + _GAP)
-    top = _TITLE + row * (_LABEL + height + _GAP) + _LABEL
-    return left, top, left + width, top + height
+def _span(heat: Tensor) -> tuple[float, float]:
+    """(minimum, maximum) of a map: the ends of its colour bar."""
+    return float(heat.min()), float(heat.max())
 
 
-def layer_overview(overlays: Overlays, layer: int, title: str) -> Image.Image:
-    """Every head's overlay of one layer (counted from 1) on one sheet, full size, labelled."""
-    from PIL import ImageDraw, ImageFont
+def _draw_panel(
+    fig: Any,
+    ax: Any,
+    picture: Image.Image,
+    overlays: Overlays,
+    grid: tuple[int, int],
+    span: tuple[float, float] | None,
+    label: str,
+) -> None:
+    """One overlay in an axes: patch rows and columns numbered, a colour bar of the weights
+    from the map's minimum to its maximum, ``span``; none for the plain image, ``span`` None)."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
 
-    heads = overlays.heads[layer - 1]
-    cols, rows = min(4, len(heads)), math.ceil(len(heads) / min(4, len(heads)))
-    width, height = overlays.size
-    sheet = Image.new(
-        "RGB", (_GAP + cols * (width + _GAP), _TITLE + rows * (_LABEL + height + _GAP)), "white"
+    ax.imshow(np.asarray(picture), interpolation="nearest")
+    g_h, g_w = grid
+    step = overlays.patch_pixels
+    ax.set_xticks(
+        [(j + 0.5) * step - 0.5 for j in range(g_w)], [str(j + 1) for j in range(g_w)], fontsize=7
     )
-    draw = ImageDraw.Draw(sheet)
-    try:
-        font: ImageFont.FreeTypeFont | ImageFont.ImageFont = ImageFont.load_default(size=14)
-    except (TypeError, ImportError):  # Pillow < 10.1, or without FreeType: the bitmap font
-        font = ImageFont.load_default()
-    draw.text((_GAP, 6), title, fill=(34, 34, 34), font=font)
-    for index, image in enumerate(heads):
-        left, top, _, _ = overview_tile_box(index, len(heads), overlays.size)
-        draw.text((left, top - _LABEL + 2), f"head {index + 1}", fill=(34, 34, 34), font=font)
-        sheet.paste(image, (left, top))
-    return sheet
+    ax.set_yticks(
+        [(i + 0.5) * step - 0.5 for i in range(g_h)], [str(i + 1) for i in range(g_h)], fontsize=7
+    )
+    ax.set_xlabel("patch column", fontsize=8)
+    ax.set_ylabel("patch row", fontsize=8)
+    if span is not None:
+        low, high = span
+        scale = ScalarMappable(Normalize(low, max(high, low + 1e-12)), _overlay_scale())
+        fig.colorbar(scale, ax=ax, shrink=0.8, label=label)
+
+
+def _single_figure(
+    picture: Image.Image,
+    overlays: Overlays,
+    grid: tuple[int, int],
+    span: tuple[float, float] | None,
+    title: str,
+    label: str,
+) -> Any:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.2, 4.4), layout="constrained")
+    ax = fig.add_subplot()
+    _draw_panel(fig, ax, picture, overlays, grid, span, label)
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def _layer_figure(attention: ImageAttention, overlays: Overlays, layer: int) -> Any:
+    """Every head's overlay of one layer (counted from 1), each with its colour bar."""
+    from matplotlib.figure import Figure
+
+    maps = attention.cls_maps()[layer - 1]  # (n, g_h, g_w)
+    heads = len(maps)
+    cols = min(4, heads)
+    rows = math.ceil(heads / cols)
+    fig = Figure(figsize=(3.6 * cols, 3.3 * rows + 0.5), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for index, ax in enumerate(axes.flat):
+        if index >= heads:
+            ax.set_axis_off()
+            continue
+        picture = overlays.heads[layer - 1][index]
+        _draw_panel(fig, ax, picture, overlays, attention.grid, _span(maps[index]), "weight")
+        ax.set_title(f"head {index + 1}", fontsize=9)
+    fig.suptitle(
+        f"{attention.name}: the class token's attention over the patches, layer {layer} "
+        "(stronger red = more; each head from its own minimum to its maximum)",
+        fontsize=10,
+    )
+    return fig
+
+
+def _figures(attention: ImageAttention, overlays: Overlays) -> dict[str, Any]:
+    """The figures of :func:`image_attention_pngs`, by file name."""
+    name, grid = attention.name, attention.grid
+    (height, width), p = attention.input_size, attention.patch_size
+    plain = overlay_heatmap(
+        overlays.input, torch.zeros(grid), overlays.covered, patch_pixels=overlays.patch_pixels
+    )
+    title = f"{name} as the model reads it: {width}×{height} pixels, {grid[0]}×{grid[1]} patches"
+    figures = {"input.png": _single_figure(plain, overlays, grid, None, f"{title} of {p}×{p}", "")}
+    label = "attention weight of the class token"
+    for layer, maps in enumerate(attention.cls_maps(), start=1):
+        for head, heat in enumerate(maps, start=1):
+            picture = overlays.heads[layer - 1][head - 1]
+            title = f"{name}: class-token attention, layer {layer}, head {head}"
+            figure = _single_figure(picture, overlays, grid, _span(heat), title, label)
+            figures[f"cls_L{layer}_H{head}.png"] = figure
+        figures[f"cls_L{layer}_all.png"] = _layer_figure(attention, overlays, layer)
+    span = _span(attention.rollout_map())
+    title = (
+        f"{name}: attention rollout of the class token\nthrough all {attention.num_layers} layers "
+        "(Abnar & Zuidema 2020)"
+    )
+    label = "share of the class token's input"
+    figures["rollout.png"] = _single_figure(overlays.rollout, overlays, grid, span, title, label)
+    return figures
 
 
 def write_image_attention_pngs(
@@ -403,24 +505,19 @@ def write_image_attention_pngs(
 ) -> list[Path]:
     """Write :func:`image_attention_pngs` into ``out_dir`` (created); returns the files.
 
-    ``cls_L{l}_H{h}.png`` and ``rollout.png`` are the overlays themselves (W' × H' pixels);
-    ``cls_L{l}_all.png`` is :func:`layer_overview`: layer l's heads side by side.
+    ``input.png``: the image as the model reads it, in grey, with the patch grid;
+    ``cls_L{l}_H{h}.png``: the class token's attention of layer l, head h over the patches, a
+    translucent red over the grey image (:func:`overlay_heatmap`) with a colour bar of the
+    weights; ``cls_L{l}_all.png``: every head of layer l; ``rollout.png``: the attention
+    rollout. Each has a title saying what it shows and the patch rows and columns numbered.
     """
     overlays = draw_overlays(attention) if overlays is None else overlays
     out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for layer, images in enumerate(overlays.heads, start=1):
-        for head, image in enumerate(images, start=1):
-            path = out_dir / f"cls_L{layer}_H{head}.png"
-            image.save(path, format="PNG")
-            written.append(path)
-        path = out_dir / f"cls_L{layer}_all.png"
-        title = f"{attention.name}: class-token attention, layer {layer}"
-        layer_overview(overlays, layer, title).save(path, format="PNG")
-        written.append(path)
-    path = out_dir / "rollout.png"
-    overlays.rollout.save(path, format="PNG")
-    return [*written, path]
+    written = []
+    for file_name, figure in _figures(attention, overlays).items():
+        figure.savefig(out_dir / file_name, dpi=100)
+        written.append(out_dir / file_name)
+    return written
 
 
 # -- the page ------------------------------------------------------------------------------------
@@ -476,6 +573,8 @@ h1 { font-size: 1.3em; margin-bottom: 0.2em; }
 .panels { display: flex; gap: 1.2em; flex-wrap: wrap; align-items: flex-start; }
 figure { margin: 0; }
 figcaption { font-size: 0.9em; color: #444; margin-top: 0.3em; max-width: 26em; }
+.legend { display: flex; gap: 0.6em; align-items: center; font-size: 0.9em; margin: 0.6em 0; }
+.legend .bar { display: inline-block; width: 14em; height: 0.9em; border: 1px solid #999; }
 #readout { min-height: 1.4em; font-family: ui-monospace, monospace; margin: 0.6em 0; }
 table.predictions { border-collapse: collapse; margin: 0.5em 0; }
 table.predictions td { padding: 0.15em 0.8em 0.15em 0; }
@@ -571,6 +670,15 @@ def _predictions_html(attention: ImageAttention) -> str:
     return f'<table class="predictions">\n{rows}\n</table>'
 
 
+def _legend_colours() -> str:
+    """The colour bar's two ends in CSS: the image's darkest grey, and the hue at its full
+    opacity over it (as :func:`overlay_heatmap` draws a map's minimum and maximum)."""
+    grey = np.full(3, GREY_FLOOR)
+    top = (1 - OVERLAY_ALPHA) * grey + OVERLAY_ALPHA * np.asarray(OVERLAY_HUE)
+    low, high = (np.round(c * 255).astype(int) for c in (grey, top))
+    return f"rgb({low[0]}, {low[1]}, {low[2]}), rgb({high[0]}, {high[1]}, {high[2]})"
+
+
 def image_attention_html(
     attention: ImageAttention,
     overlays: Overlays | None = None,
@@ -607,16 +715,20 @@ def image_attention_html(
     <figcaption>attention rollout (Abnar &amp; Zuidema 2020): the class token's attention
     through every layer, heads averaged, the residual stream counted</figcaption></figure>
 </div>
+<div class="legend"><span>the map's minimum</span>
+  <span class="bar" style="background: linear-gradient(to right, {_legend_colours()})"></span>
+  <span>its maximum (over the darkest grey of the image)</span></div>
 <div id="readout"></div>
 <h2>Predicted labels</h2>
 {_predictions_html(attention)}
 <p class="note">Each overlay is one layer's and head's attention of the class token
 ([CLS], whose final state the classifier reads) over the image patches: the softmax row of the
-[CLS] query without its own column, upsampled to the image and scaled to its own
-maximum (dark blue: none, dark red: the most). A border narrower than a patch is not seen by
-the model and has no colour. The rollout multiplies the layers' head-averaged attention
-matrices, each with the identity added and its rows renormalised, from the first layer to the
-last.</p>
+[CLS] query without its own column, upsampled to the image and laid over it, drawn in grey
+with the patch grid, as one translucent red: none at the map's minimum, the strongest at its
+maximum (each map scaled to its own range; the colour bar under the pictures). A border
+narrower than a patch is not seen by the model and has no colour. The rollout multiplies the
+layers' head-averaged attention matrices, each with the identity added and its rows
+renormalised, from the first layer to the last.</p>
 <script type="application/json" id="image-attention-data">{_script_json(data)}</script>
 <script>{_SCRIPT}</script>
 </body>
