@@ -48,13 +48,19 @@ def _hf_bert_folder(root: Path, model: Any, corpus: Sequence[str], vocab_size: i
     1, biases at 0, which would hide mis-mapped tensors), and a WordPiece vocabulary of
     ``corpus`` of at most ``vocab_size`` tokens."""
     from tokenizers import BertWordPieceTokenizer
-    from transformers import BertTokenizerFast
+    from transformers import BertTokenizer
 
     trainer = BertWordPieceTokenizer(lowercase=True)
     trainer.train_from_iterator(corpus, vocab_size=vocab_size, min_frequency=1)
     root.mkdir(parents=True)
     trainer.save_model(str(root))
-    BertTokenizerFast(vocab_file=str(root / "vocab.txt")).save_pretrained(root)
+    # transformers 5 reads the vocabulary from ``vocab=`` (``vocab_file=`` is ignored: the
+    # tokenizer would hold its 5 special tokens only and code every word as [UNK])
+    tokenizer = BertTokenizer(vocab=str(root / "vocab.txt"))
+    assert len(tokenizer) == len((root / "vocab.txt").read_text(encoding="utf-8").splitlines())
+    for line in corpus:
+        assert tokenizer.unk_token_id not in tokenizer(line)["input_ids"], line
+    tokenizer.save_pretrained(root)
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -11,6 +11,10 @@ loss falls; a run stopped and resumed ends bit for bit where an uninterrupted ru
 averaged checkpoint is the mean of the window's checkpoints; the trainer's test translations
 and BLEU are those of ``aiayn translate --beam 1`` on the checkpoint it wrote (which carries
 the converted model's generation settings); bad fine-tuning configs are refused by name.
+
+The same path fine-tunes the paper's model from a checkpoint aiayn trained (a tiny one, 20 steps
+on the same pairs): the run starts from its weights with its joint BPE (none learnt), the loss
+falls further, and a resumed run ends bit for bit where an uninterrupted one ends.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from aiayn.checkpoint import (
     save_checkpoint,
 )
 from aiayn.cli.main import main
+from aiayn.data import Tokenizer
 from aiayn.errors import ConfigError, UserError
 from aiayn.evaluation import corpus_bleu
 from aiayn.models.families import family_of
@@ -471,3 +476,80 @@ def test_exporting_the_fine_tuned_model_gives_a_folder_whose_generate_matches(
             theirs.append(tokenizer.decode(generated[0], skip_special_tokens=True))
     assert ours == theirs
     assert len(set(ours)) >= 3, ours  # varied: the comparison can fail
+
+
+# ------------------------------------------------------- the paper's model, trained by aiayn
+
+
+@pytest.fixture(scope="module")
+def paper_checkpoint(
+    multi30k: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, TrainResult]:
+    """A tiny paper's model (2+2 layers, d_model 32) trained by aiayn from scratch for 20 steps
+    on the 300 training pairs, with a joint BPE of 500 tokens learnt from them: its last
+    checkpoint and the run's result."""
+    root = tmp_path_factory.mktemp("paper")
+    values = _values(root / "run", root, "transformer", multi30k, max_steps=20, save_every=20)
+    values["model"] = {
+        "preset": "tiny", "d_model": 32, "d_ff": 64, "num_heads": 4,
+        "dropout": 0.1,
+    }  # fmt: skip
+    values["data"].update(vocab_size=500, min_frequency=1)
+    values["train"].update(lr_scale=0.3)
+    result = Trainer(run_config_from_dict(values)).fit()
+    return list_checkpoints(root / "run")[-1], result
+
+
+def test_fine_tuning_the_papers_model_keeps_its_weights_and_tokenizer(
+    paper_checkpoint: tuple[Path, TrainResult],
+    multi30k: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``model.init_from`` of a checkpoint aiayn trained: the run starts from its exact weights,
+    codes the pairs with its joint BPE (copied, none learnt), validates at first as the first
+    run ended, and lowers the validation loss further."""
+    ckpt, first = paper_checkpoint
+
+    def no_training(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a BPE vocabulary was learnt")
+
+    monkeypatch.setattr(Tokenizer, "train", no_training)
+    values = _values(tmp_path / "r", ckpt, "transformer", multi30k, max_steps=20, lr_scale=0.3)
+    trainer = Trainer(run_config_from_dict(values))
+    start = load_checkpoint(ckpt, expect=EncoderDecoder)
+    assert trainer.model_config == start.config and type(trainer.model) is type(start.model)
+    for key, tensor in start.model.state_dict().items():
+        assert torch.equal(trainer.model.state_dict()[key], tensor), key
+    bpe = ckpt / "tokenizer.json"
+    assert (tmp_path / "r" / "tokenizer.json").read_bytes() == bpe.read_bytes()
+    tokenizer, train = Tokenizer.load(bpe), trainer.data.train
+    pairs = [line.split("\t") for line in multi30k["train"].read_text().splitlines()]
+    for k in range(0, len(train), 29):
+        src, tgt = pairs[int(train.source_indices[k])]
+        assert train.src[k].tolist() == tokenizer.encode(src)
+        assert train.tgt[k].tolist() == tokenizer.encode(tgt)
+    before = trainer.evaluate()
+    assert before["loss"] == pytest.approx(first.valid["loss"], rel=1e-5)
+    result = trainer.fit()
+    assert result.valid["loss"] < before["loss"] - 0.1, (before, result.valid)
+
+
+def test_fine_tuning_the_papers_model_resumes_exactly(
+    paper_checkpoint: tuple[Path, TrainResult],
+    multi30k: dict[str, Path],
+    tmp_path: Path,
+    resume_check: Callable[..., Trainer],
+) -> None:
+    """12 steps from the checkpoint straight == 7 steps, stop, resume to 12, bit for bit."""
+    ckpt = paper_checkpoint[0]
+
+    def run(folder: Path, steps: int, save_every: int) -> RunConfig:
+        values = _values(folder, ckpt, "transformer", multi30k)
+        values["train"].update(max_steps=steps, save_every=save_every, max_tokens=300)
+        return run_config_from_dict(values)
+
+    straight = resume_check(run, tmp_path)
+    assert straight.model_config.dropout == 0.1
+    copied = (tmp_path / "b" / "tokenizer.json").read_bytes()  # the run folder's, reloaded
+    assert copied == (ckpt / "tokenizer.json").read_bytes()
