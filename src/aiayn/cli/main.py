@@ -39,6 +39,7 @@ from aiayn.cli import (
     fill_mask,
     generate,
     params,
+    serve,
     train,
     translate,
     tune_alpha,
@@ -62,6 +63,7 @@ COMMANDS = (
     explain,
     params,
     convert,
+    serve,
 )
 
 
