@@ -388,7 +388,7 @@ _TYPE_TAGS = ("str", "int", "float", "bool", "list", "function-after", "constrai
 def _validation_problem(errors: Sequence[Any], *, prefix: tuple[str, ...]) -> Problem:
     """A 422 naming the first field pydantic refused: ``texts.2: String should have at least 1
     character``; malformed JSON says so."""
-    e = errors[0]
+    e = _most_telling(errors)
     if e["type"] == "json_invalid":
         reason = e.get("ctx", {}).get("error", "malformed")
         return Problem(422, f"the body is not valid JSON ({reason})")
@@ -397,6 +397,12 @@ def _validation_problem(errors: Sequence[Any], *, prefix: tuple[str, ...]) -> Pr
     field = ".".join(loc) or "body"
     messages = {"extra_forbidden": "unknown field", "missing": "required field missing"}
     return Problem(422, f"{field}: {messages.get(e['type'], e['msg'])}", param=field)
+
+
+def _most_telling(errors: Sequence[Any]) -> Any:
+    """Of a union's errors (one per alternative), the one that is not a mere wrong type: for
+    ``prompt: []``, "at least 1 item" rather than "not a string"."""
+    return next((e for e in errors if not e["type"].endswith("_type")), errors[0])
 
 
 class Guard:
