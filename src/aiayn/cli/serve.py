@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -122,5 +123,11 @@ def run(args: argparse.Namespace) -> int:
     models = [load_served_model(n, d, options, metrics, device=args.device) for n, d in named]
     app = create_app(models, options, metrics, api_key=api_key, cors_origins=args.cors_origin)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info")
-    uvicorn.Server(config).run()  # SIGTERM: stop accepting, answer in-flight requests, return
+    # uvicorn handles SIGTERM while it serves (stop accepting, answer the requests in flight),
+    # then raises it again under the handler it found: a no-op one, so the command exits 0
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
