@@ -97,8 +97,15 @@ class Engine:
         self._thread = threading.Thread(target=self._main, name=f"aiayn-serve-{name}", daemon=True)
 
     def start(self) -> None:
-        """Start the worker thread."""
-        self._thread.start()
+        """Start the worker thread (again, after :meth:`stop`; a running one goes on)."""
+        with self._cond:
+            self._stopping = False
+            if self._thread.is_alive():
+                return
+            if self._thread.ident is not None:  # stopped before: a new thread
+                self._thread = threading.Thread(target=self._main, name=self._thread.name,
+                                                daemon=True)  # fmt: skip
+            self._thread.start()
 
     def stop(self) -> None:
         """Finish the queued and running jobs, then end the worker thread."""
