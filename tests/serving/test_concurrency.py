@@ -15,6 +15,7 @@ from aiayn.data import normalize
 from aiayn.data.text_tokenizer import load_lm_tokenizer
 from aiayn.decoding import GenerateOptions, generate
 from aiayn.decoding.translate import options_for_checkpoint, translate_ids
+from aiayn.inference.packed import pack_for_inference
 from aiayn.models.gpt2 import GPT2
 
 WORDS = "a small dog runs the cat sleeps on mat two men play chess hello world".split()
@@ -41,23 +42,27 @@ def _requests() -> list[tuple[str, dict[str, Any]]]:
 
 @functools.cache
 def _loaded(folder: Path, lm: bool) -> tuple[Any, Any]:
+    """The model packed once, as the library packs it per call (``pack=True``), and its
+    tokenizer: the offline calls below run it with ``pack=False``, the same arithmetic."""
     if lm:
         c = load_checkpoint(folder, expect=GPT2)
-        return c.model, load_lm_tokenizer(c.tokenizer_path)
+        return pack_for_inference(c.model), load_lm_tokenizer(c.tokenizer_path)
     c = load_checkpoint(folder)
-    return c.model, load_translation_tokenizer(c.path)
+    return pack_for_inference(c.model), load_translation_tokenizer(c.path)
 
 
 def _offline(checkpoints: dict[str, Path], path: str, req: dict[str, Any]) -> str:
     if path == "/v1/translate":
         model, tok = _loaded(checkpoints["mt"], False)
-        o = options_for_checkpoint(None, beam_size=req["beam"], max_new_tokens=req["max_new_tokens"])
+        o = options_for_checkpoint(
+            None, beam_size=req["beam"], max_new_tokens=req["max_new_tokens"], pack=False
+        )
         ids = tok.encode_batch([normalize(t) for t in req["texts"]])
         return tok.decode_batch([translate_ids(model, ids, tok, o)[0][0].tokens])[0]
     model, tok = _loaded(checkpoints["lm"], True)
     method = "sample" if "temperature" in req else "greedy"
     extra = {"temperature": 0.9, "seed": req["seed"]} if method == "sample" else {}
-    options = GenerateOptions(max_new_tokens=req["max_tokens"], method=method, **extra)
+    options = GenerateOptions(max_new_tokens=req["max_tokens"], method=method, pack=False, **extra)
     return generate(model, tok, [req["prompt"]], options)[0]
 
 
