@@ -70,7 +70,8 @@ def test_sampled_rows_equal_sample_with_a_generator_per_row(
                       generator=gens())  # fmt: skip
     step, state = decoder_only_step(model, PROMPTS, max_new_tokens=max(LIMITS))
     search = SteppedSearch(step, state, range(4), LIMITS, bos_id=1, eos_id=2,
-                           sampling=Sampling(temperature, None, top_p), generators=gens())  # fmt: skip
+                           sampling=Sampling(temperature, None, top_p),
+                           generators=gens())  # fmt: skip
     got = _run(search)
     assert [got[i] for i in range(4)] == expected
 

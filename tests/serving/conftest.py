@@ -161,3 +161,19 @@ def client(checkpoints: dict[str, Path]) -> Iterator[TestClient]:
     """Every checkpoint served with the default options, workers running."""
     with serve(checkpoints) as c:
         yield c
+
+
+Serve = Any
+"""``serve(checkpoints, names=None, api_key=None, **options)``: see :func:`serve`."""
+
+
+@pytest.fixture(scope="session")
+def serve_app() -> Serve:
+    """:func:`serve`, for the tests (the test folders are not packages: no imports between)."""
+    return serve
+
+
+@pytest.fixture(scope="session")
+def png_bytes() -> Any:
+    """:func:`png`."""
+    return png

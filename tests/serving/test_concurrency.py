@@ -8,8 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from conftest import serve
-
 from aiayn.checkpoint import load_checkpoint, load_translation_tokenizer
 from aiayn.data import normalize
 from aiayn.data.text_tokenizer import load_lm_tokenizer
@@ -18,7 +16,7 @@ from aiayn.decoding.translate import options_for_checkpoint, translate_ids
 from aiayn.inference.packed import pack_for_inference
 from aiayn.models.gpt2 import GPT2
 
-WORDS = "a small dog runs the cat sleeps on mat two men play chess hello world".split()
+WORDS = ["a", "small", "dog", "runs", "the", "cat", "sleeps", "on", "mat", "two", "men", "play"]
 
 
 def _sentence(i: int) -> str:
@@ -73,10 +71,10 @@ def _text(path: str, body: dict[str, Any]) -> str:
 
 
 def test_64_concurrent_clients_each_get_their_own_offline_answer(
-    checkpoints: dict[str, Path],
+    checkpoints: dict[str, Path], serve_app: Any
 ) -> None:
     requests = _requests()
-    with serve(checkpoints, ["mt", "lm"], max_wait_ms=2) as client:
+    with serve_app(checkpoints, ["mt", "lm"], max_wait_ms=2) as client:
 
         def call(item: tuple[str, dict[str, Any]]) -> Any:
             return client.post(item[0], json=item[1])
@@ -84,7 +82,9 @@ def test_64_concurrent_clients_each_get_their_own_offline_answer(
         with ThreadPoolExecutor(64) as pool:
             answers = list(pool.map(call, requests))
         metrics = client.get("/metrics").text
-    assert all(r.status_code == 200 for r in answers), [r.text for r in answers if r.status_code != 200]
+    assert all(r.status_code == 200 for r in answers), [
+        r.text for r in answers if r.status_code != 200
+    ]
     got = [_text(path, r.json()) for (path, _), r in zip(requests, answers, strict=True)]
     expected = [_offline(checkpoints, path, req) for path, req in requests]
     assert got == expected
@@ -92,4 +92,6 @@ def test_64_concurrent_clients_each_get_their_own_offline_answer(
     rows = [line for line in metrics.splitlines() if line.startswith("aiayn_batch_size_bucket")
             and 'le="1.0"' in line]  # fmt: skip
     counts = [line for line in metrics.splitlines() if line.startswith("aiayn_batch_size_count")]
-    assert any(float(a.split()[-1]) < float(b.split()[-1]) for a, b in zip(rows, counts, strict=True))
+    assert any(
+        float(a.split()[-1]) < float(b.split()[-1]) for a, b in zip(rows, counts, strict=True)
+    )

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import png
 from fastapi.testclient import TestClient
 
 from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint, load_translation_tokenizer
@@ -59,10 +58,14 @@ def test_translate_equals_the_library(
 
 def _generated(ckpt: Path, prompts: list[str], **options: Any) -> list[str]:
     c = load_checkpoint(ckpt, expect=GPT2)
-    return generate(c.model, load_lm_tokenizer(c.tokenizer_path), prompts, GenerateOptions(**options))
+    return generate(
+        c.model, load_lm_tokenizer(c.tokenizer_path), prompts, GenerateOptions(**options)
+    )
 
 
-def test_completions_greedy_equal_generate(client: TestClient, checkpoints: dict[str, Path]) -> None:
+def test_completions_greedy_equal_generate(
+    client: TestClient, checkpoints: dict[str, Path]
+) -> None:
     r = client.post("/v1/completions", json={"prompt": PROMPTS, "max_tokens": 7})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -70,7 +73,10 @@ def test_completions_greedy_equal_generate(client: TestClient, checkpoints: dict
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
     expected = _generated(checkpoints["lm"], PROMPTS, max_new_tokens=7)
     assert [c["text"] for c in body["choices"]] == expected
-    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+    assert (
+        body["usage"]["total_tokens"]
+        == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+    )
 
 
 def test_seeded_sampling_equals_generate_and_each_choice_its_seed(
@@ -121,14 +127,20 @@ def _bert(ckpt: Path) -> tuple[Any, Any]:
 def test_embeddings_equal_embed(
     client: TestClient, checkpoints: dict[str, Path], normalize_: bool
 ) -> None:
-    r = client.post("/v1/embeddings", json={"model": "mlm", "input": TEXTS, "normalize": normalize_})
+    r = client.post(
+        "/v1/embeddings", json={"model": "mlm", "input": TEXTS, "normalize": normalize_}
+    )
     assert r.status_code == 200, r.text
     got = torch.tensor([d["embedding"] for d in r.json()["data"]])
     expected = sentence_embeddings(*_bert(checkpoints["mlm"]), TEXTS, normalize=normalize_)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
     one = client.post("/v1/embeddings", json={"model": "mlm", "input": TEXTS[1]}).json()
-    torch.testing.assert_close(torch.tensor(one["data"][0]["embedding"]), got[1] if normalize_ else
-                               torch.nn.functional.normalize(got[1], dim=0), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor(one["data"][0]["embedding"]),
+        got[1] if normalize_ else torch.nn.functional.normalize(got[1], dim=0),
+        rtol=0,
+        atol=1e-6,
+    )
 
 
 def test_classify_texts_and_pairs_equal_classify_text(
@@ -150,20 +162,24 @@ def test_fill_mask_equals_fill_mask(client: TestClient, checkpoints: dict[str, P
     model, tok = _bert(checkpoints["mlm"])
     for got, text in zip(r.json()["predictions"], texts, strict=True):
         expected = fill_mask(model, tok, text, top_k=3)
-        assert [[p["token_id"] for p in m] for m in got] == [[p.token_id for p in m] for m in expected]
-        assert [[p["sequence"] for p in m] for m in got] == [[p.sequence for p in m] for m in expected]
+        assert [[p["token_id"] for p in m] for m in got] == [
+            [p.token_id for p in m] for m in expected
+        ]
+        assert [[p["sequence"] for p in m] for m in got] == [
+            [p.sequence for p in m] for m in expected
+        ]
 
 
 def test_classify_image_equals_classify_image(
     client: TestClient, checkpoints: dict[str, Path], tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], png_bytes: Any,
 ) -> None:  # fmt: skip
-    (tmp_path / "a.png").write_bytes(png(1))
+    (tmp_path / "a.png").write_bytes(png_bytes(1))
     capsys.readouterr()
     assert main(["classify-image", "--checkpoint", str(checkpoints["vit"]), str(tmp_path / "a.png"),
                  "--top-k", "3"]) == 0  # fmt: skip
     lines = capsys.readouterr().out.splitlines()[1:]
-    r = client.post("/v1/classify", files={"image": ("a.png", png(1), "image/png")},
+    r = client.post("/v1/classify", files={"image": ("a.png", png_bytes(1), "image/png")},
                     data={"top_k": "3"})  # fmt: skip
     assert r.status_code == 200, r.text
     got = [f"{x['probability']:.4f}\t{x['label']}" for x in r.json()["labels"][0]]
@@ -183,7 +199,14 @@ def test_models_health_and_metrics(client: TestClient) -> None:
     text = client.get("/metrics").text
     assert 'aiayn_requests_total{endpoint="/v1/translate",status="422"}' in text
     assert 'aiayn_request_errors_total{endpoint="/v1/translate",status="422"}' in text
-    for name in ("aiayn_request_duration_seconds_bucket", "aiayn_queue_depth",
-                 "aiayn_batch_size_bucket", "aiayn_tokens_total", "aiayn_tokens_per_second"):
+    for name in (
+        "aiayn_request_duration_seconds_bucket",
+        "aiayn_queue_depth",
+        "aiayn_batch_size_bucket",
+        "aiayn_tokens_total",
+        "aiayn_tokens_per_second",
+    ):
         assert name in text, name
-    assert math.isfinite(float(text.split('aiayn_tokens_total{kind="output",model="lm"} ')[1].split()[0]))
+    assert math.isfinite(
+        float(text.split('aiayn_tokens_total{kind="output",model="lm"} ')[1].split()[0])
+    )

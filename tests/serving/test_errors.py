@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import serve
 from fastapi.testclient import TestClient
 
 from aiayn.serving.engine import Job
@@ -41,7 +41,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("path", "body", "status", "fragment"), CASES)
-def test_bad_request(client: TestClient, path: str, body: object, status: int, fragment: str) -> None:
+def test_bad_request(
+    client: TestClient, path: str, body: object, status: int, fragment: str
+) -> None:
     r = client.post(path, json=body)
     assert r.status_code == status, r.text
     error = r.json()["error"]
@@ -50,19 +52,23 @@ def test_bad_request(client: TestClient, path: str, body: object, status: int, f
 
 
 def test_malformed_json_and_bad_uploads(client: TestClient) -> None:
-    r = client.post("/v1/translate", content=b'{"texts": [', headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/translate", content=b'{"texts": [', headers={"content-type": "application/json"}
+    )
     assert r.status_code == 422 and "not valid JSON" in r.json()["error"]["message"]
     r = client.post("/v1/classify", files={"image": ("a.png", b"not an image", "image/png")})
     assert r.status_code == 422 and "cannot read the image" in r.json()["error"]["message"]
-    r = client.post("/v1/classify", files={"image": ("a.png", b"x", "image/png")}, data={"path": "/etc"})
+    r = client.post(
+        "/v1/classify", files={"image": ("a.png", b"x", "image/png")}, data={"path": "/etc"}
+    )
     assert r.status_code == 422 and r.json()["error"]["message"] == "path: unknown field"
     r = client.post("/v1/classify", content=b"x", headers={"content-type": "text/plain"})
     assert r.status_code == 415
     assert client.get("/nope").status_code == 404
 
 
-def test_body_over_the_limit_is_413(checkpoints: dict[str, Path]) -> None:
-    with serve(checkpoints, ["mt"], max_body_bytes=2048) as c:
+def test_body_over_the_limit_is_413(checkpoints: dict[str, Path], serve_app: Any) -> None:
+    with serve_app(checkpoints, ["mt"], max_body_bytes=2048) as c:
         r = c.post("/v1/translate", json={"texts": ["a"] * 1000})
         assert r.status_code == 413 and "2048 bytes" in r.json()["error"]["message"]
 
@@ -76,20 +82,22 @@ def test_body_over_the_limit_is_413(checkpoints: dict[str, Path]) -> None:
         assert r.status_code == 413
 
 
-def test_the_bearer_token(checkpoints: dict[str, Path]) -> None:
-    with serve(checkpoints, ["mt"], api_key="s3cret") as c:
+def test_the_bearer_token(checkpoints: dict[str, Path], serve_app: Any) -> None:
+    with serve_app(checkpoints, ["mt"], api_key="s3cret") as c:
         assert c.get("/health").status_code == 200  # a load balancer's check needs no token
         r = c.post("/v1/translate", json={"texts": ["a"]})
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
         assert c.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        ok = c.post("/v1/translate", json={"texts": ["a"]}, headers={"Authorization": "Bearer s3cret"})
+        ok = c.post(
+            "/v1/translate", json={"texts": ["a"]}, headers={"Authorization": "Bearer s3cret"}
+        )
         assert ok.status_code == 200
         assert "access-control-allow-origin" not in ok.headers  # CORS off unless asked
 
 
-def test_timeout_is_504_and_a_full_queue_503(checkpoints: dict[str, Path]) -> None:
+def test_timeout_is_504_and_a_full_queue_503(checkpoints: dict[str, Path], serve_app: Any) -> None:
     # the app is not entered: its workers never start, so requests wait in the queue
-    c = serve(checkpoints, ["mt"], timeout_s=0.2, queue_size=1)
+    c = serve_app(checkpoints, ["mt"], timeout_s=0.2, queue_size=1)
     r = c.post("/v1/translate", json={"texts": ["a dog"]})
     assert r.status_code == 504 and "no answer within 0.2 s" in r.json()["error"]["message"]
     r = c.post("/v1/translate", json={"texts": ["a dog"]})  # the timed-out one still holds a place
@@ -98,11 +106,10 @@ def test_timeout_is_504_and_a_full_queue_503(checkpoints: dict[str, Path]) -> No
 
 
 def test_a_cancelled_request_leaves_its_decode_group(checkpoints: dict[str, Path]) -> None:
-    from aiayn.serving.schemas import CompletionRequest
-
     from aiayn.serving import load_served_model
     from aiayn.serving.metrics import Metrics
     from aiayn.serving.options import ServeOptions
+    from aiayn.serving.schemas import CompletionRequest
 
     served = load_served_model("lm", checkpoints["lm"], ServeOptions(), Metrics())
     lm = served.tasks["generate"]

@@ -28,7 +28,9 @@ def test_a_served_process_answers_and_stops_cleanly_on_sigterm(
     env = {**os.environ, "AIAYN_API_KEY": "k"}
     argv = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", f"lm={checkpoints['lm']}",
             "--port", str(port)]  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     base, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer k"}
     try:
         for _ in range(300):
@@ -44,8 +46,8 @@ def test_a_served_process_answers_and_stops_cleanly_on_sigterm(
         result: dict[str, httpx.Response] = {}
 
         def slow() -> None:
-            result["r"] = httpx.post(f"{base}/v1/completions", timeout=60, headers=auth,
-                                     json={"prompt": ["the cat"] * 64, "max_tokens": 30, "n": 8})  # fmt: skip
+            body = {"prompt": ["the cat"] * 64, "max_tokens": 30, "n": 8}
+            result["r"] = httpx.post(f"{base}/v1/completions", json=body, headers=auth, timeout=60)
 
         thread = threading.Thread(target=slow)
         thread.start()

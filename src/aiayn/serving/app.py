@@ -43,8 +43,7 @@ OPEN_PATHS = frozenset({"/health"})
 """Paths answered without the bearer token (a load balancer's health check)."""
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": s.ErrorResponse}
-    for status in (401, 404, 413, 415, 422, 499, 503, 504)
+    status: {"model": s.ErrorResponse} for status in (401, 404, 413, 415, 422, 499, 503, 504)
 }
 
 
@@ -97,8 +96,7 @@ def _add_info_routes(app: FastAPI, models: Sequence[ServedModel], metrics: Metri
     @app.get("/health", response_model=s.Health)
     async def health() -> s.Health:
         """Whether the service is up (answered without a token)."""
-        status = "stopping" if app.state.stopping else "ok"
-        return s.Health(status=status, models=len(models))
+        return s.Health(status="stopping" if app.state.stopping else "ok", models=len(models))
 
     @app.get("/v1/models", response_model=s.ModelList, responses=_ERRORS)
     async def list_models() -> s.ModelList:
@@ -175,7 +173,9 @@ class _Routes:
             return await self.answer(request, task, task.prepare(body))  # type: ignore[attr-defined]
 
     def _generate(self, app: FastAPI) -> None:
-        ok = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+        ok: dict[int | str, dict[str, Any]] = {
+            200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}
+        }
 
         @app.post("/v1/completions", response_model=s.CompletionResponse,
                   responses={**_ERRORS, **ok})  # fmt: skip
@@ -367,7 +367,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_problem(request: Request, error: HTTPException) -> JSONResponse:
         if isinstance(error, Problem):
             return problem_response(error)
-        return problem_response(Problem(error.status_code, str(error.detail), headers=error.headers))
+        return problem_response(
+            Problem(error.status_code, str(error.detail), headers=dict(error.headers or {}))
+        )
 
     @app.exception_handler(Exception)
     async def internal(request: Request, error: Exception) -> JSONResponse:

@@ -95,7 +95,7 @@ class DecodeEngine(Engine):
     def _advance(self, group: Group) -> tuple[list[tuple[Job, Any]], int]:
         try:
             return group.advance()
-        except Exception as error:  # noqa: BLE001 - its requests get the error, others go on
+        except Exception as error:
             for job in group.jobs:
                 job.fail(as_problem(error))
             group.jobs.clear()
@@ -111,7 +111,7 @@ class DecodeEngine(Engine):
             jobs = self._companions(first)
             try:
                 groups.append(self._start(jobs))
-            except Exception as error:  # noqa: BLE001 - these requests get the error
+            except Exception as error:
                 for job in jobs:
                     job.fail(as_problem(error))
 
@@ -165,9 +165,7 @@ class SteppedGroup:
     def advance(self) -> tuple[list[tuple[Job, Any]], int]:
         before = sum(len(r.tokens) for r in self.search.rows)
         ended = self.search.advance()
-        generated = sum(len(r.tokens) for r in self.search.rows) + sum(
-            len(r.tokens) for r in ended
-        )
+        generated = sum(len(r.tokens) for r in self.search.rows) + sum(len(r.tokens) for r in ended)
         if self._watch is not None:
             ended += self._watched()
         for row in ended:
@@ -245,7 +243,7 @@ class BeamGroup:
         self._go.acquire()
         try:
             self._results = run(self._wrap)
-        except BaseException as error:  # noqa: BLE001 - handed to the worker
+        except BaseException as error:
             self._error = error
         finally:
             self._finished = True

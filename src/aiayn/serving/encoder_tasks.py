@@ -138,7 +138,9 @@ class ClassifyTextTask(BertTask):
 
     def run(self, jobs: Sequence[Job]) -> list[Any]:
         texts = [t for j in jobs for t in j.payload.texts]
-        pairs = None if jobs[0].payload.pairs is None else [p for j in jobs for p in j.payload.pairs]
+        pairs = (
+            None if jobs[0].payload.pairs is None else [p for j in jobs for p in j.payload.pairs]
+        )
         config = self.model.config
         top = classify_texts(
             self.model, self.tokenizer, texts, pairs, top_k=config.num_labels,
@@ -242,7 +244,11 @@ class ClassifyImageTask(Task):
         out: list[Any] = list(pixels)
         shapes = {tuple(p.shape) for p in pixels if isinstance(p, torch.Tensor)}
         for shape in shapes:  # one batch per size (images stored at their size when not resized)
-            index = [i for i, p in enumerate(pixels) if isinstance(p, torch.Tensor) and tuple(p.shape) == shape]
+            index = [
+                i
+                for i, p in enumerate(pixels)
+                if isinstance(p, torch.Tensor) and tuple(p.shape) == shape
+            ]
             batch = torch.stack([pixels[i] for i in index])  # type: ignore[misc]  # (B, C, H, W)
             with torch.no_grad():
                 logits = self.runner(batch.to(next(self.model.parameters()).device)).logits

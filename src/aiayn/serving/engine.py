@@ -215,7 +215,7 @@ class BatchEngine(Engine):
         start = time.monotonic()
         try:
             results = list(self._run(jobs))
-        except Exception as error:  # noqa: BLE001 - each job gets the error
+        except Exception as error:
             for job in jobs:
                 job.fail(as_problem(error))
             return

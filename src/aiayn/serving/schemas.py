@@ -16,8 +16,13 @@ Text = Annotated[str, Field(min_length=1)]
 """A non-empty text (an empty one is a 422)."""
 
 Texts = Annotated[list[Text], Field(min_length=1, max_length=MAX_REQUEST_ITEMS)]
-ModelName = Annotated[str | None, Field(description="a loaded model's name (GET /v1/models); "
-                                        "may be left out when one loaded model serves this")]
+ModelName = Annotated[
+    str | None,
+    Field(
+        description="a loaded model's name (GET /v1/models); "
+        "may be left out when one loaded model serves this"
+    ),
+]
 
 
 class Request(BaseModel):

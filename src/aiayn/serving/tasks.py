@@ -13,7 +13,7 @@ import asyncio
 import math
 import secrets
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -120,7 +120,9 @@ class TranslateTask(Task):
             )  # fmt: skip
         except UserError as error:
             raise Problem(422, str(error), param=_param_of(str(error))) from None
-        ids = self.tokenizer.encode_batch([with_prefix(req.prefix, normalize(t)) for t in req.texts])
+        ids = self.tokenizer.encode_batch(
+            [with_prefix(req.prefix, normalize(t)) for t in req.texts]
+        )
         rows = [[int(x) for x in row] for row in ids]
         for i, row in enumerate(rows):
             if len(row) > self.max_input_tokens:
@@ -152,6 +154,7 @@ class TranslateTask(Task):
             self.search_step, state, row_keys(counts), [max(0, m - cut) for m in limits],
             bos_id=t.bos_id, eos_id=t.eos_id, min_len=o.min_len, device=self.device,
         )  # fmt: skip
+
         def finish(job: Job, done: list[Row]) -> s.TranslateResponse:
             hyps = [[Hypothesis(r.tokens, math.nan, math.nan)] for r in done]
             return self._answer(job.payload, hyps)
@@ -177,7 +180,9 @@ class TranslateTask(Task):
         out = []
         for hyps in lists:
             texts = self.tokenizer.decode_batch([h.tokens for h in hyps])
-            scored = [s.Scored(text=t, score=_finite(h.score)) for t, h in zip(texts, hyps, strict=True)]
+            scored = [
+                s.Scored(text=t, score=_finite(h.score)) for t, h in zip(texts, hyps, strict=True)
+            ]
             best = scored[0]
             out.append(s.Translation(
                 text=best.text,
@@ -341,7 +346,9 @@ class GenerateTask(Task):
         p: GenerateJob = job.payload
         choices = []
         for row, text, stopped in self._texts(job, rows):
-            reason = "length" if len(row.tokens) >= row.limit and not stopped else "stop"
+            reason: Literal["stop", "length"] = (
+                "length" if len(row.tokens) >= row.limit and not stopped else "stop"
+            )
             index: int = row.key[1]  # type: ignore[index]
             job.notify((index, text, reason))
             choices.append(s.CompletionChoice(text=text, index=index, finish_reason=reason))
