@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -26,6 +26,7 @@ from aiayn.serving.engine import Job
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.models import ServedModel
 from aiayn.serving.options import ServeOptions
+from aiayn.serving.playground import PAGE
 from aiayn.serving.problems import Problem
 from aiayn.serving.tasks import Task
 
@@ -39,8 +40,9 @@ ENDPOINTS = {
 }
 """The endpoint serving each command of the family registry."""
 
-OPEN_PATHS = frozenset({"/health"})
-"""Paths answered without the bearer token (a load balancer's health check)."""
+OPEN_PATHS = frozenset({"/health", "/"})
+"""Paths answered without the bearer token: a load balancer's health check, and the playground
+page (it holds no data; its calls carry the token typed into it)."""
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": s.ErrorResponse} for status in (401, 404, 413, 415, 422, 499, 503, 504)
@@ -73,7 +75,7 @@ def create_app(
     app = FastAPI(title="aiayn serve", version="1", lifespan=lifespan)
     app.state.stopping = False
     served = {c for m in models for c in m.tasks}
-    paths = {ENDPOINTS[c] for c in served} | {"/health", "/v1/models", "/metrics"}
+    paths = {ENDPOINTS[c] for c in served} | {"/", "/health", "/v1/models", "/metrics"}
     _add_error_handlers(app)
     _add_info_routes(app, models, metrics)
     routes = _Routes(models, options)
@@ -93,6 +95,11 @@ def create_app(
 
 
 def _add_info_routes(app: FastAPI, models: Sequence[ServedModel], metrics: Metrics) -> None:
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def playground() -> HTMLResponse:
+        """The playground page (aiayn.serving.playground)."""
+        return HTMLResponse(PAGE)
+
     @app.get("/health", response_model=s.Health)
     async def health() -> s.Health:
         """Whether the service is up (answered without a token)."""
@@ -107,6 +114,7 @@ def _add_info_routes(app: FastAPI, models: Sequence[ServedModel], metrics: Metri
                 family=m.family.name,
                 parameters=m.parameters,
                 endpoints=sorted({ENDPOINTS[c] for c in m.tasks}),
+                reads="image" if m.family.reads == "image" else "text",
                 max_input_tokens=m.max_input_tokens,
             )
             for m in models

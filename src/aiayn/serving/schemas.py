@@ -202,7 +202,8 @@ class FillMaskResponse(Answer):
 
 
 class ModelCard(Answer):
-    """A loaded model: its name, family, parameters, endpoints and length limit."""
+    """A loaded model: its name, family, parameters, endpoints, what it reads (text or image)
+    and its length limit (tokens, or image patches + 1)."""
 
     id: str
     object: Literal["model"] = "model"
@@ -210,6 +211,7 @@ class ModelCard(Answer):
     family: str
     parameters: int
     endpoints: list[str]
+    reads: Literal["text", "image"]
     max_input_tokens: int
 
 
