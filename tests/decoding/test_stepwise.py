@@ -86,3 +86,47 @@ def test_a_removed_row_leaves_the_others_unchanged(model: GPT2) -> None:
     assert [r.key for r in gone] == [2] and len(search.rows) == 3
     rest = _run(search)
     assert {k: rest[k] for k in (0, 1, 3)} == {k: alone[k] for k in (0, 1, 3)}
+
+
+def _alone(model: GPT2, prompt: list[int], limit: int, eos: int, sampled: bool) -> list[int]:
+    step, state = decoder_only_step(model, [prompt], max_new_tokens=limit)
+    ends = {"bos_id": 1, "eos_id": eos, "max_len": limit, "batch_size": 1}
+    if sampled:
+        gen = torch.Generator().manual_seed(7 + len(prompt))
+        return sample(step, state, **ends, temperature=0.8, generator=[gen])[0]
+    return greedy_search(step, state, **ends)[0]
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_rows_that_join_later_get_what_they_get_alone(model: GPT2, sampled: bool) -> None:
+    """Search A starts, runs 3 steps; B starts, runs 1; B joins A (left-padded, each row keeping
+    its positions); rows leave as they end and the batch is compacted: every row's output is
+    the one it gets alone."""
+    from aiayn.decoding.lm import LMState, merge_lm_states
+
+    eos = _greedy(model, 2, 0)[0][1]
+    limits = [7, 3, 9, 5]
+
+    def search(rows: range) -> SteppedSearch:
+        prompts = [PROMPTS[i] for i in rows]
+        step, state = decoder_only_step(model, prompts, max_new_tokens=max(limits))
+        gens = [torch.Generator().manual_seed(7 + len(PROMPTS[i])) for i in rows]
+        return SteppedSearch(step, state, list(rows), [limits[i] for i in rows], bos_id=1,
+                             eos_id=eos, sampling=Sampling(0.8) if sampled else None,
+                             generators=gens if sampled else None)  # fmt: skip
+
+    a, b = search(range(2, 4)), search(range(0, 2))
+    out = {}
+    for _ in range(3):
+        out.update({r.key: r.tokens for r in a.advance()})
+    out.update({r.key: r.tokens for r in b.advance()})
+    assert isinstance(a.state, LMState) and isinstance(b.state, LMState)
+    assert a.state.length > b.state.length and a.rows  # B's rows get pad columns
+    a.merge(b, merge_lm_states)
+    assert b.done and len(a.rows) + len(out) == 4
+    while not a.done:
+        out.update({r.key: r.tokens for r in a.advance()})
+        assert isinstance(a.state, LMState)
+        a.state = a.state.compacted()
+    expected = {i: _alone(model, PROMPTS[i], limits[i], eos, sampled) for i in range(4)}
+    assert out == expected

@@ -8,15 +8,18 @@ one generator per row (tests hold them equal): the same limits (a row with limit
 m tokens; EOS is not allowed before ``min_len``), the same choice per row. Where those functions
 keep a finished row in the batch, repeating EOS until every row is done, it leaves here
 (``state.index_select``), so the rest run on a smaller batch; the searches are batch-invariant,
-so no row's output changes.
+so no row's output changes. Rows that started later can join a running search
+(:meth:`SteppedSearch.merge`, where their states can be merged: a decoder-only model's,
+:func:`~aiayn.decoding.lm.merge_lm_states`); every row counts its own tokens.
 
 Shape legend:  B rows still decoding   V vocabulary
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -78,7 +81,7 @@ class SteppedSearch:
         self.step, self.state = step, state
         self.eos_id, self.min_len, self.sampling = eos_id, min_len, sampling
         self.device = device
-        self.t = 0  # tokens produced by every row still decoding
+        self.stepped = False  # whether a step has run (the state is past its first step)
         self.tokens = torch.full((len(keys), 1), bos_id, dtype=torch.long, device=device)
 
     @property
@@ -89,12 +92,12 @@ class SteppedSearch:
     @torch.inference_mode()
     def advance(self) -> list[Row]:
         """One step: the rows that end at it (at their limit, or by EOS), which leave."""
-        ended = self.remove([r.key for r in self.rows if self.t >= r.limit])
+        ended = self.remove([r.key for r in self.rows if len(r.tokens) >= r.limit])
         if not self.rows:
             return ended
         log_probs, self.state = self.step(self.tokens, self.state)  # (B, V)
         chosen = self._choose(log_probs)  # (B,)
-        self.t += 1
+        self.stepped = True
         finished = []
         for row, token in zip(self.rows, chosen.tolist(), strict=True):
             if token == self.eos_id:
@@ -118,16 +121,31 @@ class SteppedSearch:
             self.tokens = self.tokens.index_select(0, index)  # (B', 1)
         return gone
 
+    def merge(self, other: SteppedSearch, states: Callable[[Any, Any], DecoderState]) -> None:
+        """Take in the rows of ``other`` (same step function and options, both past their first
+        step): from now on they run in this batch; ``states`` merges the two states (rows of
+        this one first)."""
+        if not (self.stepped and other.stepped):
+            raise ValueError("merge searches after their first step")
+        self.state = states(self.state, other.state)
+        self.rows += other.rows
+        self.tokens = torch.cat([self.tokens, other.tokens])  # (B + B', 1)
+        other.rows = []
+
     def _choose(self, log_probs: Tensor) -> Tensor:
-        """(B, V) log-probabilities -> (B,) next tokens: greedy search's or sampling's choice."""
+        """(B, V) log-probabilities -> (B,) next tokens: greedy search's or sampling's choice;
+        EOS is not allowed to a row with fewer than ``min_len`` tokens."""
+        early = [len(r.tokens) < self.min_len for r in self.rows]
         if self.sampling is None:
-            if self.t < self.min_len:
-                log_probs.select(1, self.eos_id).fill_(-torch.inf)  # (B,) column of EOS
+            if any(early):
+                ban = torch.tensor(early, device=log_probs.device)  # (B,)
+                log_probs[:, self.eos_id].masked_fill_(ban, -torch.inf)
             return log_probs.argmax(dim=-1)
         s = self.sampling
         logits = log_probs.float() / s.temperature
-        if self.t < self.min_len:
-            logits[:, self.eos_id] = -torch.inf
+        if any(early):
+            ban = torch.tensor(early, device=logits.device)  # (B,)
+            logits[:, self.eos_id].masked_fill_(ban, -torch.inf)
         probs = filter_logits(logits, top_k=s.top_k, top_p=s.top_p).softmax(dim=-1)  # (B, V)
         draws = [
             torch.multinomial(p, 1, generator=r.generator)

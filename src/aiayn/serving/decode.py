@@ -91,6 +91,8 @@ class DecodeEngine(Engine):
                     job.resolve(result)
             self.metrics.step(self.name, rows, generated, started)
             groups[:] = [g for g in groups if not g.done]
+            if self.options.batching:
+                _merge_groups(groups)
 
     def _advance(self, group: Group) -> tuple[list[tuple[Job, Any]], int]:
         try:
@@ -133,6 +135,17 @@ class DecodeEngine(Engine):
         return jobs
 
 
+def _merge_groups(groups: list[Group]) -> None:
+    """Merge the groups that can run as one batch (same options, states that merge): the
+    earlier takes in the later's rows, which leave ``groups``."""
+    i = 0
+    while i < len(groups):
+        absorb = getattr(groups[i], "absorb", None)
+        if absorb is not None:
+            groups[i + 1 :] = [g for g in groups[i + 1 :] if not absorb(g)]
+        i += 1
+
+
 Finish = Callable[[Job, list[Row]], Any]
 """A request's result from its rows (in its order), once all have ended."""
 
@@ -141,13 +154,31 @@ Watch = Callable[[Job, list[Row]], list[Hashable]]
 (a stop string, streaming updates sent on the way)."""
 
 
+Merge = Callable[[SteppedSearch, SteppedSearch], bool]
+"""Takes the second search's rows into the first where their states allow it (True), else
+leaves both as they are (False)."""
+
+
 class SteppedGroup:
-    """Greedy search or sampling of a group's requests; row keys are (request, row)."""
+    """Greedy search or sampling of a group's requests; row keys are (request, row).
+
+    With ``merge`` (a decoder-only model's states merge), a group past its first step takes in
+    another's rows (:meth:`absorb`): from then on they run in one batch; ``compact`` trims the
+    state after rows leave."""
 
     def __init__(
-        self, jobs: list[Job], search: SteppedSearch, finish: Finish, watch: Watch | None = None
+        self,
+        jobs: list[Job],
+        search: SteppedSearch,
+        finish: Finish,
+        watch: Watch | None = None,
+        *,
+        merge: Merge | None = None,
+        compact: Callable[[Any], Any] | None = None,
     ):
         self.jobs, self.search, self._finish, self._watch = jobs, search, finish, watch
+        self.key = jobs[0].key
+        self._merge, self._compact = merge, compact
         self._ended: dict[Hashable, Row] = {}
         self._count = {j: 0 for j in range(len(jobs))}
         for row in search.rows:
@@ -170,7 +201,30 @@ class SteppedGroup:
             ended += self._watched()
         for row in ended:
             self._ended[row.key] = row
+        if ended and self._compact is not None and self.search.rows:
+            self.search.state = self._compact(self.search.state)
         return self._answered(), generated - before
+
+    def absorb(self, other: SteppedGroup) -> bool:
+        """Take in ``other``'s requests and rows (same options), where the states allow it."""
+        if not isinstance(other, SteppedGroup) or self._merge is None or other.done or self.done:
+            return False
+        if other.key != self.key:
+            return False
+        if not (self.search.stepped and other.search.stepped):
+            return False
+        offset, moved = len(self.jobs), [*other.search.rows, *other._ended.values()]
+        if not self._merge(self.search, other.search):
+            return False
+        for row in moved:  # (request, row) keys: other's requests now follow this group's
+            key: tuple[int, int] = row.key  # type: ignore[assignment]
+            row.key = (key[0] + offset, key[1])
+        self._ended.update({row.key: row for row in other._ended.values()})
+        self._count.update({j + offset: n for j, n in other._count.items()})
+        self._open |= {j + offset for j in other._open}
+        self.jobs += other.jobs
+        other._open, other.jobs = set(), []
+        return True
 
     def _watched(self) -> list[Row]:
         running: dict[int, list[Row]] = {}

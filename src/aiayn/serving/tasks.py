@@ -24,7 +24,7 @@ from aiayn.data.text_tokenizer import load_lm_tokenizer
 from aiayn.decoding.beam import Hypothesis
 from aiayn.decoding.fast_step import InferenceStep
 from aiayn.decoding.generate import continuation, prompt_generator
-from aiayn.decoding.lm import decoder_only_step
+from aiayn.decoding.lm import LMState, decoder_only_step, merge_lm_states
 from aiayn.decoding.step import StepFunction, renormalized
 from aiayn.decoding.stepwise import Row, Sampling, SteppedSearch
 from aiayn.decoding.translate import (
@@ -314,7 +314,20 @@ class GenerateTask(Task):
             generators=gens if sampling is not None else None, device=self.device,
         )  # fmt: skip
         self.metrics.tokens.labels(self.name, "input").inc(sum(map(len, prompts)))
-        return SteppedGroup(jobs, search, self._finish, self._watch)
+        return SteppedGroup(
+            jobs, search, self._finish, self._watch, merge=self._merge, compact=_compacted
+        )
+
+    def _merge(self, into: SteppedSearch, other: SteppedSearch) -> bool:
+        """Take ``other``'s rows into ``into``'s batch when the merged key columns leave room for
+        every row's remaining tokens within the model's positions."""
+        a, b = into.state, other.state
+        assert isinstance(a, LMState) and isinstance(b, LMState)
+        left = max(r.limit - len(r.tokens) for r in (*into.rows, *other.rows))
+        if max(a.length, b.length) + left > self.config.max_len:
+            return False
+        into.merge(other, merge_lm_states)
+        return True
 
     def _generator(self, seed: int | None, choice: int, prompt: list[int]) -> torch.Generator:
         if seed is None:
@@ -361,6 +374,12 @@ class GenerateTask(Task):
         return s.CompletionResponse(
             id=p.id, created=p.created, model=self.name, choices=choices, usage=usage
         )
+
+
+def _compacted(state: Any) -> Any:
+    """A decoder-only state without the key columns no row needs any more."""
+    assert isinstance(state, LMState)
+    return state.compacted()
 
 
 def _sampling(req: s.CompletionRequest) -> Sampling | None:
