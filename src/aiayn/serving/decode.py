@@ -15,10 +15,12 @@ one decoding step, then answers the requests whose outputs all ended at that ste
   (it hands the worker back after each step), and its requests are answered when the group's
   search returns; a sentence that is done already leaves the search's batch at once.
 
-A group's step is one model call for its rows: groups started at different steps sit at
-different positions and are not merged into one call. Every result is the one the library gives
-the request alone: the searches are the library's (or held equal to it by tests), and aiayn's
-steps are batch-invariant.
+A group's step is one model call for its rows. Generation groups with the same options merge
+after their first step (:meth:`SteppedGroup.absorb`, the later rows left-padded into the running
+batch), so a new generation request joins the running batch itself; translation and beam-search
+groups, whose states keep one target position for all rows, stay separate calls. Every result
+is the one the library gives the request alone: the searches are the library's (or held equal
+to it by tests), and aiayn's steps are batch-invariant.
 
 Shape legend:  B rows of a group
 """
