@@ -324,22 +324,40 @@ async def _events(
     p = job.payload
     try:
         while not job.future.done() or not updates.empty():
-            try:
-                index, text, reason = await asyncio.wait_for(
-                    updates.get(), timeout=max(0.0, deadline - time.monotonic()) or 0.001
-                )
-            except TimeoutError:
+            update = await _next_update(job, updates, deadline)
+            if update is None:
                 if job.future.done():
                     continue
-                yield _chunk(p, model, 0, "", "length", error="timeout")
+                yield _chunk(p, model, 0, "", None, error="no answer within the timeout")
                 break
+            index, text, reason = update
             delta = _delta(sent.get(index, ""), text, final=reason is not None)
             if delta or reason is not None:
                 sent[index] = sent.get(index, "") + delta
                 yield _chunk(p, model, index, delta, reason)
+        failed = job.future.done() and not job.future.cancelled() and job.future.exception()
+        if failed:
+            yield _chunk(p, model, 0, "", None, error=str(failed))
         yield "data: [DONE]\n\n"
     finally:
         job.cancelled = True  # the client went away, or all is sent: nothing more to do
+
+
+async def _next_update(
+    job: Job, updates: asyncio.Queue[tuple[int, str, str | None]], deadline: float
+) -> tuple[int, str, str | None] | None:
+    """The next streamed update, or None when the job ended without one or time ran out."""
+    if not updates.empty():
+        return updates.get_nowait()
+    getter = asyncio.ensure_future(updates.get())
+    await asyncio.wait(
+        {getter, job.future}, timeout=max(0.0, deadline - time.monotonic()),
+        return_when=asyncio.FIRST_COMPLETED,
+    )  # fmt: skip
+    if getter.done():
+        return getter.result()
+    getter.cancel()
+    return None
 
 
 def _delta(sent: str, text: str, *, final: bool) -> str:
