@@ -128,3 +128,40 @@ def test_a_cancelled_request_leaves_its_decode_group(checkpoints: dict[str, Path
     while not group.done:
         ended, _ = group.advance()
         assert all(job is second for job, _ in ended)
+
+
+def test_a_client_that_leaves_frees_its_place(checkpoints: dict[str, Path]) -> None:
+    """The request is read, then the client disconnects: the answer is 499 (counted) and the
+    queued job is cancelled, so the worker drops it (the app is called as ASGI directly; its
+    workers are not started, so the job is still waiting when the client leaves)."""
+    import json
+
+    from aiayn.serving import ServeOptions, create_app, load_served_model
+    from aiayn.serving.metrics import Metrics
+
+    options, metrics = ServeOptions(), Metrics()
+    served = load_served_model("mt", checkpoints["mt"], options, metrics)
+    app = create_app([served], options, metrics)
+    body = json.dumps({"texts": ["a small dog runs"]}).encode()
+    messages = [{"type": "http.request", "body": body, "more_body": False},
+                {"type": "http.disconnect"}]  # fmt: skip
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    scope = {
+        "type": "http", "method": "POST", "path": "/v1/translate", "raw_path": b"/v1/translate",
+        "query_string": b"", "headers": headers, "http_version": "1.1", "scheme": "http",
+        "server": ("test", 80), "client": ("test", 1), "root_path": "",
+    }  # fmt: skip
+    asyncio.run(app(scope, receive, send))  # type: ignore[arg-type]
+    assert sent[0]["status"] == 499
+    queued = list(served.tasks["translate"].engine._queue)
+    assert len(queued) == 1 and queued[0].cancelled
+    counted = 'aiayn_requests_total{endpoint="/v1/translate",status="499"} 1.0'
+    assert counted in metrics.text().decode()
