@@ -44,3 +44,14 @@ MAX_CHECKPOINT_JSON_BYTES = 64 * 1024 * 1024
 """The largest ``state.json`` or ``SHA256SUMS`` of a checkpoint read: far more than aiayn
 writes (the run config, the random states, one line per file); the bound keeps a hostile
 checkpoint from making a reader take all memory before it is checked."""
+
+MAX_REQUEST_ITEMS = 1024
+"""The most texts (or prompts × ``n`` completions) one ``aiayn serve`` request may carry: a
+request is merged into batches whole, so its size bounds the work one client queues at once."""
+
+MAX_REQUEST_BODY_BYTES = 64 * 1024 * 1024
+"""The largest ``--max-body-bytes`` of ``aiayn serve`` (the body size it accepts per request,
+1 MiB by default): room for an uploaded image well beyond what a ViT reads."""
+
+MAX_COMPLETION_CHOICES = 16
+"""The most completions ``n`` per prompt of ``aiayn serve``'s ``/v1/completions``."""

@@ -770,6 +770,25 @@ CASES = {
     "classify-image/top-k above the labels": Case(
         "classify-image --checkpoint {vit} {tmp}/img.png --top-k 9", 2, "--top-k"
     ),
+    # -- serve (refused before anything is served) ------------------------------------------
+    "serve/missing checkpoint": Case(
+        "serve --checkpoint {tmp}/nope --port 0", 2, "{tmp}/nope"
+    ),
+    "serve/bad model name": Case(
+        "serve --checkpoint 'a b={mt}' --port 0", 2, "model name 'a b'"
+    ),
+    "serve/name given twice": Case(
+        "serve --checkpoint x={mt} --checkpoint x={mt} --port 0", 2, "'x' is given twice"
+    ),
+    "serve/port out of range": Case("serve --checkpoint {mt} --port 70000", 2, "--port"),
+    "serve/negative wait": Case("serve --checkpoint {mt} --max-wait-ms -1", 2, "--max-wait-ms"),
+    "serve/zero queue": Case("serve --checkpoint {mt} --queue-size 0", 2, "--queue-size"),
+    "serve/tiny body limit": Case(
+        "serve --checkpoint {mt} --max-body-bytes 10", 2, "--max-body-bytes"
+    ),
+    "serve/unknown host": Case(
+        "serve --checkpoint {mt} --host no.such.host.invalid --port 0", 2, "--host"
+    ),
     # -- convert, params, experiment ------------------------------------------------------------
     "convert/no direction": Case("convert --from-hf {tmp}/adir", 2, "give --from-hf"),
     "convert/missing folder": Case(

@@ -98,6 +98,14 @@ def register(subparsers: Any) -> None:
         help="refuse sentences of more tokens than this a side (with EOS or BOS): larger maps "
         f"are unreadable and slow to draw (default {MAX_TOKENS})",
     )
+    _add_bias_arguments(p)
+    p.add_argument("--out", default="attention_maps", help="output folder (created)")
+    p.add_argument("--no-png", action="store_true", help="write only the HTML page")
+    p.add_argument("--force", action="store_true", help="replace attention maps already in --out")
+
+
+def _add_bias_arguments(p: argparse.ArgumentParser) -> None:
+    """``--bias OUT.png`` and ``--bias-reach N``: the relative position bias instead of maps."""
     p.add_argument(
         "--bias",
         default=None,
@@ -112,9 +120,6 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="with --bias: draw relative positions -N .. N (default: max_distance × 1.25)",
     )
-    p.add_argument("--out", default="attention_maps", help="output folder (created)")
-    p.add_argument("--no-png", action="store_true", help="write only the HTML page")
-    p.add_argument("--force", action="store_true", help="replace attention maps already in --out")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ from aiayn.cli import (
     fill_mask,
     generate,
     params,
+    serve,
     train,
     translate,
     tune_alpha,
@@ -64,6 +65,7 @@ COMMANDS = (
     params,
     convert,
     export,
+    serve,
 )
 
 

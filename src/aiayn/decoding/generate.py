@@ -127,10 +127,12 @@ def generate(
     """
     ids = [tokenizer.encode(p) or [model.config.bos_id] for p in prompts]
     best = [hyps[0].tokens for hyps in generate_ids(model, ids, options)]
-    return [_continuation(tokenizer, p, new) for p, new in zip(ids, best, strict=True)]
+    return [continuation(tokenizer, p, new) for p, new in zip(ids, best, strict=True)]
 
 
-def _continuation(tokenizer: TextCodec, prompt: list[int], new: list[int]) -> str:
+def continuation(tokenizer: TextCodec, prompt: list[int], new: list[int]) -> str:
+    """The text ``new`` adds after ``prompt``: decoded prompt + new minus the decoded prompt
+    (a tokenizer that joins tokens with spaces still gives the space between them)."""
     before = tokenizer.decode(prompt)
     text = tokenizer.decode([*prompt, *new])
     return text[len(before) :] if text.startswith(before) else tokenizer.decode(new)

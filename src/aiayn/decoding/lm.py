@@ -112,6 +112,54 @@ class LMState:
         index = torch.arange(rows, device=self.cache[0].key.device).repeat_interleave(repeats)
         return self.index_select(index)  # (B·repeats,)
 
+    def real(self) -> Tensor:
+        """(B, L) boolean, True = a real token (all True without padding)."""
+        if self.padding is None:
+            rows = self.cache[0].key.size(0)
+            return torch.ones(rows, self.length, dtype=torch.bool, device=self.cache[0].key.device)
+        return self.padding.key_padding[:, : self.length]
+
+    def compacted(self) -> LMState:
+        """The same rows without the leading key columns that are padding in every row (after
+        rows have left): the positions, counted from each row's first real token, stay."""
+        if self.padding is None or self.padding.pads.numel() == 0:
+            return self
+        cut = int(self.padding.pads.min())
+        if cut == 0:
+            return self
+        real = self.real()[:, cut:]  # (B, L - cut)
+        cache = tuple(KVCache(c.key[:, :, cut:], c.value[:, :, cut:]) for c in self.cache)
+        return LMState(cache, Padding.of(real, self.padding.capacity - cut), self.pending)
+
+
+def merge_lm_states(a: LMState, b: LMState) -> LMState:
+    """The rows of ``a`` then those of ``b`` (both past their first step), in one state: their
+    key columns right-aligned at L = max(L_a, L_b), the shorter state's rows padded on the left
+    (masked; each row keeps its positions, counted from its first real token). This is how a
+    decoding run takes in rows that started later, at the next step (``aiayn serve``)."""
+    if a.pending is not None or b.pending is not None:
+        raise ValueError("merge states after their first step (the prompt's log-probs)")
+    length = max(a.length, b.length)
+    real = torch.cat([_left_padded(s.real(), length) for s in (a, b)])  # (B_a + B_b, L)
+    cache = []
+    for ca, cb in zip(a.cache, b.cache, strict=True):
+        key, value = (
+            torch.cat([_left_padded(x, length, dim=2) for x in pair])  # (B_a + B_b, H, L, d)
+            for pair in ((ca.key, cb.key), (ca.value, cb.value))
+        )
+        cache.append(KVCache(key, value))
+    return LMState(tuple(cache), Padding.of(real, length), None)
+
+
+def _left_padded(x: Tensor, length: int, dim: int = 1) -> Tensor:
+    """``x`` with zeros (False) before its columns along ``dim``, up to ``length`` of them."""
+    missing = length - x.size(dim)
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
 
 def decoder_only_step(
     model: GPT2,

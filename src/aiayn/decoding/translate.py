@@ -193,10 +193,10 @@ def _translate_batch(
 ) -> list[list[Hypothesis]]:
     """The n-best lists of the sentences ``ids`` of ``rows``, one batch (no gradients: the
     caller, :func:`translate_stream`, runs under ``torch.no_grad``)."""
-    src = _source_batch([rows[i] for i in ids], tokenizer).to(device)  # (B, S)
-    limits = _output_limits(model, options, [len(rows[i]) for i in ids])
+    src = source_batch([rows[i] for i in ids], tokenizer).to(device)  # (B, S)
+    limits = output_limits(model, options, [len(rows[i]) for i in ids])
     state = step.initial_state(src, capacity=max(limits) + 1)  # positions incl. EOS's
-    return _search(search_step, state, tokenizer, options, limits, device)
+    return search_batch(search_step, state, tokenizer, options, limits, device)
 
 
 def _truncated(sources: Sequence[Sequence[int] | np.ndarray], limit: int) -> list[list[int]]:
@@ -214,7 +214,7 @@ def _truncated(sources: Sequence[Sequence[int] | np.ndarray], limit: int) -> lis
     return rows
 
 
-def _source_batch(rows: list[list[int]], tokenizer: TranslationTokenizer) -> Tensor:
+def source_batch(rows: list[list[int]], tokenizer: TranslationTokenizer) -> Tensor:
     """(B, S) source ids, each row followed by EOS and right-padded."""
     src = torch.full((len(rows), max(map(len, rows)) + 1), tokenizer.pad_id, dtype=torch.long)
     for r, ids in enumerate(rows):
@@ -222,7 +222,7 @@ def _source_batch(rows: list[list[int]], tokenizer: TranslationTokenizer) -> Ten
     return src
 
 
-def _output_limits(model: EncoderDecoder, options: DecodeOptions, lengths: list[int]) -> list[int]:
+def output_limits(model: EncoderDecoder, options: DecodeOptions, lengths: list[int]) -> list[int]:
     """Each sentence's most output tokens: source length + ``extra_len``, within the learned
     positions and ``max_new_tokens``."""
     limits = [n + options.extra_len for n in lengths]
@@ -234,7 +234,7 @@ def _output_limits(model: EncoderDecoder, options: DecodeOptions, lengths: list[
     return limits
 
 
-def _search(
+def search_batch(
     step: StepFunction,
     state: DecoderState,
     tokenizer: TranslationTokenizer,

@@ -1,0 +1,265 @@
+"""Benchmark: `aiayn serve` under concurrent clients, against the same server with batching off
+and against offline decoding of the same inputs.
+
+    python benchmarks/serve_load.py [--translation CKPT] [--lm CKPT] [--clients 1,8,32,64]
+                                    [--requests 400] [--max-new-tokens 32] [--name serve_load]
+
+Scenarios: a translation model (default: the `small` preset, random weights, a tokenizer
+trained on Multi30k's English side; or `--translation`, e.g. a trained checkpoint) decoding
+Multi30k test sentences greedily and with beam 4, and a GPT-2-architecture LM (default: the
+`gpt2-tiny` preset, random weights; or `--lm`) continuing prefixes of the same sentences
+greedily. Each request carries one sentence; every output is capped at `--max-new-tokens`.
+
+For each scenario and each number of concurrent clients (async httpx clients, each sending its
+next request as soon as it has its answer), `--requests` requests go to a fresh `aiayn serve`
+process, with batching and with `--no-batching` (one request at a time). Reported: throughput
+(sentences/s and output tokens/s), p50 and p99 latency, errors, and mismatches against the
+offline answer of each input; and the offline throughput of the same inputs (`translate_ids` /
+`generate_ids` in this process, all inputs at once: the ceiling). Writes
+docs/results/NAME.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import command_line, machine, write_report
+from aiayn.checkpoint import load_checkpoint, load_translation_tokenizer, save_checkpoint
+from aiayn.config import preset
+from aiayn.data import Tokenizer, normalize
+from aiayn.data.text_tokenizer import load_lm_tokenizer
+from aiayn.decoding import GenerateOptions, generate_ids
+from aiayn.decoding.generate import continuation
+from aiayn.decoding.translate import options_for_checkpoint, translate_ids
+from aiayn.models import Transformer
+from aiayn.models.gpt2 import GPT2, GPT2_PRESETS
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+
+
+def _lines(name: str) -> list[str]:
+    with gzip.open(DATA / name, "rt", encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def _build(folder: Path) -> tuple[Path, Path]:
+    """Random-weight `small` translation model and `gpt2-tiny` LM with a Multi30k tokenizer."""
+    tokenizer = Tokenizer.train(_lines("train.en.gz"), 8000)
+    tokenizer.save(folder / "tok.json")
+    torch.manual_seed(0)
+    mt = Transformer(preset("small", vocab_size=tokenizer.vocab_size))
+    base = GPT2_PRESETS["gpt2-tiny"]
+    lm_config = type(base)(**{**base.__dict__, "vocab_size": tokenizer.vocab_size,
+                              "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id,
+                              "pad_id": tokenizer.pad_id})  # fmt: skip
+    lm = GPT2(lm_config)
+    return (
+        save_checkpoint(folder / "mt", mt.eval(), {"step": 0}, folder / "tok.json"),
+        save_checkpoint(folder / "lm", lm.eval(), {"step": 0}, folder / "tok.json"),
+    )
+
+
+def _offline(kind: str, ckpt: Path, inputs: list[str], cap: int) -> tuple[list[str], float, int]:
+    """(each input's answer, seconds for all at once, output tokens)."""
+    if kind == "generate":
+        c = load_checkpoint(ckpt, expect=GPT2)
+        tok = load_lm_tokenizer(c.tokenizer_path)
+        ids = [tok.encode(p) or [c.model.config.bos_id] for p in inputs]
+        options = GenerateOptions(max_new_tokens=cap, batch_size=64)
+        generate_ids(c.model, ids[:8], options)  # warm-up: first-call costs are not throughput
+        start = time.perf_counter()
+        found = generate_ids(c.model, ids, options)
+        seconds = time.perf_counter() - start
+        news = [h[0].tokens for h in found]
+        texts = [continuation(tok, p, n) for p, n in zip(ids, news, strict=True)]
+        return texts, seconds, sum(map(len, news))
+    c = load_checkpoint(ckpt)
+    tok = load_translation_tokenizer(c.path)
+    beam = 4 if kind == "beam4" else 1
+    o = options_for_checkpoint(c.state.get("generation"), beam_size=beam, max_new_tokens=cap)
+    ids = tok.encode_batch([normalize(t) for t in inputs])
+    translate_ids(c.model, ids[:8], tok, o)  # warm-up
+    start = time.perf_counter()
+    found = translate_ids(c.model, ids, tok, o)
+    seconds = time.perf_counter() - start
+    best = [h[0].tokens for h in found]
+    return tok.decode_batch(best), seconds, sum(map(len, best))
+
+
+def _request(kind: str, text: str, cap: int) -> tuple[str, dict[str, Any]]:
+    if kind == "generate":
+        return "/v1/completions", {"prompt": text, "max_tokens": cap}
+    return "/v1/translate", {"texts": [text], "beam": 4 if kind == "beam4" else 1,
+                             "max_new_tokens": cap}  # fmt: skip
+
+
+def _answer(kind: str, body: dict[str, Any]) -> tuple[str, int]:
+    """(the text, output tokens when the answer says)."""
+    if kind == "generate":
+        return body["choices"][0]["text"], body["usage"]["completion_tokens"]
+    return body["translations"][0]["text"], 0
+
+
+async def _load(base: str, kind: str, inputs: list[str], clients: int, cap: int) -> dict[str, Any]:
+    """``len(inputs)`` requests from ``clients`` concurrent clients."""
+    todo = list(enumerate(inputs))
+    latencies: list[float] = []
+    answers: dict[int, str] = {}
+    errors, tokens = 0, 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal errors, tokens
+        while todo:
+            i, text = todo.pop()
+            path, body = _request(kind, text, cap)
+            start = time.perf_counter()
+            try:
+                r = await http.post(base + path, json=body)
+            except httpx.HTTPError:
+                errors += 1
+                continue
+            latencies.append(time.perf_counter() - start)
+            if r.status_code != 200:
+                errors += 1
+                continue
+            answers[i], n = _answer(kind, r.json())
+            tokens += n
+
+    limits = httpx.Limits(max_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        wall = time.perf_counter() - start
+    return {"wall": wall, "latencies": latencies, "answers": answers, "errors": errors,
+            "tokens": tokens}  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(ckpt: Path, batching: bool) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    argv = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(ckpt), "--port",
+            str(port), "--queue-size", "4096", "--timeout-s", "3600"]  # fmt: skip
+    if not batching:
+        argv.append("--no-batching")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("aiayn serve did not start")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(120)
+
+
+def _row(kind: str, clients: int, mode: str, run: dict[str, Any], expected: list[str],
+         offline_tokens: int) -> dict[str, Any]:  # fmt: skip
+    lat = np.array(run["latencies"]) if run["latencies"] else np.array([np.nan])
+    n = len(expected)
+    mismatches = sum(run["answers"].get(i) != t for i, t in enumerate(expected))
+    tokens = run["tokens"] or offline_tokens  # translations: the offline count (same outputs)
+    return {
+        "scenario": kind, "clients": clients, "mode": mode, "requests": n,
+        "sentences_per_s": n / run["wall"], "tokens_per_s": tokens / run["wall"],
+        "p50_ms": float(np.percentile(lat, 50) * 1000),
+        "p99_ms": float(np.percentile(lat, 99) * 1000),
+        "errors": run["errors"], "mismatches": mismatches,
+    }  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--translation", type=Path)
+    p.add_argument("--lm", type=Path)
+    p.add_argument("--clients", default="1,8,32,64")
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--scenarios", default="greedy,beam4,generate")
+    p.add_argument("--name", default="serve_load")
+    args = p.parse_args()
+    clients = [int(c) for c in args.clients.split(",")]
+    inputs = _lines("test_2016_flickr.en.gz")
+    inputs = (inputs * (args.requests // len(inputs) + 1))[: args.requests]
+    with tempfile.TemporaryDirectory() as tmp:
+        mt, lm = args.translation, args.lm
+        if mt is None or lm is None:
+            built_mt, built_lm = _build(Path(tmp))
+            mt, lm = mt or built_mt, lm or built_lm
+        rows = _measure(args, clients, inputs, {"greedy": mt, "beam4": mt, "generate": lm})
+    _report(args, rows)
+
+
+def _measure(args: argparse.Namespace, clients: list[int], inputs: list[str],
+             ckpts: dict[str, Path]) -> list[dict[str, Any]]:  # fmt: skip
+    rows = []
+    for kind in args.scenarios.split(","):
+        prompts = [" ".join(t.split()[:4]) for t in inputs] if kind == "generate" else inputs
+        expected, seconds, tokens = _offline(kind, ckpts[kind], prompts, args.max_new_tokens)
+        rows.append({"scenario": kind, "clients": 0, "mode": "offline", "requests": len(prompts),
+                     "sentences_per_s": len(prompts) / seconds, "tokens_per_s": tokens / seconds,
+                     "p50_ms": None, "p99_ms": None, "errors": 0, "mismatches": 0})  # fmt: skip
+        for batching in (True, False):
+            proc, base = _serve(ckpts[kind], batching)
+            try:
+                for n in clients:
+                    run = asyncio.run(_load(base, kind, prompts, n, args.max_new_tokens))
+                    mode = "batched" if batching else "unbatched"
+                    rows.append(_row(kind, n, mode, run, expected, tokens))
+                    print(rows[-1], flush=True)
+            finally:
+                _stop(proc)
+    return rows
+
+
+def _report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    md = [
+        "# aiayn serve under load",
+        "",
+        f"Command: `{command_line()}`",
+        "",
+        f"Machine: {machine()['cpu']}, {os.cpu_count()} cores; load average at the end "
+        f"{os.getloadavg()[0]:.1f}.",
+        "",
+        "| scenario | clients | mode | sentences/s | tokens/s | p50 ms | p99 ms | errors "
+        "| mismatches |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p50 = "" if r["p50_ms"] is None else f"{r['p50_ms']:.0f}"
+        p99 = "" if r["p99_ms"] is None else f"{r['p99_ms']:.0f}"
+        md.append(f"| {r['scenario']} | {r['clients'] or ''} | {r['mode']} | "
+                  f"{r['sentences_per_s']:.1f} | {r['tokens_per_s']:.0f} | {p50} | {p99} | "
+                  f"{r['errors']} | {r['mismatches']} |")  # fmt: skip
+    data = {"command": command_line(), "machine": machine(), "rows": rows}
+    print(write_report(args.name, data, md))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,325 @@
+"""Decoding for many clients at once: translation and generation requests join the running decode
+at the next step, and a request is answered as soon as its own outputs are done.
+
+The worker of a model (:class:`DecodeEngine`) runs *groups*: the requests admitted at one step,
+started together (one encoder or prompt pass) as one batch. Each round of the loop first admits
+the waiting requests as a new group (those with the same decoding options, up to the token
+budget, while fewer than ``max_decode_groups`` groups run), then advances every running group by
+one decoding step, then answers the requests whose outputs all ended at that step:
+
+* greedy search and sampling (:class:`SteppedGroup`, over
+  :class:`~aiayn.decoding.stepwise.SteppedSearch`): a sequence leaves its group's batch the step
+  it ends; a request leaves when its last sequence does (or when a stop string appears, or when
+  nobody waits for it any more: the client went away or its time ran out);
+* beam search (:class:`BeamGroup`): the library's beam search runs as it is, one step per round
+  (it hands the worker back after each step), and its requests are answered when the group's
+  search returns; a sentence that is done already leaves the search's batch at once.
+
+A group's step is one model call for its rows. Generation groups with the same options merge
+after their first step (:meth:`SteppedGroup.absorb`, the later rows left-padded into the running
+batch), so a new generation request joins the running batch itself; translation and beam-search
+groups, whose states keep one target position for all rows, stay separate calls. Every result
+is the one the library gives the request alone: the searches are the library's (or held equal
+to it by tests), and aiayn's steps are batch-invariant.
+
+Shape legend:  B rows of a group
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Protocol
+
+from aiayn.decoding.step import DecoderState, StepFunction
+from aiayn.decoding.stepwise import Row, SteppedSearch
+from aiayn.serving.engine import Engine, Job, as_problem
+from aiayn.serving.metrics import Metrics
+from aiayn.serving.options import ServeOptions
+
+
+class Group(Protocol):
+    """Requests decoding together, advanced one step at a time by the worker."""
+
+    jobs: list[Job]
+
+    @property
+    def done(self) -> bool:
+        """Whether every request of the group is answered."""
+        ...
+
+    @property
+    def rows(self) -> int:
+        """B, the rows its next step runs."""
+        ...
+
+    def advance(self) -> tuple[list[tuple[Job, Any]], int]:
+        """One step: (the requests that ended with their results, tokens generated)."""
+        ...
+
+    def drop_cancelled(self) -> None:
+        """Take the rows of the cancelled requests out (where the search allows it)."""
+        ...
+
+
+GroupStarter = Callable[[list[Job]], Group]
+"""A task's way to start a group from the requests admitted together (one batch)."""
+
+
+class DecodeEngine(Engine):
+    """The worker loop of a decoding task (see the module docstring)."""
+
+    def __init__(self, name: str, options: ServeOptions, metrics: Metrics, start: GroupStarter):
+        super().__init__(name, options, metrics)
+        self._start = start
+        self._max_groups = options.max_decode_groups if options.batching else 1
+
+    def _loop(self) -> None:
+        groups: list[Group] = []
+        while True:
+            self._admit(groups)
+            if not groups:
+                return  # stopping, and nothing left
+            started, rows, generated = time.monotonic(), 0, 0
+            for group in groups:
+                group.drop_cancelled()
+                if group.done:
+                    continue
+                rows += group.rows
+                ended, tokens = self._advance(group)
+                generated += tokens
+                for job, result in ended:
+                    job.resolve(result)
+            self.metrics.step(self.name, rows, generated, started)
+            groups[:] = [g for g in groups if not g.done]
+            if self.options.batching:
+                _merge_groups(groups)
+
+    def _advance(self, group: Group) -> tuple[list[tuple[Job, Any]], int]:
+        try:
+            return group.advance()
+        except Exception as error:
+            for job in group.jobs:
+                job.fail(as_problem(error))
+            group.jobs.clear()
+            return [], 0
+
+    def _admit(self, groups: list[Group]) -> None:
+        """Start the waiting requests as new groups while fewer than the most run; waits for a
+        request only when nothing runs."""
+        while len(groups) < self._max_groups:
+            first = self._take(wait=None if not groups else 0)
+            if first is None:
+                return
+            jobs = self._companions(first)
+            try:
+                groups.append(self._start(jobs))
+            except Exception as error:
+                for job in jobs:
+                    job.fail(as_problem(error))
+
+    def _companions(self, first: Job) -> list[Job]:
+        """``first`` and the waiting requests with its options that fit the token budget."""
+        jobs, cost = [first], first.cost
+        while self.options.batching:
+            waiting, key = self._peek_key()
+            if not waiting or key != first.key:
+                break
+            job = self._take(wait=0)
+            if job is None:
+                break
+            if cost + job.cost > self.options.max_batch_tokens:
+                self._put_back(job)
+                break
+            jobs.append(job)
+            cost += job.cost
+        return jobs
+
+
+def _merge_groups(groups: list[Group]) -> None:
+    """Merge the groups that can run as one batch (same options, states that merge): the
+    earlier takes in the later's rows, which leave ``groups``."""
+    i = 0
+    while i < len(groups):
+        absorb = getattr(groups[i], "absorb", None)
+        if absorb is not None:
+            groups[i + 1 :] = [g for g in groups[i + 1 :] if not absorb(g)]
+        i += 1
+
+
+Finish = Callable[[Job, list[Row]], Any]
+"""A request's result from its rows (in its order), once all have ended."""
+
+Watch = Callable[[Job, list[Row]], list[Hashable]]
+"""Called after each step with a request's rows still decoding: the keys of those to end now
+(a stop string, streaming updates sent on the way)."""
+
+
+Merge = Callable[[SteppedSearch, SteppedSearch], bool]
+"""Takes the second search's rows into the first where their states allow it (True), else
+leaves both as they are (False)."""
+
+
+class SteppedGroup:
+    """Greedy search or sampling of a group's requests; row keys are (request, row).
+
+    With ``merge`` (a decoder-only model's states merge), a group past its first step takes in
+    another's rows (:meth:`absorb`): from then on they run in one batch; ``compact`` trims the
+    state after rows leave."""
+
+    def __init__(
+        self,
+        jobs: list[Job],
+        search: SteppedSearch,
+        finish: Finish,
+        watch: Watch | None = None,
+        *,
+        merge: Merge | None = None,
+        compact: Callable[[Any], Any] | None = None,
+    ):
+        self.jobs, self.search, self._finish, self._watch = jobs, search, finish, watch
+        self.key = jobs[0].key
+        self._merge, self._compact = merge, compact
+        self._ended: dict[Hashable, Row] = {}
+        self._count = {j: 0 for j in range(len(jobs))}
+        for row in search.rows:
+            self._count[row.key[0]] += 1  # type: ignore[index]
+        self._open = set(self._count)
+
+    @property
+    def done(self) -> bool:
+        return not self._open
+
+    @property
+    def rows(self) -> int:
+        return len(self.search.rows)
+
+    def advance(self) -> tuple[list[tuple[Job, Any]], int]:
+        before = sum(len(r.tokens) for r in self.search.rows)
+        ended = self.search.advance()
+        generated = sum(len(r.tokens) for r in self.search.rows) + sum(len(r.tokens) for r in ended)
+        if self._watch is not None:
+            ended += self._watched()
+        for row in ended:
+            self._ended[row.key] = row
+        if ended and self._compact is not None and self.search.rows:
+            self.search.state = self._compact(self.search.state)
+        return self._answered(), generated - before
+
+    def absorb(self, other: SteppedGroup) -> bool:
+        """Take in ``other``'s requests and rows (same options), where the states allow it."""
+        if not isinstance(other, SteppedGroup) or self._merge is None or other.done or self.done:
+            return False
+        if other.key != self.key:
+            return False
+        if not (self.search.stepped and other.search.stepped):
+            return False
+        offset, moved = len(self.jobs), [*other.search.rows, *other._ended.values()]
+        if not self._merge(self.search, other.search):
+            return False
+        for row in moved:  # (request, row) keys: other's requests now follow this group's
+            key: tuple[int, int] = row.key  # type: ignore[assignment]
+            row.key = (key[0] + offset, key[1])
+        self._ended.update({row.key: row for row in other._ended.values()})
+        self._count.update({j + offset: n for j, n in other._count.items()})
+        self._open |= {j + offset for j in other._open}
+        self.jobs += other.jobs
+        other._open, other.jobs = set(), []
+        return True
+
+    def _watched(self) -> list[Row]:
+        running: dict[int, list[Row]] = {}
+        for row in self.search.rows:
+            running.setdefault(row.key[0], []).append(row)  # type: ignore[index]
+        assert self._watch is not None
+        stop = [k for j, rows in running.items() for k in self._watch(self.jobs[j], rows)]
+        return self.search.remove(stop)
+
+    def _answered(self) -> list[tuple[Job, Any]]:
+        out = []
+        for j in sorted(self._open):
+            rows = [self._ended.get((j, r)) for r in range(self._count[j])]
+            if all(row is not None for row in rows):
+                self._open.discard(j)
+                out.append((self.jobs[j], self._finish(self.jobs[j], rows)))  # type: ignore[arg-type]
+        return out
+
+    def drop_cancelled(self) -> None:
+        for j in [j for j in self._open if self.jobs[j].cancelled]:
+            self.search.remove([(j, r) for r in range(self._count[j])])
+            self._open.discard(j)
+
+
+class BeamGroup:
+    """A beam search over the group's requests, run by the library as it is, in a helper thread
+    that hands the worker back after every step: the worker's :meth:`advance` runs exactly one
+    step (and the search's bookkeeping before it); only one of the two threads runs at a time.
+
+    Args:
+        jobs: the requests.
+        run: ``run(step wrapper)``: the search, with its step function passed through the
+            wrapper; returns one result per request.
+    """
+
+    def __init__(
+        self, jobs: list[Job], run: Callable[[Callable[[StepFunction], StepFunction]], list[Any]]
+    ):
+        self.jobs = jobs
+        self._go, self._paused = threading.Semaphore(0), threading.Semaphore(0)
+        self._results: list[Any] | None = None
+        self._error: BaseException | None = None
+        self._finished = False
+        self._rows = sum(len(j.payload.rows) for j in jobs) * 1
+        self._thread = threading.Thread(target=self._body, args=(run,), daemon=True)
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return self._finished
+
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    def _wrap(self, step: StepFunction) -> StepFunction:
+        first = [True]
+
+        def wrapped(tokens: Any, state: DecoderState) -> tuple[Any, DecoderState]:
+            if not first[0]:
+                self._paused.release()  # this round's step is done: back to the worker
+                self._go.acquire()  # until the next round
+            first[0] = False
+            self._rows = tokens.size(0)
+            return step(tokens, state)
+
+        return wrapped
+
+    def _body(self, run: Callable[[Callable[[StepFunction], StepFunction]], list[Any]]) -> None:
+        self._go.acquire()
+        try:
+            self._results = run(self._wrap)
+        except BaseException as error:
+            self._error = error
+        finally:
+            self._finished = True
+            self._paused.release()
+
+    def advance(self) -> tuple[list[tuple[Job, Any]], int]:
+        self._go.release()
+        self._paused.acquire()
+        if not self._finished:
+            return [], 0
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._results is not None
+        return list(zip(self.jobs, self._results, strict=True)), 0
+
+    def drop_cancelled(self) -> None:
+        """A beam search keeps its batch: a cancelled request's result is dropped at the end."""
+
+
+def row_keys(counts: Sequence[int]) -> list[tuple[int, int]]:
+    """The keys (request, row) of ``counts[j]`` rows for each request j, in order."""
+    return [(j, r) for j, n in enumerate(counts) for r in range(n)]

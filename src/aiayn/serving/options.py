@@ -1,0 +1,40 @@
+"""How ``aiayn serve`` batches and what it accepts: one frozen, validated set of options, set by
+the command's flags (each flag checked by the rule of the field it sets)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from aiayn.limits import MAX_REQUEST_BODY_BYTES
+from aiayn.validation import Bounds, PositiveInt, validate, validated
+
+
+@validated(None)
+@dataclass(frozen=True)
+class ServeOptions:
+    """The service's batching and limits.
+
+    Attributes:
+        max_batch_tokens: the token budget of one batch: an encoder batch (BERT, ViT: tokens or
+            patches of the merged requests) and a decode group as it starts (source tokens ×
+            beams, or prompt tokens).
+        max_wait_ms: how long an encoder batch waits for more requests after its first one.
+        max_decode_groups: decode groups (each started at one step) running together per
+            model; a request that arrives while this many run waits for one of them to end.
+        queue_size: requests waiting per model; beyond it a request is refused (503).
+        timeout_s: a request not answered within this many seconds is answered 504.
+        max_body_bytes: the largest request body accepted (413 beyond it).
+        batching: False = one request at a time per model (a baseline for benchmarks).
+    """
+
+    max_batch_tokens: PositiveInt = 4096
+    max_wait_ms: Annotated[float, Bounds(ge=0, le=10_000)] = 5.0
+    max_decode_groups: PositiveInt = 4
+    queue_size: PositiveInt = 256
+    timeout_s: Annotated[float, Bounds(gt=0, le=86_400)] = 60.0
+    max_body_bytes: Annotated[int, Bounds(ge=1024, le=MAX_REQUEST_BODY_BYTES)] = 1 << 20
+    batching: bool = True
+
+    def __post_init__(self) -> None:
+        validate(self)

@@ -1,0 +1,194 @@
+"""The playground page of ``aiayn serve`` (``GET /``): one self-contained HTML page (inline script
+and CSS, nothing loaded from elsewhere) that lists the loaded models (``/v1/models``) and sends
+what is typed, or an image dropped on it, to the chosen model's endpoint: translations,
+continuations, nearest-sentence similarities (the first line against the others), labels, or
+masked tokens. A bearer token, when the service needs one, is typed into the page and sent with
+every call. The page itself holds no data and is served without the token.
+
+The script exposes ``window.aiaynPlayground`` (``models()``, ``choose(name)``, ``run()``,
+``output()``) for the headless-browser test.
+"""
+
+from __future__ import annotations
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>aiayn serve</title>
+<link rel="icon" href="data:,">
+<style>
+body { font: 15px/1.4 system-ui, sans-serif; margin: 2em auto; max-width: 52em; padding: 0 1em; }
+textarea { width: 100%; height: 7em; font: inherit; }
+#drop { border: 2px dashed #999; padding: 1.5em; text-align: center; color: #555; }
+#drop.over { border-color: #06c; color: #06c; }
+pre { background: #f4f4f4; padding: 1em; white-space: pre-wrap; min-height: 2em; }
+.error { color: #b00; }
+label { margin-right: 1em; }
+</style></head>
+<body>
+<h1>aiayn serve</h1>
+<p><label>Model <select id="model"></select></label>
+<label>Token <input id="token" type="password" placeholder="only if the service needs one">
+</label></p>
+<p id="hint"></p>
+<div id="text-input"><textarea id="text"></textarea></div>
+<div id="image-input" hidden><div id="drop">Drop an image here, or
+<input id="image" type="file" accept="image/*"></div></div>
+<p><button id="run">Run</button> <span id="status"></span></p>
+<pre id="out"></pre>
+<script>
+(function () {
+  "use strict";
+  var models = [], current = null, lastOutput = "", file = null;
+  var $ = function (id) { return document.getElementById(id); };
+  var HINTS = {
+    "/v1/translate": "One sentence per line: their translations.",
+    "/v1/completions": "A prompt: its continuation.",
+    "/v1/embeddings": "First line: a query; the other lines: sentences, ranked by similarity.",
+    "/v1/classify": "One text per line: its most probable labels.",
+    "/v1/fill-mask": "Texts with the mask token, one per line: the likeliest fillers."
+  };
+  function endpoint(m) {
+    var order = ["/v1/translate", "/v1/completions", "/v1/classify", "/v1/fill-mask",
+                 "/v1/embeddings"];
+    for (var i = 0; i < order.length; i++) {
+      if (m.endpoints.indexOf(order[i]) >= 0) { return order[i]; }
+    }
+    return null;
+  }
+  function readsImages(m) { return m.reads === "image"; }
+  function headers(json) {
+    var h = {};
+    if (json) { h["Content-Type"] = "application/json"; }
+    if ($("token").value) { h["Authorization"] = "Bearer " + $("token").value; }
+    return h;
+  }
+  function show(text, failed) {
+    lastOutput = text;
+    $("out").textContent = text;
+    $("out").className = failed ? "error" : "";
+  }
+  function choose(name) {
+    current = models.filter(function (m) { return m.id === name; })[0] || null;
+    if (!current) { return; }
+    $("model").value = name;
+    var image = readsImages(current);
+    $("image-input").hidden = !image;
+    $("text-input").hidden = image;
+    $("hint").textContent = image ? "An image: its most probable labels."
+                                  : HINTS[endpoint(current)] || "";
+  }
+  function lines() {
+    return $("text").value.split("\\n").map(function (l) { return l.trim(); })
+      .filter(function (l) { return l.length > 0; });
+  }
+  function body(path) {
+    var texts = lines();
+    if (path === "/v1/translate") { return {model: current.id, texts: texts}; }
+    if (path === "/v1/completions") {
+      return {model: current.id, prompt: $("text").value.trim(), max_tokens: 32};
+    }
+    if (path === "/v1/embeddings") { return {model: current.id, input: texts}; }
+    if (path === "/v1/classify") { return {model: current.id, texts: texts, top_k: 3}; }
+    return {model: current.id, texts: texts, top_k: 5};
+  }
+  function dot(a, b) {
+    var s = 0;
+    for (var i = 0; i < a.length; i++) { s += a[i] * b[i]; }
+    return s;
+  }
+  function format(path, req, res) {
+    if (path === "/v1/translate") {
+      return res.translations.map(function (t) { return t.text; }).join("\\n");
+    }
+    if (path === "/v1/completions") { return req.prompt + res.choices[0].text; }
+    if (path === "/v1/embeddings") {
+      var v = res.data.map(function (d) { return d.embedding; });
+      var ranked = req.input.slice(1).map(function (t, i) {
+        return [dot(v[0], v[i + 1]), t];
+      }).sort(function (a, b) { return b[0] - a[0]; });
+      return ranked.map(function (r) { return r[0].toFixed(3) + "  " + r[1]; }).join("\\n");
+    }
+    if (path === "/v1/classify") {
+      return res.labels.map(function (row) {
+        return row.map(function (l) {
+          return l.label + " " + l.probability.toFixed(3);
+        }).join("   ");
+      }).join("\\n");
+    }
+    return res.predictions.map(function (text) {
+      return text.map(function (mask) {
+        return mask.map(function (p) {
+          return p.token + " " + p.probability.toFixed(3);
+        }).join("   ");
+      }).join("\\n");
+    }).join("\\n\\n");
+  }
+  function answer(path, req) {
+    return function (r) {
+      return r.json().then(function (res) {
+        if (!r.ok) { show(res.error ? res.error.message : "HTTP " + r.status, true); return; }
+        show(format(path, req, res), false);
+      });
+    };
+  }
+  function run() {
+    if (!current) { return Promise.resolve(); }
+    $("status").textContent = "…";
+    var done = function () { $("status").textContent = ""; };
+    var failed = function (e) { show(String(e), true); done(); };
+    if (readsImages(current)) {
+      if (!file) { show("choose or drop an image first", true); done(); return Promise.resolve(); }
+      var form = new FormData();
+      form.append("image", file);
+      form.append("model", current.id);
+      var req = {model: current.id};
+      return fetch("/v1/classify", {method: "POST", headers: headers(false), body: form})
+        .then(answer("/v1/classify", req)).then(done, failed);
+    }
+    var path = endpoint(current), b = body(path);
+    return fetch(path, {method: "POST", headers: headers(true), body: JSON.stringify(b)})
+      .then(answer(path, b)).then(done, failed);
+  }
+  function load() {
+    return fetch("/v1/models", {headers: headers(false)}).then(function (r) {
+      return r.json().then(function (res) {
+        if (!r.ok) { show(res.error ? res.error.message : "HTTP " + r.status, true); return; }
+        models = res.data;
+        $("model").innerHTML = "";
+        models.forEach(function (m) {
+          var o = document.createElement("option");
+          o.value = m.id;
+          o.textContent = m.id + " (" + m.family + ": " + m.endpoints.join(", ") + ")";
+          $("model").appendChild(o);
+        });
+        if (models.length) { choose(models[0].id); }
+      });
+    });
+  }
+  $("model").addEventListener("change", function () { choose($("model").value); });
+  $("token").addEventListener("change", load);
+  $("run").addEventListener("click", run);
+  $("image").addEventListener("change", function () { file = $("image").files[0] || null; });
+  var drop = $("drop");
+  drop.addEventListener("dragover", function (e) { e.preventDefault(); drop.className = "over"; });
+  drop.addEventListener("dragleave", function () { drop.className = ""; });
+  drop.addEventListener("drop", function (e) {
+    e.preventDefault();
+    drop.className = "";
+    file = e.dataTransfer.files[0] || null;
+    if (file) { run(); }
+  });
+  var ready = load();
+  window.aiaynPlayground = {
+    ready: function () { return ready; },
+    models: function () { return models.map(function (m) { return m.id; }); },
+    choose: choose,
+    run: run,
+    output: function () { return lastOutput; }
+  };
+})();
+</script>
+</body></html>
+"""
+"""The page (``GET /``)."""

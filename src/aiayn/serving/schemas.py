@@ -1,0 +1,243 @@
+"""The service's requests and responses (pydantic): what each endpoint accepts, field by field,
+and what it answers. Every request model forbids unknown fields, so a misspelt option is a 422
+naming it rather than an option silently ignored. ``/v1/completions`` and ``/v1/embeddings``
+follow OpenAI's field names and shapes for the fields that apply.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from aiayn.limits import MAX_BEAM_SIZE, MAX_COMPLETION_CHOICES, MAX_REQUEST_ITEMS
+
+Text = Annotated[str, Field(min_length=1)]
+"""A non-empty text (an empty one is a 422)."""
+
+Texts = Annotated[list[Text], Field(min_length=1, max_length=MAX_REQUEST_ITEMS)]
+ModelName = Annotated[
+    str | None,
+    Field(
+        description="a loaded model's name (GET /v1/models); "
+        "may be left out when one loaded model serves this"
+    ),
+]
+
+
+class Request(BaseModel):
+    """A request: unknown fields are refused (422 naming them)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class Answer(BaseModel):
+    """A response."""
+
+    model_config = ConfigDict(protected_namespaces=())
+
+
+class TranslateRequest(Request):
+    """``POST /v1/translate``: the options of ``aiayn translate``."""
+
+    model: ModelName = None
+    texts: Texts
+    beam: Annotated[int, Field(ge=1, le=MAX_BEAM_SIZE)] | None = Field(
+        None, description="beam size, 1 = greedy (default: the checkpoint's, else 4)"
+    )
+    alpha: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
+        None, description="length penalty alpha (default: the checkpoint's, else 0.6)"
+    )
+    max_new_tokens: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="a cap on each translation's tokens"
+    )
+    n_best: Annotated[int, Field(ge=1, le=MAX_BEAM_SIZE)] | None = Field(
+        None, description="hypotheses per text (at most the beam)"
+    )
+    prefix: str = Field("", description="text put before every input, e.g. T5's task prefix")
+    scores: bool = Field(False, description="give each translation's score")
+
+
+class Scored(Answer):
+    """One hypothesis: its text and score (the beam's length-penalised log-probability; null
+    for greedy search, which has none)."""
+
+    text: str
+    score: float | None = None
+
+
+class Translation(Answer):
+    """One text's translation; ``hypotheses``: its n best, best first, when ``n_best`` > 1."""
+
+    text: str
+    score: float | None = None
+    hypotheses: list[Scored] | None = None
+
+
+class TranslateResponse(Answer):
+    """The translations, in input order."""
+
+    model: str
+    translations: list[Translation]
+
+
+Stop = Annotated[list[Text], Field(min_length=1, max_length=4)]
+
+
+class CompletionRequest(Request):
+    """``POST /v1/completions`` (OpenAI's fields that apply). ``temperature`` left out or 0:
+    greedy search (``aiayn generate``'s default); above 0: sampling (``--sample``)."""
+
+    model: ModelName = None
+    prompt: Text | Texts
+    max_tokens: Annotated[int, Field(ge=1)] = 16
+    temperature: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_COMPLETION_CHOICES)] = 1
+    stop: Text | Stop | None = None
+    stream: bool = False
+
+
+class CompletionChoice(Answer):
+    """One completion: ``index`` = prompt number × n + choice number."""
+
+    text: str
+    index: int
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class Usage(Answer):
+    """Tokens read and written."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    total_tokens: int
+
+
+class CompletionResponse(Answer):
+    """OpenAI's ``text_completion`` object."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class EmbeddingRequest(Request):
+    """``POST /v1/embeddings`` (OpenAI's fields; ``normalize`` is aiayn's, as ``aiayn embed
+    --no-normalize``)."""
+
+    model: ModelName = None
+    input: Text | Texts
+    encoding_format: Literal["float"] = "float"
+    normalize: bool = True
+
+
+class Embedding(Answer):
+    """One input's vector."""
+
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float]
+
+
+class EmbeddingResponse(Answer):
+    """The vectors, in input order."""
+
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+class ClassifyRequest(Request):
+    """``POST /v1/classify`` as JSON: texts (and second texts of pairs) for a BERT classifier."""
+
+    model: ModelName = None
+    texts: Texts
+    pairs: Annotated[list[str], Field(min_length=1, max_length=MAX_REQUEST_ITEMS)] | None = None
+    top_k: Annotated[int, Field(ge=1)] | None = Field(None, description="labels per text (1)")
+
+
+class Label(Answer):
+    """A label and its probability."""
+
+    label: str
+    probability: float
+
+
+class ClassifyResponse(Answer):
+    """Per text or image, its ``top_k`` labels, most probable first."""
+
+    model: str
+    labels: list[list[Label]]
+
+
+class FillMaskRequest(Request):
+    """``POST /v1/fill-mask``: texts with the mask token, for a BERT with its masked-LM head."""
+
+    model: ModelName = None
+    texts: Texts
+    top_k: Annotated[int, Field(ge=1)] = 5
+
+
+class Prediction(Answer):
+    """One candidate for a mask: id, token, probability, the text with it filled in."""
+
+    token_id: int
+    token: str
+    probability: float
+    sequence: str
+
+
+class FillMaskResponse(Answer):
+    """Per text, per mask (left to right), its candidates, most probable first."""
+
+    model: str
+    predictions: list[list[list[Prediction]]]
+
+
+class ModelCard(Answer):
+    """A loaded model: its name, family, parameters, endpoints, what it reads (text or image)
+    and its length limit (tokens, or image patches + 1)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: str = "aiayn"
+    family: str
+    parameters: int
+    endpoints: list[str]
+    reads: Literal["text", "image"]
+    max_input_tokens: int
+
+
+class ModelList(Answer):
+    """What is loaded."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(Answer):
+    """``GET /health``."""
+
+    status: Literal["ok", "stopping"]
+    models: int
+
+
+class ErrorBody(Answer):
+    """What went wrong: a message naming the field or limit, the field's path when there is one."""
+
+    message: str
+    type: str
+    param: str | None = None
+
+
+class ErrorResponse(Answer):
+    """Every error answer (4xx, 5xx)."""
+
+    error: ErrorBody

@@ -1,0 +1,395 @@
+"""What a served model does for an endpoint: a task per command of the family registry
+(:data:`TASKS`), built from a loaded checkpoint, turning a request into a job for its worker and
+the job's result into the response. Each task computes with the library functions its CLI command
+calls, with the options that command would use.
+
+This module holds the decoding tasks (``translate``, ``generate``); the encoder tasks are in
+:mod:`aiayn.serving.encoder_tasks`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import secrets
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import torch
+
+from aiayn.checkpoint import load_translation_tokenizer
+from aiayn.checkpoint.load import Checkpoint
+from aiayn.data import normalize
+from aiayn.data.text_tokenizer import load_lm_tokenizer
+from aiayn.decoding.beam import Hypothesis
+from aiayn.decoding.fast_step import InferenceStep
+from aiayn.decoding.generate import continuation, prompt_generator
+from aiayn.decoding.lm import LMState, decoder_only_step, merge_lm_states
+from aiayn.decoding.step import StepFunction, renormalized
+from aiayn.decoding.stepwise import Row, Sampling, SteppedSearch
+from aiayn.decoding.translate import (
+    DecodeOptions,
+    options_for_checkpoint,
+    output_limits,
+    search_batch,
+    source_batch,
+    with_prefix,
+)
+from aiayn.errors import UserError
+from aiayn.inference.packed import pack_for_inference
+from aiayn.limits import MAX_REQUEST_ITEMS
+from aiayn.serving import schemas as s
+from aiayn.serving.decode import BeamGroup, DecodeEngine, Group, SteppedGroup, row_keys
+from aiayn.serving.engine import Engine, Job
+from aiayn.serving.metrics import Metrics
+from aiayn.serving.options import ServeOptions
+from aiayn.serving.problems import Problem
+
+
+class Task:
+    """A served model's endpoint: its worker (:attr:`engine`) and request handling."""
+
+    command = ""
+    max_input_tokens = 0
+
+    def __init__(self, name: str, options: ServeOptions, metrics: Metrics):
+        self.name, self.options, self.metrics = name, options, metrics
+        self.engine: Engine = self.make_engine()
+
+    @classmethod
+    def serves(cls, ckpt: Checkpoint[Any]) -> bool:
+        """Whether the checkpoint's model can serve this task (its head)."""
+        return True
+
+    def make_engine(self) -> Engine:
+        """The worker (subclasses)."""
+        raise NotImplementedError
+
+    def job(self, payload: Any, cost: int, key: Any = None) -> Job:
+        """A job for the running event loop."""
+        loop = asyncio.get_running_loop()
+        return Job(payload, cost, loop, loop.create_future(), key=key)
+
+
+def too_long(field: str, tokens: int, limit: int, what: str = "tokens") -> Problem:
+    """413 naming the field, its length and the model's."""
+    return Problem(
+        413, f"{field} has {tokens} {what}; the model reads at most {limit}", param=field
+    )
+
+
+@dataclass(frozen=True)
+class TranslateJob:
+    """A translate request: its texts' ids (empty ones are answered without decoding), options
+    and per-text output limits."""
+
+    rows: list[list[int]]
+    options: DecodeOptions
+    limits: list[int]
+    scores: bool
+
+
+class TranslateTask(Task):
+    """``/v1/translate``: ``aiayn translate``'s decoding (the checkpoint's recorded settings,
+    else the paper's), greedy or beam search, with the request's beam, alpha, n-best and cap."""
+
+    command = "translate"
+
+    def __init__(self, name: str, ckpt: Checkpoint[Any], options: ServeOptions, metrics: Metrics):
+        self.generation = ckpt.state.get("generation")
+        self.tokenizer = load_translation_tokenizer(ckpt.path)
+        self.model = pack_for_inference(ckpt.model.eval())  # as translate's pack=True
+        self.device = next(self.model.parameters()).device
+        base = options_for_checkpoint(self.generation)
+        t = self.tokenizer
+        banned = (t.pad_id, t.bos_id) if base.banned is None else base.banned
+        self.step = InferenceStep(self.model, banned=banned)
+        self.search_step: StepFunction = renormalized(self.step) if base.renormalize else self.step
+        self.max_input_tokens = base.max_src_tokens or self.model.config.max_len - 1
+        super().__init__(name, options, metrics)
+
+    def make_engine(self) -> Engine:
+        return DecodeEngine(self.name, self.options, self.metrics, self.start)
+
+    def prepare(self, req: s.TranslateRequest) -> Job:
+        """The request's job; 422 for options that do not go together, 413 for a long text."""
+        try:
+            o = options_for_checkpoint(
+                self.generation, beam_size=req.beam, alpha=req.alpha, n_best=req.n_best,
+                max_new_tokens=req.max_new_tokens,
+            )  # fmt: skip
+        except UserError as error:
+            raise Problem(422, str(error), param=_param_of(str(error))) from None
+        ids = self.tokenizer.encode_batch(
+            [with_prefix(req.prefix, normalize(t)) for t in req.texts]
+        )
+        rows = [[int(x) for x in row] for row in ids]
+        for i, row in enumerate(rows):
+            if len(row) > self.max_input_tokens:
+                raise too_long(f"texts.{i}", len(row), self.max_input_tokens, "subword tokens")
+        limits = output_limits(self.model, o, [len(r) for r in rows])
+        cost = sum(len(r) + 1 for r in rows) * o.beam_size
+        payload = TranslateJob(rows, o, limits, req.scores)
+        return self.job(payload, cost, key=replace(o, max_new_tokens=None))
+
+    def start(self, jobs: list[Job]) -> Group:
+        """One group: every non-empty text of the jobs, one batch."""
+        o: DecodeOptions = jobs[0].payload.options
+        rows, limits, counts = [], [], []
+        for job in jobs:
+            p: TranslateJob = job.payload
+            todo = [i for i, r in enumerate(p.rows) if r]
+            rows += [p.rows[i] for i in todo]
+            limits += [p.limits[i] for i in todo]
+            counts.append(len(todo))
+        if not rows:  # only empty texts: nothing to run
+            return _answered(jobs, [self._answer(j.payload, []) for j in jobs])
+        src = source_batch(rows, self.tokenizer).to(self.device)  # (B, S)
+        state = self.step.initial_state(src, capacity=max(limits) + 1)
+        if o.beam_size > 1:
+            return BeamGroup(jobs, lambda wrap: self._beam(jobs, counts, wrap, state, o, limits))
+        cut = 1 if o.forced_eos else 0  # as translate: forced EOS takes the last position
+        t = self.tokenizer
+        search = SteppedSearch(
+            self.search_step, state, row_keys(counts), [max(0, m - cut) for m in limits],
+            bos_id=t.bos_id, eos_id=t.eos_id, min_len=o.min_len, device=self.device,
+        )  # fmt: skip
+
+        def finish(job: Job, done: list[Row]) -> s.TranslateResponse:
+            hyps = [[Hypothesis(r.tokens, math.nan, math.nan)] for r in done]
+            return self._answer(job.payload, hyps)
+
+        return SteppedGroup(jobs, search, finish)
+
+    def _beam(
+        self, jobs: list[Job], counts: list[int], wrap: Any, state: Any, o: DecodeOptions,
+        limits: list[int],
+    ) -> list[s.TranslateResponse]:  # fmt: skip
+        found = search_batch(wrap(self.search_step), state, self.tokenizer, o, limits, self.device)
+        out, start = [], 0
+        for job, n in zip(jobs, counts, strict=True):
+            out.append(self._answer(job.payload, found[start : start + n]))
+            start += n
+        return out
+
+    def _answer(self, p: TranslateJob, found: list[list[Hypothesis]]) -> s.TranslateResponse:
+        """The response: the found n-best lists put back among the empty texts, decoded."""
+        empty = [Hypothesis([], 0.0, 0.0)]  # what translate gives an empty text
+        it = iter(found)
+        lists = [next(it) if row else empty for row in p.rows]
+        out = []
+        for hyps in lists:
+            texts = self.tokenizer.decode_batch([h.tokens for h in hyps])
+            scored = [
+                s.Scored(text=t, score=_finite(h.score)) for t, h in zip(texts, hyps, strict=True)
+            ]
+            best = scored[0]
+            out.append(s.Translation(
+                text=best.text,
+                score=best.score if p.scores or p.options.n_best > 1 else None,
+                hypotheses=scored if p.options.n_best > 1 else None,
+            ))  # fmt: skip
+        return s.TranslateResponse(model=self.name, translations=out)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _param_of(message: str) -> str | None:
+    """The request field a :class:`DecodeOptions` message names."""
+    for field, name in (("n_best", "n_best"), ("beam_size", "beam"), ("alpha", "alpha")):
+        if message.startswith(field):
+            return name
+    return None
+
+
+class _Answered:
+    """A group whose requests need no step (only empty texts)."""
+
+    def __init__(self, jobs: list[Job], results: list[Any]):
+        self.jobs, self._results, self._done = jobs, results, False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def rows(self) -> int:
+        return 0
+
+    def advance(self) -> tuple[list[tuple[Job, Any]], int]:
+        self._done = True
+        return list(zip(self.jobs, self._results, strict=True)), 0
+
+    def drop_cancelled(self) -> None:
+        """Nothing runs."""
+
+
+def _answered(jobs: list[Job], results: list[Any]) -> Group:
+    return _Answered(jobs, results)
+
+
+@dataclass(frozen=True)
+class GenerateJob:
+    """A completion request: prompt ids (each repeated n times as rows), its method's
+    parameters, its stop strings and the streaming flag."""
+
+    prompts: list[list[int]]
+    n: int
+    max_tokens: int
+    sampling: Sampling | None
+    seed: int | None
+    stop: tuple[str, ...]
+    created: int
+    id: str
+
+
+class GenerateTask(Task):
+    """``/v1/completions``: ``aiayn generate``'s greedy search (temperature left out or 0) or
+    sampling (temperature > 0, top_p), every prompt from its own generator seeded from the
+    request's seed and the prompt (``--seed``); choice j > 0 of a prompt from seed + j."""
+
+    command = "generate"
+
+    def __init__(self, name: str, ckpt: Checkpoint[Any], options: ServeOptions, metrics: Metrics):
+        self.tokenizer = load_lm_tokenizer(ckpt.tokenizer_path)
+        self.model = pack_for_inference(ckpt.model.eval())  # as generate's pack=True
+        self.config = self.model.config
+        self.device = self.model.embedder.embedding.weight.device
+        self.max_input_tokens = self.config.max_len
+        super().__init__(name, options, metrics)
+
+    def make_engine(self) -> Engine:
+        return DecodeEngine(self.name, self.options, self.metrics, self.start)
+
+    def prepare(self, req: s.CompletionRequest, created: int) -> Job:
+        """The request's job; 422 for options of another method, 413 for a long prompt."""
+        sampling = _sampling(req)
+        prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+        if len(prompts) * req.n > MAX_REQUEST_ITEMS:
+            raise Problem(
+                422, f"n: {len(prompts)} prompts × n = {req.n} completions is more than "
+                f"{MAX_REQUEST_ITEMS} per request", param="n",
+            )  # fmt: skip
+        ids = [self.tokenizer.encode(p) or [self.config.bos_id] for p in prompts]
+        for i, row in enumerate(ids):
+            field = "prompt" if isinstance(req.prompt, str) else f"prompt.{i}"
+            self._check(field, row, req.max_tokens)
+        stop = () if req.stop is None else (req.stop,) if isinstance(req.stop, str) else req.stop
+        payload = GenerateJob(
+            ids, req.n, req.max_tokens, sampling, req.seed, tuple(stop), created,
+            "cmpl-" + secrets.token_hex(12),
+        )  # fmt: skip
+        cost = sum(len(r) for r in ids) * req.n
+        return self.job(payload, cost, key=sampling)
+
+    def _check(self, field: str, row: list[int], max_tokens: int) -> None:
+        c = self.config
+        if max(row) >= c.vocab_size or min(row) < 0:
+            raise Problem(422, f"{field} encodes to an id outside the vocabulary", param=field)
+        if len(row) + max_tokens > c.max_len:
+            raise Problem(
+                413, f"{field} has {len(row)} tokens: with max_tokens = {max_tokens} it needs "
+                f"{len(row) + max_tokens} positions; the model reads at most {c.max_len}",
+                param=field,
+            )  # fmt: skip
+
+    def start(self, jobs: list[Job]) -> Group:
+        """One group: every prompt × choice of the jobs, one batch."""
+        prompts, limits, gens, counts = [], [], [], []
+        for job in jobs:
+            p: GenerateJob = job.payload
+            for prompt in p.prompts:
+                for choice in range(p.n):
+                    prompts.append(prompt)
+                    limits.append(p.max_tokens)
+                    gens.append(self._generator(p.seed, choice, prompt))
+            counts.append(len(p.prompts) * p.n)
+        step, state = decoder_only_step(self.model, prompts, max_new_tokens=max(limits))
+        sampling: Sampling | None = jobs[0].payload.sampling
+        search = SteppedSearch(
+            step, state, row_keys(counts), limits, bos_id=self.config.bos_id,
+            eos_id=self.config.eos_id, sampling=sampling,
+            generators=gens if sampling is not None else None, device=self.device,
+        )  # fmt: skip
+        self.metrics.tokens.labels(self.name, "input").inc(sum(map(len, prompts)))
+        return SteppedGroup(
+            jobs, search, self._finish, self._watch, merge=self._merge, compact=_compacted
+        )
+
+    def _merge(self, into: SteppedSearch, other: SteppedSearch) -> bool:
+        """Take ``other``'s rows into ``into``'s batch when the merged key columns leave room for
+        every row's remaining tokens within the model's positions."""
+        a, b = into.state, other.state
+        assert isinstance(a, LMState) and isinstance(b, LMState)
+        left = max(r.limit - len(r.tokens) for r in (*into.rows, *other.rows))
+        if max(a.length, b.length) + left > self.config.max_len:
+            return False
+        into.merge(other, merge_lm_states)
+        return True
+
+    def _generator(self, seed: int | None, choice: int, prompt: list[int]) -> torch.Generator:
+        if seed is None:
+            return torch.Generator(self.device).manual_seed(secrets.randbits(63))
+        return prompt_generator((seed + choice) % 2**63, prompt, self.device)
+
+    def _texts(self, job: Job, rows: list[Row]) -> list[tuple[Row, str, bool]]:
+        """(row, its text so far cut at the first stop string, whether one was found)."""
+        p: GenerateJob = job.payload
+        out = []
+        for row in rows:
+            prompt = p.prompts[row.key[1] // p.n]  # type: ignore[index]
+            text = continuation(self.tokenizer, prompt, row.tokens)
+            cut = min((i for i in (text.find(x) for x in p.stop) if i >= 0), default=-1)
+            out.append((row, text if cut < 0 else text[:cut], cut >= 0))
+        return out
+
+    def _watch(self, job: Job, rows: list[Row]) -> list[Any]:
+        """Rows that reached a stop string end; streaming requests get their new text."""
+        p: GenerateJob = job.payload
+        if not p.stop and job.progress is None:
+            return []
+        texts = self._texts(job, rows)
+        for row, text, _ in texts:
+            job.notify((row.key[1], text, None))  # type: ignore[index]
+        return [row.key for row, _, stopped in texts if stopped]
+
+    def _finish(self, job: Job, rows: list[Row]) -> s.CompletionResponse:
+        p: GenerateJob = job.payload
+        choices = []
+        for row, text, stopped in self._texts(job, rows):
+            reason: Literal["stop", "length"] = (
+                "length" if len(row.tokens) >= row.limit and not stopped else "stop"
+            )
+            index: int = row.key[1]  # type: ignore[index]
+            job.notify((index, text, reason))
+            choices.append(s.CompletionChoice(text=text, index=index, finish_reason=reason))
+        prompt_tokens = sum(len(x) for x in p.prompts) * p.n
+        completion = sum(len(r.tokens) for r in rows)
+        usage = s.Usage(
+            prompt_tokens=prompt_tokens, completion_tokens=completion,
+            total_tokens=prompt_tokens + completion,
+        )  # fmt: skip
+        return s.CompletionResponse(
+            id=p.id, created=p.created, model=self.name, choices=choices, usage=usage
+        )
+
+
+def _compacted(state: Any) -> Any:
+    """A decoder-only state without the key columns no row needs any more."""
+    assert isinstance(state, LMState)
+    return state.compacted()
+
+
+def _sampling(req: s.CompletionRequest) -> Sampling | None:
+    """Sampling's parameters, or None for greedy search; 422 for top_p or seed without it."""
+    if req.temperature:
+        return Sampling(temperature=req.temperature, top_p=req.top_p)
+    for field in ("top_p", "seed"):
+        if getattr(req, field) is not None:
+            raise Problem(
+                422, f"{field} applies to sampling: give temperature > 0 (temperature left out "
+                "or 0 is greedy search)", param=field,
+            )  # fmt: skip
+    return None

@@ -1,0 +1,132 @@
+"""The stepwise search gives, row for row, greedy search's and sampling's outputs (with one
+generator per row), while rows leave the batch as they end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn.decoding.greedy import greedy_search
+from aiayn.decoding.lm import decoder_only_step
+from aiayn.decoding.sampling import sample
+from aiayn.decoding.stepwise import Sampling, SteppedSearch
+from aiayn.models.gpt2 import GPT2, GPT2Config
+
+PROMPTS = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15]]
+LIMITS = [6, 2, 9, 0]
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT2:
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=40, max_len=32, d_model=32, num_heads=4, num_layers=2,
+                        dropout=0.0, embedding_dropout=0.0, attention_dropout=0.0,
+                        bos_id=1, eos_id=2, pad_id=0)  # fmt: skip
+    m = GPT2(config).eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.5)
+    return m
+
+
+def _run(search: SteppedSearch) -> dict[int, list[int]]:
+    out, rounds = {}, 0
+    while not search.done:
+        for row in search.advance():
+            out[row.key] = row.tokens
+        rounds += 1
+        assert rounds < 100
+    return out
+
+
+def _greedy(model: GPT2, eos: int, min_len: int) -> list[list[int]]:
+    step, state = decoder_only_step(model, PROMPTS, max_new_tokens=max(LIMITS))
+    return greedy_search(step, state, bos_id=1, eos_id=eos, max_len=torch.tensor(LIMITS),
+                         batch_size=4, min_len=min_len)  # fmt: skip
+
+
+@pytest.mark.parametrize("min_len", [0, 1])
+def test_greedy_rows_equal_greedy_search(model: GPT2, min_len: int) -> None:
+    eos = _greedy(model, 2, 0)[0][1]  # a token the model picks: some rows end by it
+    expected = _greedy(model, eos, min_len)
+    step, state = decoder_only_step(model, PROMPTS, max_new_tokens=max(LIMITS))
+    got = _run(SteppedSearch(step, state, range(4), LIMITS, bos_id=1, eos_id=eos, min_len=min_len))
+    assert [got[i] for i in range(4)] == expected
+    assert got[3] == []  # limit 0: no token
+    assert any(len(t) < m for t, m in zip(expected, LIMITS, strict=True))  # some ended by EOS
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, None), (0.7, 0.9)])
+def test_sampled_rows_equal_sample_with_a_generator_per_row(
+    model: GPT2, temperature: float, top_p: float | None
+) -> None:
+    def gens() -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(100 + i) for i in range(4)]
+
+    step, state = decoder_only_step(model, PROMPTS, max_new_tokens=max(LIMITS))
+    expected = sample(step, state, batch_size=4, bos_id=1, eos_id=2,
+                      max_len=torch.tensor(LIMITS), temperature=temperature, top_p=top_p,
+                      generator=gens())  # fmt: skip
+    step, state = decoder_only_step(model, PROMPTS, max_new_tokens=max(LIMITS))
+    search = SteppedSearch(step, state, range(4), LIMITS, bos_id=1, eos_id=2,
+                           sampling=Sampling(temperature, None, top_p),
+                           generators=gens())  # fmt: skip
+    got = _run(search)
+    assert [got[i] for i in range(4)] == expected
+
+
+def test_a_removed_row_leaves_the_others_unchanged(model: GPT2) -> None:
+    step, state = decoder_only_step(model, PROMPTS, max_new_tokens=9)
+    alone = _run(SteppedSearch(step, state, range(4), [9] * 4, bos_id=1, eos_id=2))
+    step, state = decoder_only_step(model, PROMPTS, max_new_tokens=9)
+    search = SteppedSearch(step, state, range(4), [9] * 4, bos_id=1, eos_id=2)
+    search.advance()
+    gone = search.remove([2])
+    assert [r.key for r in gone] == [2] and len(search.rows) == 3
+    rest = _run(search)
+    assert {k: rest[k] for k in (0, 1, 3)} == {k: alone[k] for k in (0, 1, 3)}
+
+
+def _alone(model: GPT2, prompt: list[int], limit: int, eos: int, sampled: bool) -> list[int]:
+    step, state = decoder_only_step(model, [prompt], max_new_tokens=limit)
+    ends = {"bos_id": 1, "eos_id": eos, "max_len": limit, "batch_size": 1}
+    if sampled:
+        gen = torch.Generator().manual_seed(7 + len(prompt))
+        return sample(step, state, **ends, temperature=0.8, generator=[gen])[0]
+    return greedy_search(step, state, **ends)[0]
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_rows_that_join_later_get_what_they_get_alone(model: GPT2, sampled: bool) -> None:
+    """Search A starts, runs 3 steps; B starts, runs 1; B joins A (left-padded, each row keeping
+    its positions); rows leave as they end and the batch is compacted: every row's output is
+    the one it gets alone."""
+    from aiayn.decoding.lm import LMState, merge_lm_states
+
+    eos = _greedy(model, 2, 0)[0][1]
+    limits = [7, 3, 9, 5]
+
+    def search(rows: range) -> SteppedSearch:
+        prompts = [PROMPTS[i] for i in rows]
+        step, state = decoder_only_step(model, prompts, max_new_tokens=max(limits))
+        gens = [torch.Generator().manual_seed(7 + len(PROMPTS[i])) for i in rows]
+        return SteppedSearch(step, state, list(rows), [limits[i] for i in rows], bos_id=1,
+                             eos_id=eos, sampling=Sampling(0.8) if sampled else None,
+                             generators=gens if sampled else None)  # fmt: skip
+
+    a, b = search(range(2, 4)), search(range(0, 2))
+    out = {}
+    for _ in range(3):
+        out.update({r.key: r.tokens for r in a.advance()})
+    out.update({r.key: r.tokens for r in b.advance()})
+    assert isinstance(a.state, LMState) and isinstance(b.state, LMState)
+    assert a.state.length > b.state.length and a.rows  # B's rows get pad columns
+    a.merge(b, merge_lm_states)
+    assert b.done and len(a.rows) + len(out) == 4
+    while not a.done:
+        out.update({r.key: r.tokens for r in a.advance()})
+        assert isinstance(a.state, LMState)
+        a.state = a.state.compacted()
+    expected = {i: _alone(model, PROMPTS[i], limits[i], eos, sampled) for i in range(4)}
+    assert out == expected

@@ -1,0 +1,133 @@
+"""The playground page (``GET /``) in headless Chromium, against a real server: it loads without
+script errors, lists the loaded models, and shows the endpoints' answers for typed text and for
+an uploaded image.
+
+Needs Chromium, chromedriver and selenium, as the attention page's browser test
+(tests/visualization/test_html_browser.py, whose browser set-up this reuses); skipped without.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pytest
+
+
+def _browser_test() -> ModuleType:
+    name = "_aiayn_tests_html_browser"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "visualization" / "test_html_browser.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    b = _browser_test()
+    reason = b._missing()
+    if reason is not None:
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or b.CHROMIUM
+    for flag in b.CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    profile = tempfile.mkdtemp(prefix="aiayn-chromium-")
+    options.add_argument(f"--user-data-dir={profile}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    browser = webdriver.Chrome(service=Service(shutil.which("chromedriver") or b.CHROMEDRIVER),
+                               options=options)  # fmt: skip
+    browser.set_page_load_timeout(30)
+    browser.set_script_timeout(60)
+    try:
+        browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
+                                {"source": b.ERROR_COLLECTOR})  # fmt: skip
+        yield browser
+    finally:
+        browser.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def base(checkpoints: dict[str, Path], serve_app: Any) -> Iterator[str]:
+    """A real server (uvicorn in a thread) of the translation model, the LM and the ViT."""
+    import uvicorn
+
+    app = serve_app(checkpoints, ["mt", "lm", "vit"]).app
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    yield url
+    server.should_exit = True
+    thread.join(30)
+
+
+def _run(driver: Any) -> str:
+    driver.execute_async_script(
+        "var done = arguments[arguments.length - 1];"
+        "window.aiaynPlayground.run().then(function () { done(); });"
+    )
+    return str(driver.execute_script("return window.aiaynPlayground.output();"))
+
+
+def test_the_playground_in_headless_chromium(
+    driver: Any, base: str, tmp_path: Path, png_bytes: Any
+) -> None:
+    driver.get(base + "/")
+    driver.execute_async_script(
+        "var done = arguments[arguments.length - 1];"
+        "window.aiaynPlayground.ready().then(function () { done(); });"
+    )
+    assert driver.execute_script("return window.aiaynPlayground.models();") == ["mt", "lm", "vit"]
+
+    text = "a small dog runs\nhello world"
+    driver.find_element("id", "text").send_keys(text)
+    expected = httpx.post(base + "/v1/translate", json={"model": "mt", "texts": text.split("\n")})
+    assert _run(driver) == "\n".join(t["text"] for t in expected.json()["translations"])
+
+    driver.execute_script("window.aiaynPlayground.choose('lm');")
+    field = driver.find_element("id", "text")
+    field.clear()
+    field.send_keys("the cat")
+    expected = httpx.post(base + "/v1/completions",
+                          json={"model": "lm", "prompt": "the cat", "max_tokens": 32})  # fmt: skip
+    assert _run(driver) == "the cat" + expected.json()["choices"][0]["text"]
+
+    driver.execute_script("window.aiaynPlayground.choose('vit');")
+    assert driver.find_element("id", "text-input").is_displayed() is False
+    (tmp_path / "a.png").write_bytes(png_bytes(3))
+    driver.find_element("id", "image").send_keys(str(tmp_path / "a.png"))
+    labels = httpx.post(base + "/v1/classify", files={"image": ("a.png", png_bytes(3))}).json()
+    shown = " ".join(f"{x['label']} {x['probability']:.3f}" for x in labels["labels"][0])
+    assert _run(driver).split() == shown.split()
+
+    assert driver.execute_script("return window.__errors;") == []
+    severe = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    assert severe == [], severe
