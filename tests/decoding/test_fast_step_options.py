@@ -299,7 +299,10 @@ UNKNOWN_PARTS: dict[str, tuple[Callable[[Transformer], None], str]] = {
     "a sub-layer normed first": (_other_norm_placement, "norm_first=False"),
     "a position bias subclass": (_other_bias, "T5's position bias, got _OtherBias"),
     "a forward hook": (_hook_on_a_layer, r"no forward hooks, .* decoder\.layers\.1\.feed_forward"),
-    "a custom module for a linear": (_custom_projection, "PackedLinear or QuantizedLinear, got Sequential"),
+    "a custom module for a linear": (
+        _custom_projection,
+        "PackedLinear or QuantizedLinear, got Sequential",
+    ),
 }
 
 
