@@ -185,9 +185,8 @@ class QuantizedLinear(nn.Module):
 
     def kernel(self, rows: slice | None = None) -> Int8Kernel:
         """The kernel of W, or of a block of its rows, made on first use (and again after the
-        buffers change: loaded in place, moved or converted)."""
-        versions = (self.weight._version, self.scales._version, self._bias_version())
-        stamp = (*versions, self.weight.device)
+        buffers change: loaded in place, replaced, moved or converted)."""
+        stamp = tuple(_stamp(t) for t in (self.weight, self.scales, self.bias))
         if stamp != self._stamp:
             self._kernels, self._stamp = {}, stamp
         key = None if rows is None else (rows.start, rows.stop)
@@ -197,9 +196,6 @@ class QuantizedLinear(nn.Module):
             bias = None if self.bias is None else self.bias[part]
             kernel = self._kernels[key] = Int8Kernel(self.weight[part], self.scales[part], bias)
         return kernel
-
-    def _bias_version(self) -> int:
-        return -1 if self.bias is None else self.bias._version
 
     def __getstate__(self) -> dict[str, object]:
         """Copied or pickled without its kernels (made again on first use)."""
@@ -234,6 +230,15 @@ def quantize_linears(
 def is_quantized(model: nn.Module) -> bool:
     """Whether ``model`` holds int8 layers."""
     return any(isinstance(m, QuantizedLinear) for m in model.modules())
+
+
+def _stamp(tensor: Tensor | None) -> tuple[object, ...]:
+    """What identifies a buffer's contents: its storage, device and in-place version (tensors
+    made under ``torch.inference_mode`` keep no version: they cannot change outside it)."""
+    if tensor is None:
+        return ()
+    version = 0 if tensor.is_inference() else tensor._version
+    return (tensor.data_ptr(), tensor.device, version)
 
 
 def _empty_like(linear: nn.Linear) -> QuantizedLinear:
