@@ -86,7 +86,7 @@ def lm_row(folder: str, text: str) -> dict[str, Any]:
         "fp32": ppl["none"],
         "int8": ppl["int8"],
         "relative change": change,
-        "gate": "|change| <= 1%",
+        "gate": "abs(change) <= 1%",
         "met": bool(abs(change) <= 0.01),
     }
 

@@ -96,5 +96,5 @@ def test_an_unknown_quantisation_in_state_json_is_named(tmp_path: Path) -> None:
     (tmp_path / "q" / "SHA256SUMS").unlink()
     state.pop("checksums")
     (tmp_path / "q" / "state.json").write_text(json.dumps({**state, "quantization": "int4"}))
-    with pytest.raises(CheckpointError, match="state.json: unknown quantization 'int4'"):
+    with pytest.raises(CheckpointError, match=r"state\.json: unknown quantization 'int4'"):
         load_checkpoint(tmp_path / "q")
