@@ -27,9 +27,12 @@ def add_command(
     return p
 
 
-def add_device_option(p: argparse.ArgumentParser) -> None:
-    """``--device``: where the model runs (checked by :func:`~aiayn.validation.device_flag`)."""
+def add_device_option(p: argparse.ArgumentParser, *, quantize: bool = False) -> None:
+    """``--device``: where the model runs (checked by :func:`~aiayn.validation.device_flag`);
+    with ``quantize``, ``--quantize`` too (:func:`add_quantize_option`)."""
     p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
+    if quantize:
+        add_quantize_option(p)
 
 
 def add_quantize_option(p: argparse.ArgumentParser) -> None:

@@ -6,15 +6,15 @@ import argparse
 import sys
 from typing import Any
 
+from aiayn.cli.commands import add_device_option
 from aiayn.errors import UserError
 
 
 def register(subparsers: Any) -> None:
     """Add the ``generate`` sub-command (each value checked by the rule of the
     :class:`~aiayn.decoding.generate.GenerateOptions` field it sets)."""
-    from aiayn.cli.commands import add_quantize_option
     from aiayn.decoding.generate import GenerateOptions as G
-    from aiayn.validation import device_flag, flag
+    from aiayn.validation import flag
 
     p = subparsers.add_parser(
         "generate",
@@ -62,8 +62,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--batch-size", type=flag(G, "batch_size"), default=16, help="prompts decoded together (16)"
     )
-    p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
-    add_quantize_option(p)
+    add_device_option(p, quantize=True)
     p.add_argument(
         "--no-pack",
         dest="pack",
