@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from aiayn.cli.commands import add_device_option
 from aiayn.errors import UserError
 
 
@@ -13,7 +14,7 @@ def register(subparsers: Any) -> None:
     """Add the ``generate`` sub-command (each value checked by the rule of the
     :class:`~aiayn.decoding.generate.GenerateOptions` field it sets)."""
     from aiayn.decoding.generate import GenerateOptions as G
-    from aiayn.validation import device_flag, flag
+    from aiayn.validation import flag
 
     p = subparsers.add_parser(
         "generate",
@@ -61,7 +62,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--batch-size", type=flag(G, "batch_size"), default=16, help="prompts decoded together (16)"
     )
-    p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
+    add_device_option(p, quantize=True)
     p.add_argument(
         "--no-pack",
         dest="pack",
@@ -112,7 +113,13 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts and args.input is not None:
         raise UserError("give prompts as arguments or with --input, not both")
     device = resolve_device(args.device)
-    ckpt = load_checkpoint(args.checkpoint, map_location=device, expect=GPT2, command="generate")
+    ckpt = load_checkpoint(
+        args.checkpoint,
+        map_location=device,
+        expect=GPT2,
+        command="generate",
+        quantize=args.quantize,
+    )
     tokenizer = load_lm_tokenizer(ckpt.tokenizer_path)
     prompts = list(args.prompts) or read_input(args.input)
     texts = generate(ckpt.model, tokenizer, prompts, options) if prompts else []

@@ -125,6 +125,25 @@ class AttentionCapture:
 
 
 @dataclass(frozen=True)
+class QuantizePolicy:
+    """What ``--quantize int8`` (:mod:`aiayn.layers.quantized`) leaves in fp32 for a family.
+
+    Every ``nn.Linear`` is quantised (int8 weights, per-output-channel scales) except those
+    named in ``keep``; embeddings, norms and convolutions are never quantised. A family keeps a
+    layer in fp32 where int8 would cost accuracy for little speed (a classifier's few rows).
+
+    Attributes:
+        keep: qualified module names (``"pooler"``) kept in fp32, with everything under them.
+    """
+
+    keep: tuple[str, ...] = ()
+
+    def keeps(self, name: str) -> bool:
+        """Whether the linear layer called ``name`` stays in fp32."""
+        return any(name == k or name.startswith(k + ".") for k in self.keep)
+
+
+@dataclass(frozen=True)
 class Family:
     """A model family: everything about it that any command asks.
 
@@ -157,6 +176,7 @@ class Family:
             (:mod:`aiayn.visualization.first_layer`), or None.
         position_bias: ``(model) -> {stack name: RelativePositionBias}``: its learned relative
             position biases (``aiayn attention --bias``), or None.
+        quantize: which linear layers stay in fp32 under ``--quantize int8``.
     """
 
     name: str
@@ -178,6 +198,7 @@ class Family:
     attention: AttentionCapture | None = None
     first_layer: str | None = None
     position_bias: str | None = None
+    quantize: QuantizePolicy = QuantizePolicy()
 
     def build(self, config: ModelConfig) -> nn.Module:
         """A model of this family with fresh weights."""
@@ -362,6 +383,7 @@ FAMILIES: dict[str, Family] = {
                 adapt="aiayn.training.bert_start:bert_task_model",
             ),
             first_layer=_FIRST_LAYER + "bert_first_layer",
+            quantize=QuantizePolicy(keep=("pooler", "mlm_head", "classifier")),
         ),
         Family(
             "vit",
@@ -402,6 +424,7 @@ FAMILIES: dict[str, Family] = {
                 demos={"vit": "aiayn.training.images:VIT_DEMO_CONFIG"},
             ),
             first_layer=_FIRST_LAYER + "vit_first_layer",
+            quantize=QuantizePolicy(keep=("pooler", "classifier")),
         ),
     )
 }
