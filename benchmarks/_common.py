@@ -179,13 +179,13 @@ def matmul_peaks(kind: str = "fp32", n: int = 2048, repeats: int = 7) -> Peak:
     return Peak(rate, name, rates)
 
 
-def matmul_peak(device: str = "cpu", dtype: torch.dtype = torch.float32, repeats: int = 7) -> float:
-    """Measured matmul throughput in FLOP/s. CPU fp32: the fastest kernel of
+def device_peak(device: str = "cpu", dtype: torch.dtype = torch.float32, repeats: int = 7) -> Peak:
+    """Measured matmul peak of ``device`` in ``dtype``. CPU fp32: the fastest kernel of
     :func:`matmul_peaks` (``torch.mm`` alone understates it where MKL runs AVX2 code while
-    oneDNN runs AVX-512). CUDA (or another dtype): the median of ``repeats`` square
+    oneDNN runs AVX-512). Otherwise (CUDA, other dtypes): the median of ``repeats`` square
     ``torch.mm`` products, n = 8192 on CUDA, 2048 on CPU."""
     if device == "cpu" and dtype == torch.float32:
-        return matmul_peaks("fp32", repeats=repeats).flops
+        return matmul_peaks("fp32", repeats=repeats)
     n = 8192 if device.startswith("cuda") else 2048
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
@@ -196,7 +196,13 @@ def matmul_peak(device: str = "cpu", dtype: torch.dtype = torch.float32, repeats
         sync(device)
 
     sync(device)
-    return 2 * n**3 / time_product(product, repeats)
+    rate = 2 * n**3 / time_product(product, repeats)
+    return Peak(rate, "torch.mm", {"torch.mm": rate})
+
+
+def matmul_peak(device: str = "cpu", dtype: torch.dtype = torch.float32, repeats: int = 7) -> float:
+    """Measured matmul throughput in FLOP/s: :func:`device_peak`'s rate."""
+    return device_peak(device, dtype, repeats).flops
 
 
 def sync(device: str | torch.device) -> None:

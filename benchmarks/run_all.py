@@ -149,8 +149,11 @@ def write_summary(
         "",
         f"Machine: {training['machine']['cpu']}, {training['machine'].get('gpu', 'no GPU')}, "
         f"{threads} threads; torch {training['machine']['torch']}; measured "
-        f"{training['matmul_peak_dtype']} matmul peak {peak / 1e9:,.0f} GFLOP/s. "
-        "Every ratio is aiayn / peer, both measured in the same run (medians).",
+        f"{training['matmul_peak_dtype']} matmul peak {peak / 1e9:,.0f} GFLOP/s "
+        f"({training.get('matmul_peak_kernel', 'torch.mm')}: the fastest kernel measured, "
+        "`_common.matmul_peaks`; fractions of the peak are of that). "
+        "Every ratio is aiayn / peer, both measured in the same run (medians); each "
+        "benchmark's own report names the kernels each side ran.",
         "",
         *(
             [

@@ -474,12 +474,16 @@ def contenders(
         info["quantise_s"] = time.perf_counter() - start
         info["quantised"] = quantised
         made[AIAYN_INT8] = lambda s, b, k, m: aiayn_runner(quantised, specials, s, b, k, m)
+    info["ct2_resolved"] = {}
     for ct in args.ct2_types:
         t = ctranslate2.Translator(
             str(ct2_dir), device="cpu", compute_type=ct, inter_threads=1,
             intra_threads=args.threads,
         )  # fmt: skip
-        made[CT2 + ct] = lambda s, b, k, m, t=t: ct2_runner(t, pieces, s, b, k, m)
+        seen = t.compute_type in info["ct2_resolved"].values()  # CPU: int8 is int8_float32
+        info["ct2_resolved"][ct] = t.compute_type
+        if not seen:
+            made[CT2 + ct] = lambda s, b, k, m, t=t: ct2_runner(t, pieces, s, b, k, m)
     return made, info
 
 
@@ -517,6 +521,8 @@ def main() -> None:
         "command": command_line(),
         "machine": machine(),
         "ctranslate2": ctranslate2.__version__,
+        "ct2_compute_types": info["ct2_resolved"],  # asked -> what CTranslate2 runs
+        "ct2_environment": {k: v for k, v in os.environ.items() if k.startswith("CT2_")},
         "parameters": sum(p.numel() for p in ours.parameters()),
         "pack_s": info["pack_s"],
         "quantise_s": info.get("quantise_s"),
@@ -543,6 +549,8 @@ def search_name(beam: int) -> str:
 def caption(report: dict[str, Any], peaks: dict[str, Any]) -> list[str]:
     """The lines above the tables: command, machine, kernels, method."""
     a, mach, load = report["args"], report["machine"], report["load_average_1_5_15_min"]
+    env = ", ".join(f"{k}={v}" for k, v in report["ct2_environment"].items()) or "no CT2_ variable"
+    types = ", ".join(f"{k} → {v}" for k, v in report["ct2_compute_types"].items())
     return [
         "# Translation: aiayn vs CTranslate2 (`opus-mt-en-de`-shaped, same weights)",
         "",
@@ -555,7 +563,10 @@ def caption(report: dict[str, Any], peaks: dict[str, Any]) -> list[str]:
         f"exactly {a['max_new_tokens']} new tokens per sentence on both sides (EOS's logit "
         "bias −100: never chosen). Kernels: aiayn fp32 on oneDNN-packed linears "
         "(`mkldnn._linear_pointwise`); aiayn int8 on `aiayn.inference.quantize`'s linears; "
-        "CTranslate2 on its own CPU backend as the wheel ships it. "
+        "CTranslate2 on its own CPU backend as the wheel ships it (on AMD: oneDNN for its "
+        "fp32 and int8 GEMMs, AVX2 for the rest, as `CT2_VERBOSE=1` logs; environment: "
+        f"{env}); compute types asked → run (a type that runs as an earlier one is timed "
+        f"once): {types}. "
         f"Medians of {a['rounds']} interleaved rounds (min–max). Load average (1 min) at "
         f"start and end: {load['start'][0]:.1f}, {load['end'][0]:.1f}.",
         "",
