@@ -45,6 +45,9 @@ class PerformanceSettings:
             (:func:`aiayn.decoding.beam.top_candidates`).
         chunked_topk_min_candidates: rows of fewer candidates (beams × vocabulary) take one
             ``topk``.
+        int8_onednn_max_rows: int8 linear layers (:class:`aiayn.layers.quantized.Int8Kernel`)
+            run products of up to this many rows on oneDNN's ``qlinear_pointwise``, larger ones
+            on ``torch._int_mm``; both sum exactly in int32, so the choice changes no output.
     """
 
     explicit_attention_max_queries: int = 8
@@ -55,6 +58,7 @@ class PerformanceSettings:
     default_last_level_cache_bytes: int = 32 << 20
     topk_chunk: int = 128
     chunked_topk_min_candidates: int = 1 << 14
+    int8_onednn_max_rows: int = 16
 
 
 _current = PerformanceSettings()

@@ -22,10 +22,10 @@ def average_checkpoints(paths: list[Path], out: Path) -> Path:
     """
     if not paths:
         raise UserError("no checkpoints to average")
-    newest = load_checkpoint(paths[-1], expect=nn.Module)
+    newest = load_checkpoint(paths[-1], expect=nn.Module, fp32_for="averaging")
     total = {name: t.double() for name, t in newest.model.state_dict().items()}
     for path in paths[:-1]:
-        other = load_checkpoint(path, expect=nn.Module)
+        other = load_checkpoint(path, expect=nn.Module, fp32_for="averaging")
         if other.config != newest.config:
             raise UserError(f"{path} has a different model config from {paths[-1]}")
         for name, tensor in other.model.state_dict().items():

@@ -64,8 +64,10 @@ def regular_file(file: Path) -> os.stat_result:
     except OSError as error:
         raise CheckpointError(f"{file}: cannot read it ({reason(error)})") from None
     if not stat.S_ISREG(status.st_mode):
-        raise CheckpointError(f"{file}: {_kind(status.st_mode)}, not a regular file: aiayn "
-                              "reads only regular files inside a checkpoint folder")
+        raise CheckpointError(
+            f"{file}: {_kind(status.st_mode)}, not a regular file: aiayn "
+            "reads only regular files inside a checkpoint folder"
+        )
     return status
 
 

@@ -36,6 +36,7 @@ from aiayn.checkpoint.tokenizers import TOKENIZER_FILE
 from aiayn.checkpoint.upgrade import upgrade_config, upgrade_state_dict
 from aiayn.config import ModelConfig
 from aiayn.errors import UserError
+from aiayn.layers.quantized import QUANTIZE_MODES, quantize_linears
 from aiayn.limits import MAX_CHECKPOINT_JSON_BYTES
 from aiayn.models import Transformer
 from aiayn.models.families import (
@@ -64,6 +65,11 @@ class Checkpoint(Generic[M]):
         return str(self.state.get("family", DEFAULT_FAMILY))
 
     @property
+    def quantization(self) -> str:
+        """How its weights are stored: ``none`` (fp32) or ``int8``."""
+        return quantization_of(self.state)
+
+    @property
     def tokenizer_path(self) -> Path:
         """The tokenizer file saved with the checkpoint."""
         return self.path / TOKENIZER_FILE
@@ -77,7 +83,12 @@ class Checkpoint(Generic[M]):
 
 @overload
 def load_checkpoint(
-    path: str | Path, *, map_location: str | torch.device = "cpu", command: str | None = None
+    path: str | Path,
+    *,
+    map_location: str | torch.device = "cpu",
+    command: str | None = None,
+    quantize: str = "none",
+    fp32_for: str | None = None,
 ) -> Checkpoint[Transformer]: ...
 
 
@@ -88,6 +99,8 @@ def load_checkpoint(
     map_location: str | torch.device = "cpu",
     expect: type[M],
     command: str | None = None,
+    quantize: str = "none",
+    fp32_for: str | None = None,
 ) -> Checkpoint[M]: ...
 
 
@@ -97,6 +110,8 @@ def load_checkpoint(
     map_location: str | torch.device = "cpu",
     expect: type[nn.Module] = Transformer,
     command: str | None = None,
+    quantize: str = "none",
+    fp32_for: str | None = None,
 ) -> Checkpoint[Any]:
     """Load a checkpoint folder (or a run folder: its latest checkpoint) into a model.
 
@@ -108,10 +123,23 @@ def load_checkpoint(
     before families existed (no ``family`` recorded) hold the paper's model. Every file but the
     optimizer's is checked against ``SHA256SUMS`` (while the model is built).
 
+    ``quantize``: ``int8`` quantises an fp32 checkpoint's linear layers as it loads
+    (:mod:`aiayn.layers.quantized`, the family's :class:`~aiayn.models.families.QuantizePolicy`);
+    a checkpoint written by ``aiayn quantize`` loads its int8 layers as saved, whatever this
+    says. ``fp32_for``: what needs the fp32 weights ("averaging"): a quantised checkpoint is
+    then a :class:`UserError` naming the folder and it.
+
     Raises:
         CheckpointError: a file is missing, corrupt, truncated or does not fit, naming it.
     """
+    if quantize not in QUANTIZE_MODES:
+        raise UserError(f"quantize must be one of {', '.join(QUANTIZE_MODES)}, got {quantize!r}")
     folder, family, config, state = read_checkpoint_config(path)
+    stored = quantization_of(state)
+    if fp32_for is not None and stored != "none":
+        raise UserError(
+            f"{folder} holds an {stored}-quantised model; {fp32_for} needs fp32 weights"
+        )
     if command is not None:
         refuse_unless_serving(family, command, folder)
     if not issubclass(family.model, expect):
@@ -125,12 +153,23 @@ def load_checkpoint(
     with ThreadPoolExecutor(max_workers=1) as pool:  # hashing overlaps building the model
         verified = pool.submit(verify_files, folder, sums, names)
         model = family.model(config)
+        if stored != "none":  # the int8 layers' structure, filled by the saved tensors
+            quantize_linears(model, family.quantize.keeps, values=False)
         verified.result()
     tensors = upgrade_state_dict(
         read_safetensors(folder / MODEL_FILE, "weights"), state.get("format_version", 1)
     )
     _load_tied(model, tensors, folder / MODEL_FILE)
+    if quantize != "none" and stored == "none":
+        model.requires_grad_(False)
+        quantize_linears(model, family.quantize.keeps)
     return Checkpoint(folder, model.to(map_location).eval(), config, state)
+
+
+def quantization_of(state: dict[str, Any]) -> str:
+    """How a checkpoint's ``state.json`` says its weights are stored: ``none`` (fp32, the
+    default) or ``int8`` (written by ``aiayn quantize``)."""
+    return str(state.get("quantization", "none"))
 
 
 def read_checkpoint_config(path: str | Path) -> tuple[Path, Family, ModelConfig, dict[str, Any]]:
@@ -148,6 +187,9 @@ def read_checkpoint_config(path: str | Path) -> tuple[Path, Family, ModelConfig,
     _check_field(file, state, "family", str)
     _check_field(file, state, "format_version", int)
     _check_field(file, state, "model_config", dict)
+    _check_field(file, state, "quantization", str)
+    if quantization_of(state) not in QUANTIZE_MODES:
+        raise CheckpointError(f"{file}: unknown quantization {state['quantization']!r}")
     family = family_named(str(state.get("family", DEFAULT_FAMILY)))
     try:
         config = family.config.from_dict(upgrade_config(family.name, state["model_config"]))

@@ -31,6 +31,7 @@ from aiayn.checkpoint.tokenizers import TokenizerSource, write_tokenizer
 from aiayn.checkpoint.upgrade import FORMAT_VERSION
 from aiayn.config import ModelConfig
 from aiayn.errors import UserError
+from aiayn.layers.quantized import is_quantized
 from aiayn.models.families import family_of
 
 
@@ -78,7 +79,8 @@ def save_checkpoint(
 def _full_state(
     model: nn.Module, state: dict[str, Any], optimizer_state: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """``state`` plus the family, format, model config, optimizer layout and checksum file."""
+    """``state`` plus the family, format, model config, optimizer layout, checksum file and how
+    the weights are stored (``"quantization": "int8"`` for a quantised model)."""
     config = model.config
     assert isinstance(config, ModelConfig)
     full = {
@@ -90,6 +92,9 @@ def _full_state(
     }
     if optimizer_state is not None:
         full["optimizer"] = {"param_groups": optimizer_state["param_groups"]}
+    full.pop("quantization", None)
+    if is_quantized(model):  # int8 layers (aiayn.layers.quantized): loaded as they are
+        full["quantization"] = "int8"
     return full
 
 

@@ -7,7 +7,12 @@ import argparse
 import sys
 from typing import Any
 
-from aiayn.cli.commands import add_batch_size_option, add_command, add_device_option
+from aiayn.cli.commands import (
+    add_batch_size_option,
+    add_command,
+    add_device_option,
+    add_quantize_option,
+)
 from aiayn.validation import PositiveInt, flag_type
 
 
@@ -28,6 +33,7 @@ def register(subparsers: Any) -> None:
     )
     add_batch_size_option(p, 16, "images")
     add_device_option(p)
+    add_quantize_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         map_location=resolve_device(args.device),
         expect=ViT,
         command="classify-image",
+        quantize=args.quantize,
     )
     model, config = ckpt.model, ckpt.model.config
     if config.num_labels < 1:

@@ -14,7 +14,12 @@ import argparse
 import sys
 from typing import Any
 
-from aiayn.cli.commands import add_batch_size_option, add_command, add_device_option
+from aiayn.cli.commands import (
+    add_batch_size_option,
+    add_command,
+    add_device_option,
+    add_quantize_option,
+)
 from aiayn.validation import PositiveInt, flag_type
 
 DEFAULT_BATCH = 32
@@ -36,6 +41,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--top-k", type=flag_type(PositiveInt), default=1, help="labels per line (1)")
     add_batch_size_option(p, DEFAULT_BATCH, "texts")
     add_device_option(p)
+    add_quantize_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,7 +52,11 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.inference.classify_text import classify_texts
 
     model, tokenizer = load_bert(
-        args.checkpoint, args.device, "classify-text", head="classification"
+        args.checkpoint,
+        args.device,
+        "classify-text",
+        head="classification",
+        quantize=args.quantize,
     )
     labels = model.config.num_labels
     if args.top_k > labels:

@@ -32,6 +32,20 @@ def add_device_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
 
 
+def add_quantize_option(p: argparse.ArgumentParser) -> None:
+    """``--quantize``: ``int8`` runs the model's linear layers with int8 weights
+    (:mod:`aiayn.layers.quantized`, quantised as the checkpoint loads); ``none``: as stored."""
+    from aiayn.layers.quantized import QUANTIZE_MODES
+
+    p.add_argument(
+        "--quantize",
+        choices=QUANTIZE_MODES,
+        default="none",
+        help="int8: linear layers with int8 weights and per-row int8 activations, for CPU "
+        "inference (docs/quantization.md); none (default): the checkpoint's weights as stored",
+    )
+
+
 def add_batch_size_option(p: argparse.ArgumentParser, default: int, items: str) -> None:
     """``--batch-size``: how many ``items`` ("texts") go through the model at once."""
     p.add_argument(

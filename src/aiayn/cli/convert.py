@@ -114,7 +114,7 @@ def _to_hf(checkpoint: Path, out: Path, force: bool) -> int:
         what="a Hugging Face model folder",
         is_what=lambda folder: (folder / "config.json").is_file(),
     )
-    loaded = load_checkpoint(checkpoint, expect=nn.Module)
+    loaded = load_checkpoint(checkpoint, expect=nn.Module, fp32_for="convert --to-hf")
     tokenizer = TextTokenizer.load(loaded.tokenizer_path)
     with staged_tree(out) as staged:
         to_hf(loaded.model, staged, tokenizer)

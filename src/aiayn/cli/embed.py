@@ -13,6 +13,7 @@ from aiayn.cli.commands import (
     add_batch_size_option,
     add_command,
     add_device_option,
+    add_quantize_option,
     add_texts_input_option,
 )
 
@@ -36,6 +37,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep norms")
     add_batch_size_option(p, 32, "texts")
     add_device_option(p)
+    add_quantize_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--similarity reads its two files: leave out --input and --out")
     if args.out:
         check_file(args.out, force=args.force, flag="--out")
-    model, tokenizer = load_bert(args.checkpoint, args.device, "embed")
+    model, tokenizer = load_bert(args.checkpoint, args.device, "embed", quantize=args.quantize)
 
     def embed(lines: list[str]) -> Any:
         return sentence_embeddings(

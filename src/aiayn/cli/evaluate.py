@@ -139,7 +139,11 @@ def perplexity(args: argparse.Namespace) -> int:
     if not args.checkpoint:
         raise UserError("--text needs --checkpoint DIR, a language-model (GPT-2) checkpoint")
     ckpt = load_checkpoint(
-        args.checkpoint, map_location=resolve_device(args.device), expect=GPT2, command="generate"
+        args.checkpoint,
+        map_location=resolve_device(args.device),
+        expect=GPT2,
+        command="generate",
+        quantize=args.quantize,
     )
     config = ckpt.model.config
     block = config.max_len if args.block_size is None else args.block_size

@@ -7,7 +7,12 @@ import argparse
 import sys
 from typing import Any
 
-from aiayn.cli.commands import add_command, add_device_option, add_texts_input_option
+from aiayn.cli.commands import (
+    add_command,
+    add_device_option,
+    add_quantize_option,
+    add_texts_input_option,
+)
 from aiayn.validation import PositiveInt, flag_type
 
 
@@ -30,6 +35,7 @@ def register(subparsers: Any) -> None:
         "--top-k", type=flag_type(PositiveInt), default=5, help="predictions per mask (5)"
     )
     add_device_option(p)
+    add_quantize_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.errors import UserError
     from aiayn.inference.encoder_tasks import fill_mask
 
-    model, tokenizer = load_bert(args.checkpoint, args.device, "fill-mask", head="mlm")
+    model, tokenizer = load_bert(
+        args.checkpoint, args.device, "fill-mask", head="mlm", quantize=args.quantize
+    )
     blocks = []
     for where, text in _texts(args):
         lines = []
@@ -67,10 +75,10 @@ def _texts(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def load_bert(
-    checkpoint: str, device: str, command: str, *, head: str | None = None
+    checkpoint: str, device: str, command: str, *, head: str | None = None, quantize: str = "none"
 ) -> tuple[Any, Any]:
     """(model, tokenizer) of a BERT checkpoint for ``command``; ``head`` ("mlm"), when given,
-    must be its own.
+    must be its own; ``quantize``: as ``--quantize``.
 
     Raises:
         UserError: another family, another head, or a checkpoint without BERT's vocabulary.
@@ -82,7 +90,11 @@ def load_bert(
     from aiayn.validation import resolve_device
 
     ckpt = load_checkpoint(
-        checkpoint, map_location=resolve_device(device), expect=BERT, command=command
+        checkpoint,
+        map_location=resolve_device(device),
+        expect=BERT,
+        command=command,
+        quantize=quantize,
     )
     if head is not None and ckpt.model.config.head != head:
         raise UserError(

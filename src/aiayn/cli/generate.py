@@ -12,6 +12,7 @@ from aiayn.errors import UserError
 def register(subparsers: Any) -> None:
     """Add the ``generate`` sub-command (each value checked by the rule of the
     :class:`~aiayn.decoding.generate.GenerateOptions` field it sets)."""
+    from aiayn.cli.commands import add_quantize_option
     from aiayn.decoding.generate import GenerateOptions as G
     from aiayn.validation import device_flag, flag
 
@@ -62,6 +63,7 @@ def register(subparsers: Any) -> None:
         "--batch-size", type=flag(G, "batch_size"), default=16, help="prompts decoded together (16)"
     )
     p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
+    add_quantize_option(p)
     p.add_argument(
         "--no-pack",
         dest="pack",
@@ -112,7 +114,13 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts and args.input is not None:
         raise UserError("give prompts as arguments or with --input, not both")
     device = resolve_device(args.device)
-    ckpt = load_checkpoint(args.checkpoint, map_location=device, expect=GPT2, command="generate")
+    ckpt = load_checkpoint(
+        args.checkpoint,
+        map_location=device,
+        expect=GPT2,
+        command="generate",
+        quantize=args.quantize,
+    )
     tokenizer = load_lm_tokenizer(ckpt.tokenizer_path)
     prompts = list(args.prompts) or read_input(args.input)
     texts = generate(ckpt.model, tokenizer, prompts, options) if prompts else []

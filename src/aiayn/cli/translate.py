@@ -32,6 +32,7 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = F
     """Options shared by ``translate`` and ``evaluate --checkpoint`` (where the checkpoint is
     optional and there is no n-best output); each value is checked by the rule of the
     :class:`~aiayn.decoding.translate.DecodeOptions` field it sets."""
+    from aiayn.cli.commands import add_quantize_option
     from aiayn.decoding.translate import DecodeOptions
     from aiayn.validation import choices_of, device_flag, flag
 
@@ -76,6 +77,7 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = F
             help="write the n best hypotheses per line, tab-separated with scores",
         )
     p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
+    add_quantize_option(p)
     p.add_argument(
         "--no-pack",
         dest="pack",
@@ -107,7 +109,11 @@ def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if device.type == "cpu":
         keep_freed_memory()  # beam search reallocates its caches every step: keep them mapped
     ckpt = load_checkpoint(
-        args.checkpoint, map_location=device, expect=EncoderDecoder, command="translate"
+        args.checkpoint,
+        map_location=device,
+        expect=EncoderDecoder,
+        command="translate",
+        quantize=args.quantize,
     )
     beam, alpha, length_penalty = args.beam, args.alpha, args.length_penalty
     if alpha == "auto":  # tuned on the validation set (aiayn tune-alpha)

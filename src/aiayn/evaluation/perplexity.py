@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 
 from aiayn.data.lm import BlockBatchSampler, TextBlocks
-from aiayn.layers.loss import LossSums, linear_label_smoothed_cross_entropy
+from aiayn.layers.loss import LossSums, label_smoothed_nll, linear_label_smoothed_cross_entropy
+from aiayn.layers.quantized import QuantizedLinear
 from aiayn.models.gpt2 import GPT2
 
 # exp(700) ≈ 1e304 is still a float: a diverged model's perplexity is huge, never an error
@@ -68,10 +69,29 @@ def next_token_loss(
     hidden = model(inputs).hidden  # (B, T, D); no key padding: the CAUSAL kernel
     hidden = hidden.reshape(-1, hidden.size(-1))  # (B, T, D) -> (B·T, D)
     gold = targets.reshape(-1)  # (B, T) -> (B·T,)
+    if isinstance(model.output_proj, QuantizedLinear):  # int8 (--quantize): the layer's kernel
+        return _quantized_head_loss(model.output_proj, hidden, gold, label_smoothing)
     # the LM head (B·T, D) @ (D, V) happens inside, a chunk of positions at a time
     return linear_label_smoothed_cross_entropy(
         hidden, model.output_proj.weight, gold, label_smoothing
     )
+
+
+def _quantized_head_loss(
+    head: QuantizedLinear, hidden: Tensor, gold: Tensor, label_smoothing: float, chunk: int = 1024
+) -> LossSums:
+    """The sums of :func:`next_token_loss` through an int8 LM head, ``chunk`` positions at a
+    time: (N, D) states, (N,) gold ids."""
+    sums = [
+        label_smoothed_nll(
+            torch.log_softmax(head(hidden[i : i + chunk]).float(), dim=-1),  # (chunk, V)
+            gold[i : i + chunk],
+            label_smoothing,
+            pad_id=-1,  # blocks hold no padding
+        )
+        for i in range(0, hidden.size(0), chunk)
+    ]
+    return LossSums(*(torch.stack(column).sum() for column in zip(*sums, strict=True)))
 
 
 def block_metrics(
@@ -83,7 +103,7 @@ def block_metrics(
     (:mod:`aiayn.data.lm`); the sums run over every block, in batches of
     ``max(1, max_tokens // block_size)`` blocks.
     """
-    device = model.output_proj.weight.device
+    device = model.output_proj.weight.device  # an int8 head's weight buffer too
     sampler = BlockBatchSampler(blocks, max_tokens, seed=0, shuffle=False)
     tally = EvalTally()
     with torch.no_grad():

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.layers import ACTIVATIONS, FeedForward, GatedFeedForward, RMSNorm
+from aiayn.layers.quantized import Int8Kernel, QuantizedLinear
 from aiayn.settings import performance
 
 
@@ -71,12 +72,15 @@ class LinearKernel(NamedTuple):
     the epilogues a flattened path fuses into the product (an activation, a residual addition).
 
     ``packed`` set: oneDNN, with small products on PyTorch's kernel when ``dense`` is kept too
-    (see :func:`small_product`); ``packed`` None: PyTorch's ``F.linear`` on ``dense``.
+    (see :func:`small_product`); ``packed`` None: PyTorch's ``F.linear`` on ``dense``; ``int8``
+    set: the int8 layer's kernel (:class:`~aiayn.layers.quantized.Int8Kernel`, its bias
+    inside), the activation and the residual addition after it in fp32.
     """
 
     packed: Tensor | None  # (D_out, D_in) in oneDNN's blocked layout
     bias: Tensor | None  # (D_out,)
     dense: Tensor | None  # (D_out, D_in) as is
+    int8: Int8Kernel | None = None
 
     @staticmethod
     def of_dense(weight: Tensor, bias: Tensor | None) -> LinearKernel:
@@ -91,6 +95,8 @@ class LinearKernel(NamedTuple):
 
     def __call__(self, x: Tensor) -> Tensor:
         """(N, D_in) -> (N, D_out)."""
+        if self.int8 is not None:
+            return self.int8(x)
         dense = self._pytorch_weight(x)
         if dense is not None:
             return F.linear(x, dense, self.bias)
@@ -99,6 +105,8 @@ class LinearKernel(NamedTuple):
     def activated(self, x: Tensor, activation: str) -> Tensor:
         """act(x Wᵀ + b): (N, D_in) -> (N, D_out) for an activation of :data:`POST_OPS`, inside
         oneDNN's product, or after PyTorch's where that kernel runs."""
+        if self.int8 is not None:
+            return ACTIVATIONS[activation](self.int8(x))
         dense = self._pytorch_weight(x)
         if dense is not None:
             return ACTIVATIONS[activation](F.linear(x, dense, self.bias))
@@ -108,6 +116,8 @@ class LinearKernel(NamedTuple):
     def add(self, x: Tensor, residual: Tensor) -> Tensor:
         """residual + x Wᵀ + b: (N, D_in), (N, D_out) -> (N, D_out), the addition fused into
         oneDNN's product."""
+        if self.int8 is not None:
+            return self.int8(x).add_(residual)
         dense = self._pytorch_weight(x)
         if dense is not None:
             return F.linear(x, dense, self.bias).add_(residual)
@@ -193,12 +203,17 @@ def _key(rows: slice | None) -> tuple[int, int] | None:
 
 
 def linear_kernel(layer: nn.Module, rows: slice | None = None) -> LinearKernel:
-    """The kernel of an ``nn.Linear`` (PyTorch's, its weight detached) or a :class:`PackedLinear`
-    (its packed one), for all of W's rows or a block of them."""
+    """The kernel of an ``nn.Linear`` (PyTorch's, its weight detached), a :class:`PackedLinear`
+    (its packed one) or a :class:`~aiayn.layers.quantized.QuantizedLinear` (its int8 one), for
+    all of W's rows or a block of them."""
     if isinstance(layer, PackedLinear):
         return layer.kernel(rows)
+    if type(layer) is QuantizedLinear:
+        return LinearKernel(None, None, None, layer.kernel(rows))
     if not isinstance(layer, nn.Linear):
-        raise UnsupportedPart(f"expected nn.Linear or PackedLinear, got {type(layer).__name__}")
+        raise UnsupportedPart(
+            f"expected nn.Linear, PackedLinear or QuantizedLinear, got {type(layer).__name__}"
+        )
     part = slice(None) if rows is None else rows
     bias = None if layer.bias is None else layer.bias.detach()[part]
     return LinearKernel.of_dense(layer.weight.detach()[part], bias)

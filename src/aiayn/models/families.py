@@ -102,6 +102,25 @@ class Training:
 
 
 @dataclass(frozen=True)
+class QuantizePolicy:
+    """What ``--quantize int8`` (:mod:`aiayn.layers.quantized`) leaves in fp32 for a family.
+
+    Every ``nn.Linear`` is quantised (int8 weights, per-output-channel scales) except those
+    named in ``keep``; embeddings, norms and convolutions are never quantised. A family keeps a
+    layer in fp32 where int8 would cost accuracy for little speed (a classifier's few rows).
+
+    Attributes:
+        keep: qualified module names (``"pooler"``) kept in fp32, with everything under them.
+    """
+
+    keep: tuple[str, ...] = ()
+
+    def keeps(self, name: str) -> bool:
+        """Whether the linear layer called ``name`` stays in fp32."""
+        return any(name == k or name.startswith(k + ".") for k in self.keep)
+
+
+@dataclass(frozen=True)
 class Family:
     """A model family: everything about it that any command asks.
 
@@ -123,6 +142,7 @@ class Family:
             encoder–decoders' decoding step, which runs their encoder through
             :mod:`aiayn.inference`), or None (GPT-2 decodes through its module with a KV cache).
         training: how it trains, or None.
+        quantize: which linear layers stay in fp32 under ``--quantize int8``.
     """
 
     name: str
@@ -139,6 +159,7 @@ class Family:
     to_hf: str | None = None
     inference: str | None = None
     training: Training | None = None
+    quantize: QuantizePolicy = QuantizePolicy()
 
     def build(self, config: ModelConfig) -> nn.Module:
         """A model of this family with fresh weights."""
@@ -271,6 +292,7 @@ FAMILIES: dict[str, Family] = {
                 check="aiayn.training.bert_start:check_bert_run",
                 adapt="aiayn.training.bert_start:bert_task_model",
             ),
+            quantize=QuantizePolicy(keep=("pooler", "mlm_head", "classifier")),
         ),
         Family(
             "vit",
@@ -297,6 +319,7 @@ FAMILIES: dict[str, Family] = {
                 check="aiayn.training.images:check_image_run",
                 demos={"vit": "aiayn.training.images:VIT_DEMO_CONFIG"},
             ),
+            quantize=QuantizePolicy(keep=("pooler", "classifier")),
         ),
     )
 }

@@ -123,7 +123,7 @@ def load_start_weights(model: BERT, init_from: str, log: Log) -> None:
     the module docstring); log which parts start fresh and which of the checkpoint go unused."""
     from aiayn.checkpoint import load_checkpoint
 
-    start = load_checkpoint(init_from, expect=BERT)
+    start = load_checkpoint(init_from, expect=BERT, fp32_for="training (init_from)")
     theirs, ours = start.model.state_dict(), model.state_dict()
     same_labels = _same_labels(start.model.config, model.config)
     kept = {

@@ -393,9 +393,6 @@ class TrainConfig:
         validate(self)
 
 
-
-
-
 @runtime_checkable
 class DataSection(Protocol):
     """What every family's data section has: the training task it feeds."""

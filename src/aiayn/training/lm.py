@@ -204,7 +204,9 @@ class LanguageModelTask(HeldOutTask):
         if self.run.init_from is not None:
             from aiayn.checkpoint import load_checkpoint
 
-            start = load_checkpoint(self.run.init_from, expect=GPT2)
+            start = load_checkpoint(
+                self.run.init_from, expect=GPT2, fp32_for="training (init_from)"
+            )
             model.load_state_dict(start.model.state_dict())
         return model
 

@@ -329,7 +329,9 @@ class Trainer:
         unusable: list[tuple[Path, CheckpointError]] = []
         for path in reversed(checkpoints):
             try:
-                found = load_checkpoint(path, map_location=self.device, expect=nn.Module)
+                found = load_checkpoint(
+                    path, map_location=self.device, expect=nn.Module, fp32_for="resuming training"
+                )
                 _ = found.optimizer_state  # read and checked now: a corrupt one falls back too
                 break
             except CheckpointError as error:
