@@ -40,6 +40,7 @@ lowest over the sentences (gate ≥ 0.99). Writes docs/results/encoders_vs_hf.{j
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import tempfile
@@ -139,7 +140,9 @@ def run_bert(rounds: int, n_batches: int, int8: bool = False) -> dict[str, Any]:
     if int8:
         from aiayn.inference.quantize import quantize_model
 
-        quantised = BertInference(quantize_model(ours, mode="int8"))
+        # in place: a copy of the fp32 model, packed as `aiayn embed --quantize int8` runs it
+        int8_model = quantize_model(copy.deepcopy(ours), mode="int8")
+        quantised = BertInference(pack_for_inference(int8_model))
         fns["aiayn int8"] = lambda: [quantised(i, attention_mask=m) for i, m in batches]
         cosine = min(
             min_cosine(fast(i, attention_mask=m).hidden, quantised(i, attention_mask=m).hidden, m)

@@ -22,6 +22,7 @@ Writes docs/results/generate_vs_hf_PRESET.{json,md} (`_int8` appended with `--qu
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 from collections.abc import Callable
@@ -155,7 +156,8 @@ def main() -> None:
     if args.quantize == "int8":
         from aiayn.inference.quantize import quantize_model
 
-        int8 = quantize_model(ours, mode="int8")
+        # in place: a copy of the fp32 model, packed as `aiayn generate --quantize int8` does
+        int8 = pack_for_inference(quantize_model(copy.deepcopy(ours), mode="int8"))
     weight_mb = sum(p.numel() * p.element_size() for p in ours.parameters()) / 1e6
     rows = []
     for batch in args.batches:

@@ -46,6 +46,7 @@ Writes docs/results/translate_vs_ct2.{json,md}.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -470,7 +471,9 @@ def contenders(
     quantize = quantizer()
     if quantize is not None:
         start = time.perf_counter()
-        quantised = quantize(ours)
+        # quantize_model swaps the layers in place: a copy, then packed as `aiayn translate
+        # --quantize int8` packs it (the layers kept in fp32 and the embeddings' neighbours)
+        quantised = pack_for_inference(quantize(copy.deepcopy(ours)))
         info["quantise_s"] = time.perf_counter() - start
         info["quantised"] = quantised
         made[AIAYN_INT8] = lambda s, b, k, m: aiayn_runner(quantised, specials, s, b, k, m)
@@ -562,7 +565,9 @@ def caption(report: dict[str, Any], peaks: dict[str, Any]) -> list[str]:
         f"`TransformersConverter`; random sources of {a['min_len']}–{a['max_len']} ids; "
         f"exactly {a['max_new_tokens']} new tokens per sentence on both sides (EOS's logit "
         "bias −100: never chosen). Kernels: aiayn fp32 on oneDNN-packed linears "
-        "(`mkldnn._linear_pointwise`); aiayn int8 on `aiayn.inference.quantize`'s linears; "
+        "(`mkldnn._linear_pointwise`); aiayn int8 on `QuantizedLinear` (int8 weights, one scale "
+        "per output row, activations quantised per row, exact int32 sums: `torch._int_mm` or "
+        "oneDNN `qlinear_pointwise`, chosen by row count); "
         "CTranslate2 on its own CPU backend as the wheel ships it (on AMD: oneDNN for its "
         "fp32 and int8 GEMMs, AVX2 for the rest, as `CT2_VERBOSE=1` logs; environment: "
         f"{env}); compute types asked → run (a type that runs as an earlier one is timed "
