@@ -250,7 +250,9 @@ def int8_table(r: dict[str, Any], peak: Peak) -> list[str]:
     cos_met = "met" if cos >= COSINE_GATE else "**not met**"
     return [
         "",
-        'BERT int8 (`quantize_model(model, mode="int8")` under `BertInference`) against '
+        'BERT int8 (`quantize_model(model, mode="int8")` under `BertInference`: '
+        "`QuantizedLinear`, int8 weights with one scale per output row, activations quantised "
+        "per row, `torch._int_mm` or oneDNN `qlinear_pointwise` by row count) against "
         f"aiayn fp32, same rounds; int8 matmul peak measured in the same run: "
         f"{peak.describe('GOP/s')}.",
         "",

@@ -210,8 +210,10 @@ def int8_lines(report: dict[str, Any]) -> list[str]:
     """aiayn int8 against aiayn fp32 (packed), same rounds."""
     lines = [
         "",
-        'aiayn int8 (`quantize_model(model, mode="int8")`) against aiayn fp32 (oneDNN-packed '
-        f"linears), same rounds; goal at batch 1: ≥ {INT8_GOAL:.0f}×.",
+        'aiayn int8 (`quantize_model(model, mode="int8")`: `QuantizedLinear`, int8 weights '
+        "with one scale per output row, activations quantised per row, `torch._int_mm` or "
+        "oneDNN `qlinear_pointwise` by row count) against aiayn fp32 (oneDNN-packed linears), "
+        f"same rounds, on {report['machine']['cpu']}; goal at batch 1: ≥ {INT8_GOAL:.0f}×.",
         "",
         "| batch | aiayn fp32 tok/s | aiayn int8 tok/s | **int8 / fp32** | int8 outputs = fp32 "
         "| goal |",
