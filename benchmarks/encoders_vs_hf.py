@@ -140,9 +140,12 @@ def run_bert(rounds: int, n_batches: int, int8: bool = False) -> dict[str, Any]:
     if int8:
         from aiayn.inference.quantize import quantize_model
 
-        # in place: a copy of the fp32 model, packed as `aiayn embed --quantize int8` runs it
-        int8_model = quantize_model(copy.deepcopy(ours), mode="int8")
-        quantised = BertInference(pack_for_inference(int8_model))
+        # in place: a copy of the fp32 model, packed as `aiayn embed --quantize int8` runs it;
+        # outside inference mode, as the command quantises (QuantizedLinear checks its
+        # tensors' version counters, which inference tensors lack)
+        with torch.inference_mode(False):
+            int8_model = quantize_model(copy.deepcopy(ours), mode="int8")
+            quantised = BertInference(pack_for_inference(int8_model))
         fns["aiayn int8"] = lambda: [quantised(i, attention_mask=m) for i, m in batches]
         cosine = min(
             min_cosine(fast(i, attention_mask=m).hidden, quantised(i, attention_mask=m).hidden, m)

@@ -230,7 +230,7 @@ def aiayn_runner(
         extra_len=100_000,  # every sentence's limit is max_new_tokens
         forced_eos=False,  # CTranslate2 has none; EOS never wins here anyway
         max_tokens=1 if batch == 1 else 1 << 30,  # one batch per sentence, or all in one
-        pack=False,  # the fp32 model is packed once beforehand
+        pack=False,  # both aiayn models are packed once beforehand
     )
     tokenizer = SimpleNamespace(
         pad_id=specials.pad_id, eos_id=specials.eos_id, bos_id=specials.decoder_start_id
@@ -450,6 +450,9 @@ def parse_args() -> argparse.Namespace:
     if len(args.sentences) != len(args.configs):
         parser.error("--sentences needs one count per configuration")
     args.pairs = [tuple(int(x) for x in c.split(":")) for c in args.configs]
+    for (batch, _), count in zip(args.pairs, args.sentences, strict=True):
+        if batch not in (1, count):  # aiayn batches by a token budget: one, or all at once
+            parser.error(f"batch {batch} must be 1 or its sentence count ({count})")
     return args
 
 
