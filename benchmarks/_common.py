@@ -22,21 +22,39 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 
 
+MATMUL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+"""The /proc/cpuinfo flags that decide which matmul kernels a CPU can run."""
+
+
+def describe_cpu(cpuinfo: str) -> str:
+    """The CPU as /proc/cpuinfo's text names it: model name, family and model numbers, and the
+    matmul-relevant flags it has, e.g. "AMD EPYC (family 25, model 17; avx2 avx512f
+    avx512_vnni)". "" when the text names no model."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name", "")
+    if not name:
+        return ""
+    flags = set(fields.get("flags", "").split())
+    have = " ".join(f for f in MATMUL_FLAGS if f in flags) or "none of " + ", ".join(MATMUL_FLAGS)
+    family, model = fields.get("cpu family"), fields.get("model")
+    numbers = f"family {family}, model {model}; " if family and model else ""
+    return f"{name} ({numbers}{have})"
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        cpu = describe_cpu(Path("/proc/cpuinfo").read_text()) or cpu
     info: dict[str, Any] = {
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "python": platform.python_version(),
         "platform": platform.platform(),
     }

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from _common import Peak, fastest, fp32_kernels, int8_kernels, matmul_peaks
+from _common import Peak, describe_cpu, fastest, fp32_kernels, int8_kernels, matmul_peaks
 
 
 def test_fastest_takes_the_highest_rate_of_the_kernels_that_ran() -> None:
@@ -54,3 +54,23 @@ def test_matmul_peaks_reports_every_kernel_and_picks_the_maximum() -> None:
     rates = {k: v for k, v in peak.by_kernel.items() if v is not None}
     assert peak.kernel in rates and peak.flops == max(rates.values())
     assert set(peak.by_kernel) == set(int8_kernels(8))
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: AMD EPYC
+flags\t\t: fpu avx2 avx512f avx512bw avx512_vnni sha_ni
+processor\t: 1
+model name\t: AMD EPYC
+"""
+
+
+def test_describe_cpu_names_model_numbers_and_matmul_flags() -> None:
+    assert describe_cpu(CPUINFO) == "AMD EPYC (family 25, model 17; avx2 avx512f avx512_vnni)"
+    plain = "model name\t: Old CPU\nflags\t: fpu sse2\n"
+    assert describe_cpu(plain) == (
+        "Old CPU (none of avx2, avx512f, avx512_vnni, avx512_bf16, amx_int8, amx_bf16)"
+    )
+    assert describe_cpu("processor\t: 0\n") == ""
