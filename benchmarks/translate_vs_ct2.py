@@ -19,10 +19,12 @@ converter --quantization int8` would ahead of time).
 Contenders, all timed in the same interleaved rounds (each round calls each once, after one
 warm-up call of each; medians): aiayn fp32 (`translate_ids` over oneDNN-packed linears, as
 `aiayn translate` runs on CPU), aiayn int8 (`aiayn.inference.quantize.quantize_model(model,
-mode="int8")`, what `--quantize int8` runs; absent until that module exists), and CTranslate2
+mode="int8")` on a copy, packed as `aiayn translate --quantize int8` runs it), and CTranslate2
 `Translator(compute_type=T, inter_threads=1, intra_threads=--threads)` for each `--ct2-types`
 T, `translate_batch(max_batch_size=batch, beam_size=K, max_decoding_length=M)` on token strings
-(each source followed by `</s>`, as the Marian tokenizer encodes it). PyTorch runs
+(each source followed by `</s>`, as the Marian tokenizer encodes it); a compute type that
+CTranslate2 runs as an earlier one (on a CPU, `int8` runs as `int8_float32`) is timed once, and
+the report records what each asked type ran as. PyTorch runs
 `--threads` threads. The same random sources (`--min-len`..`--max-len` ids, no special id).
 Configurations `batch:beam`: batch 1 (one sentence per call of the decoder: aiayn's token
 budget is 1, CTranslate2's `max_batch_size` 1) and batch 32 (one batch of 32).
