@@ -108,7 +108,7 @@ def main() -> None:
         q, k, v = torch.randn(b, h, t, 64), torch.randn(b, h, s, 64), torch.randn(b, h, s, 64)
         fused = best_us(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v), args.calls)
         explicit = best_us(
-            lambda q=q, k=k, v=v: _explicit_attention(q, k, v, None, 0.0), args.calls
+            lambda q=q, k=k, v=v: _explicit_attention(q, k, v, None, None, None, 0.0), args.calls
         )
         attention_rows.append(
             {
