@@ -307,6 +307,19 @@ class Case:
     setup: Callable[[Path, pytest.MonkeyPatch], None] | None = None
 
 
+def _quantised(tmp: Path, _: pytest.MonkeyPatch) -> None:
+    """``{tmp}/q8``: the translation checkpoint, int8 (aiayn quantize); ``{tmp}/q8gpt2``: a
+    GPT-2, int8."""
+    from aiayn.checkpoint import load_checkpoint
+    from aiayn.inference.quantize import quantize_model
+
+    ckpt = load_checkpoint(tmp / "intact", quantize="int8")
+    save_checkpoint(tmp / "q8", ckpt.model, {}, tmp / "intact" / "tokenizer.json")
+    config = GPT2Config(300, 8, 16, 2, 1, bos_id=0, eos_id=0, pad_id=0)
+    gpt2 = quantize_model(GPT2(config))
+    save_checkpoint(tmp / "q8gpt2", gpt2, {}, tmp / "intact" / "tokenizer.json")
+
+
 # -- hostile files: checkpoints, run folders, bounds: helpers ----------------------------------
 
 
@@ -649,6 +662,37 @@ CASES = {
     "classify-image/top-k above the labels": Case(
         "classify-image --checkpoint {vit} {tmp}/img.png --top-k 9", 2, "--top-k"
     ),
+    # -- quantize, and the fp32-only commands given a quantised checkpoint ------------------------
+    "quantize/output exists": Case(
+        "quantize --checkpoint {mt} --out {gpt2}", 2, "exists: pass --force"
+    ),
+    "quantize/force over a folder of other files": Case(
+        "quantize --checkpoint {mt} --out {tmp}/nohf --force", 2, "not an aiayn checkpoint"
+    ),
+    "quantize/missing checkpoint": Case(
+        "quantize --checkpoint {tmp}/nope --out {tmp}/q", 2, "no checkpoint found"
+    ),
+    "quantize/already quantised": Case(
+        "quantize --checkpoint {tmp}/q8 --out {tmp}/q", 2, "is already int8-quantised", _quantised
+    ),
+    "quantize/onto itself": Case(
+        "quantize --checkpoint {mt} --out {mt} --force", 2, "is the checkpoint itself"
+    ),
+    "translate/unknown quantisation": Case(
+        "translate --checkpoint {mt} --quantize int4", 2, "invalid choice: 'int4'"
+    ),
+    "average/a quantised checkpoint": Case(
+        "average {tmp}/q8 {mt} --out {tmp}/avg",
+        2,
+        "{tmp}/q8 holds an int8-quantised model; averaging needs fp32 weights",
+        _quantised,
+    ),
+    "convert/a quantised checkpoint back to Hugging Face": Case(
+        "convert --checkpoint {tmp}/q8gpt2 --to-hf {tmp}/out",
+        2,
+        "{tmp}/q8gpt2 holds an int8-quantised model; convert --to-hf needs fp32 weights",
+        _quantised,
+    ),
     # -- convert, params, experiment ------------------------------------------------------------
     "convert/no direction": Case("convert --from-hf {tmp}/adir", 2, "give --from-hf"),
     "convert/missing folder": Case(
@@ -987,7 +1031,7 @@ def test_the_catalogue_covers_every_command() -> None:
     assert len(CASES) >= 40
     assert commands >= {
         "train", "translate", "evaluate", "average", "attention", "explain", "generate",
-        "fill-mask", "embed", "classify-image", "convert", "params", "experiment",
+        "fill-mask", "embed", "classify-image", "convert", "params", "experiment", "quantize",
     }  # fmt: skip
 
 

@@ -5,6 +5,10 @@ never differently.
 A new field of TransformerConfig (or T5Config) fails ``test_every_option_is_enumerated`` (or
 ``test_every_t5_option_is_enumerated``) until its values are added to OPTION_VALUES (or
 T5_OPTION_VALUES), and so checked here.
+
+Every option and supported part is checked in fp32 and int8-quantised (``--quantize int8``:
+:func:`~aiayn.inference.quantize.quantize_model`), the quantised step held to the quantised
+model's module step.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch import nn
 from aiayn.attention import CrossAttention, SelfAttention
 from aiayn.config import TransformerConfig, preset
 from aiayn.decoding import InferenceStep, encoder_decoder_step, inference_step
+from aiayn.inference.quantize import quantize_model
 from aiayn.layers import FeedForward, GatedFeedForward, RMSNorm
 from aiayn.layers.relative_position import RelativePositionBias
 from aiayn.models import T5, Transformer
@@ -28,6 +33,7 @@ from aiayn.models.t5 import T5Config
 
 V = 30
 PAD, BOS, EOS = 0, 1, 2
+QUANTIZE = ["none", "int8"]
 
 # every settable field, with the values checked (defaults of the tiny test model included)
 OPTION_VALUES: dict[str, list[object]] = {
@@ -69,14 +75,18 @@ def _base() -> TransformerConfig:
     return preset("tiny", vocab_size=V, d_model=32, d_ff=64, num_heads=4, dropout=0.0)
 
 
+@pytest.mark.parametrize("quantize", QUANTIZE)
 @pytest.mark.parametrize(("name", "value"), _cases(), ids=lambda x: str(x))
 @torch.no_grad()
-def test_fast_step_equals_module_step_for_every_option_value(name: str, value: object) -> None:
+def test_fast_step_equals_module_step_for_every_option_value(
+    name: str, value: object, quantize: str
+) -> None:
     torch.manual_seed(0)
     config = _base().replace(**{name: value, **NEEDS.get((name, value), {})})
     model = Transformer(config).eval()
     if model.output_proj.bias is not None:
         torch.nn.init.normal_(model.output_proj.bias)
+    quantize_model(model, quantize)
     src = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
     module_step, module_state = encoder_decoder_step(model, src)
     fast_step, fast_state = inference_step(model, src, capacity=2)
@@ -157,13 +167,15 @@ SUPPORTED_PARTS: dict[str, Callable[[Transformer], None]] = {
 }
 
 
+@pytest.mark.parametrize("quantize", QUANTIZE)
 @pytest.mark.parametrize("part", list(SUPPORTED_PARTS))
 @torch.no_grad()
-def test_fast_step_equals_module_step_for_other_parts(part: str) -> None:
+def test_fast_step_equals_module_step_for_other_parts(part: str, quantize: str) -> None:
     """T5's and Marian's parts in the paper model's decoder, one at a time: same log-probs."""
     torch.manual_seed(0)
     model = Transformer(_base()).eval()
     SUPPORTED_PARTS[part](model)
+    quantize_model(model, quantize)
     _assert_steps_agree(model, steps=7)  # past a capacity of 2, and the bias table's growth
 
 
@@ -206,13 +218,16 @@ def test_every_t5_option_is_enumerated() -> None:
     assert fields == set(T5_OPTION_VALUES)
 
 
+@pytest.mark.parametrize("quantize", QUANTIZE)
 @pytest.mark.parametrize(
     ("name", "value"),
     [(name, value) for name, values in T5_OPTION_VALUES.items() for value in values],
     ids=lambda x: str(x),
 )
 @torch.no_grad()
-def test_fast_step_equals_module_step_for_every_t5_option(name: str, value: object) -> None:
+def test_fast_step_equals_module_step_for_every_t5_option(
+    name: str, value: object, quantize: str
+) -> None:
     torch.manual_seed(0)
     base = T5Config(
         vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_heads=4, num_encoder_layers=2,
@@ -222,6 +237,7 @@ def test_fast_step_equals_module_step_for_every_t5_option(name: str, value: obje
     model = T5(base.replace(**{name: value, **needs})).eval()
     for norm in (m for m in model.modules() if isinstance(m, RMSNorm)):
         nn.init.normal_(norm.weight)  # not all ones: a misplaced norm shows
+    quantize_model(model, quantize)
     _assert_steps_agree(model, steps=6, vocab=model.config.vocab_size)
 
 
@@ -283,7 +299,10 @@ UNKNOWN_PARTS: dict[str, tuple[Callable[[Transformer], None], str]] = {
     "a sub-layer normed first": (_other_norm_placement, "norm_first=False"),
     "a position bias subclass": (_other_bias, "T5's position bias, got _OtherBias"),
     "a forward hook": (_hook_on_a_layer, r"no forward hooks, .* decoder\.layers\.1\.feed_forward"),
-    "a custom module for a linear": (_custom_projection, "Linear or PackedLinear, got Sequential"),
+    "a custom module for a linear": (
+        _custom_projection,
+        "PackedLinear or QuantizedLinear, got Sequential",
+    ),
 }
 
 

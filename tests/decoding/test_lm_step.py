@@ -3,6 +3,7 @@ forward pass, against each prompt decoded alone, and against Hugging Face ``gene
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -20,6 +21,7 @@ from aiayn.decoding import (
 )
 from aiayn.decoding.generate import prompt_generator
 from aiayn.errors import UserError
+from aiayn.inference.quantize import quantize_model
 from aiayn.models.gpt2 import GPT2, GPT2Config
 
 V = 211
@@ -79,8 +81,12 @@ BATCHES = {
 }
 
 
+@pytest.mark.parametrize("quantize", ["none", "int8"])
 @pytest.mark.parametrize("batch", BATCHES)
-def test_cached_steps_equal_the_full_forward(model: GPT2, batch: str) -> None:
+def test_cached_steps_equal_the_full_forward(model: GPT2, batch: str, quantize: str) -> None:
+    """Also int8-quantised (``--quantize int8``): the cached steps equal the quantised model's
+    full forward (activations are quantised per row, whatever else is in the batch)."""
+    model = quantize_model(copy.deepcopy(model), quantize)
     prompts = BATCHES[batch]
     cont = [[(13 * r + 7 * t) % V for t in range(6)] for r in range(len(prompts))]
     outputs = _run_steps(model, prompts, cont)

@@ -7,13 +7,15 @@ not compute is refused, and so is a model in training mode.
 A new field of BertConfig, ViTConfig, TransformerConfig or T5Config fails its
 ``test_every_*_option_is_enumerated`` until its values are added here, and so checked.
 
-Each case runs twice: on the model (PyTorch's linear kernels, the activation after the product)
-and on a copy packed for oneDNN with every product on oneDNN's kernel (the activation and the
-residual addition inside it).
+Each case runs three times: on the model (PyTorch's linear kernels, the activation after the
+product), on a copy packed for oneDNN with every product on oneDNN's kernel (the activation and
+the residual addition inside it), and on an int8-quantised copy (``--quantize int8``), whose
+fast path is held to its own forward.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterator
 
@@ -25,6 +27,7 @@ from aiayn.attention import SelfAttention
 from aiayn.config import TransformerConfig, preset
 from aiayn.inference import pack_for_inference, packing_available
 from aiayn.inference.encoder import BertInference, EncoderInference, ViTInference
+from aiayn.inference.quantize import quantize_model
 from aiayn.layers import FeedForward, RMSNorm, SelfAttentionBlock
 from aiayn.layers.relative_position import RelativePositionBias
 from aiayn.models import BERT, T5, BertConfig, T5Config, Transformer, bert_preset
@@ -51,11 +54,13 @@ def _randomized(model: nn.Module) -> nn.Module:
     return model.eval()
 
 
-def _both_kernels(model: nn.Module) -> Iterator[nn.Module]:
-    """The model, and its copy with every product on oneDNN's kernel (where oneDNN is built)."""
+def _kernels(model: nn.Module) -> Iterator[nn.Module]:
+    """The model, its copy with every product on oneDNN's kernel (where oneDNN is built), and its
+    int8-quantised copy."""
     yield model
     if packing_available():
         yield pack_for_inference(model, dense_small=False)
+    yield quantize_model(copy.deepcopy(model))
 
 
 def _assert_real_rows_equal(got: Tensor, want: Tensor, real: Tensor) -> None:
@@ -115,7 +120,7 @@ def test_bert_equals_its_forward_for_every_option(name: str, value: object) -> N
     model = _randomized(BERT(bert_preset("bert-tiny", **{name: value, **needs})))
     tokens, types, mask = _bert_batch(model.config)
     real = mask.bool()
-    for runner in _both_kernels(model):
+    for runner in _kernels(model):
         with torch.no_grad():
             want = runner(tokens, types, mask)
             alone = runner(tokens[:1], types[:1])  # no padding in the batch: one attention
@@ -166,7 +171,7 @@ def test_vit_equals_its_forward_for_every_option(name: str, value: object) -> No
     g = torch.Generator().manual_seed(2)
     for size in (c.image_size, c.image_size + c.patch_size):  # another size: positions resized
         pixels = torch.randn(2, c.num_channels, size, size, generator=g)
-        for runner in _both_kernels(model):
+        for runner in _kernels(model):
             with torch.no_grad():
                 want = runner(pixels)
             got = ViTInference(runner)(pixels)
@@ -243,7 +248,7 @@ SOURCES = torch.tensor(
 
 def _assert_encoder_equal(model: Transformer | T5) -> None:
     real = SOURCES != PAD
-    for runner in _both_kernels(model):
+    for runner in _kernels(model):
         with torch.no_grad():
             want = runner.encoder(SOURCES, runner.source_mask(SOURCES)).memory
             alone = runner.encoder(SOURCES[:1]).memory

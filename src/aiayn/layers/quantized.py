@@ -222,7 +222,7 @@ def quantize_linears(
     of the same shapes with zero weights, to load a quantised state into."""
     done: dict[int, QuantizedLinear] = {}
     for parent_name, parent in list(model.named_modules(remove_duplicate=False)):
-        for name, child in list(parent.named_children()):
+        for name, child in list(parent._modules.items()):  # every name, shared or not
             qualified = f"{parent_name}.{name}" if parent_name else name
             if type(child) is not nn.Linear or keep(qualified):
                 continue

@@ -1,0 +1,134 @@
+"""The int8 layer (aiayn.layers.quantized): its scales and rounding by hand, its product against
+the dequantised weight (fp32 tolerance) and its plain-fp32 reference, both of its CPU kernels
+giving the same bits, blocks of rows, and the swap of a model's linear layers."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.layers.quantized import (
+    QuantizedLinear,
+    absmax_scales,
+    dequantize_weight,
+    int8_linear_reference,
+    is_quantized,
+    quantize_linears,
+    quantize_rows,
+    quantize_weight,
+)
+from aiayn.settings import performance_settings
+
+
+def test_scales_are_the_row_absmax_over_127_and_one_for_a_zero_row() -> None:
+    x = torch.tensor([[0.5, -1.27, 0.0], [0.0, 0.0, 0.0], [2.54, 1.0, -2.54]])
+    torch.testing.assert_close(absmax_scales(x), torch.tensor([0.01, 1.0, 0.02]))
+
+
+def test_rows_round_to_the_nearest_step_symmetrically() -> None:
+    x = torch.tensor([[0.5, -1.27, 0.004, -0.006], [0.0, 0.0, 0.0, 0.0]])
+    q = quantize_rows(x, torch.tensor([0.01, 1.0]))
+    assert q.dtype == torch.int8
+    # 0.5/0.01 = 50, -127, 0.4 -> 0, -0.6 -> -1 (half away from the grid: nearest); zeros stay
+    assert q.tolist() == [[50, -127, 0, -1], [0, 0, 0, 0]]
+
+
+def test_a_weight_quantises_per_output_channel() -> None:
+    w = torch.tensor([[1.27, -0.635, 0.0], [0.0, 0.0, 0.0], [-0.254, 0.127, 0.0635]])
+    q, scales = quantize_weight(w)
+    torch.testing.assert_close(scales, torch.tensor([0.01, 1.0, 0.002]))
+    assert q.tolist() == [[127, -64, 0], [0, 0, 0], [-127, 64, 32]]  # -63.5 and 31.75 round off
+    torch.testing.assert_close(dequantize_weight(q, scales), q.float() * scales[:, None])
+    assert (dequantize_weight(q, scales) - w).abs().max() <= scales.max() / 2
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_layer_is_close_to_fp32_on_its_dequantised_weight(bias: bool) -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 40, bias=bias)
+    layer = QuantizedLinear.of(linear)
+    x = torch.randn(2, 7, 96)  # leading dimensions kept
+    y = layer(x)
+    assert y.shape == (2, 7, 40) and y.dtype == torch.float32
+    # the activations' rounding: at most half a step of each of 96 inputs, times |W|
+    on_dequantised = F.linear(x, layer.dequantized(), linear.bias)
+    x_step = absmax_scales(x.reshape(-1, 96)).max()
+    bound = 0.5 * x_step * layer.dequantized().abs().sum(dim=1).max()
+    assert (y - on_dequantised).abs().max() <= bound
+    torch.testing.assert_close(y, on_dequantised, atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_both_cpu_kernels_and_the_reference_agree(rows: int) -> None:
+    """oneDNN's and _int_mm's sums are exact integers: the same bits; the fp32 reference sums
+    the same integers exactly at these sizes."""
+    torch.manual_seed(1)
+    linear = nn.Linear(64, 48)
+    layer = QuantizedLinear.of(linear)
+    x = torch.randn(rows, 64) * 3
+    want = int8_linear_reference(x, layer.weight, layer.scales, layer.bias)
+    for max_rows in (0, 1 << 20):  # every product on _int_mm, every product on oneDNN
+        with performance_settings(int8_onednn_max_rows=max_rows):
+            got = layer(x)
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_a_row_does_not_depend_on_the_others() -> None:
+    """Activations are quantised per row: a row's output is the same alone or in a batch."""
+    torch.manual_seed(2)
+    layer = QuantizedLinear.of(nn.Linear(32, 16))
+    x = torch.randn(5, 32)
+    x[3] *= 100  # one large row does not coarsen the others' steps
+    batch = layer(x)
+    for i in range(5):
+        torch.testing.assert_close(layer(x[i : i + 1]), batch[i : i + 1], atol=0, rtol=0)
+
+
+def test_a_block_of_rows_is_that_block_of_the_output() -> None:
+    torch.manual_seed(3)
+    layer = QuantizedLinear.of(nn.Linear(16, 24))
+    x = torch.randn(4, 16)
+    full = layer(x)
+    for block in (slice(0, 8), slice(8, 24)):
+        torch.testing.assert_close(layer(x, block), full[:, block], atol=0, rtol=0)
+
+
+def test_kernels_follow_the_buffers_loaded_in_place_and_copies() -> None:
+    torch.manual_seed(4)
+    a, b = QuantizedLinear.of(nn.Linear(8, 4)), QuantizedLinear.of(nn.Linear(8, 4))
+    x = torch.randn(3, 8)
+    before = a(x)
+    a.load_state_dict(b.state_dict())
+    torch.testing.assert_close(a(x), b(x), atol=0, rtol=0)
+    assert not torch.equal(a(x), before)
+    torch.testing.assert_close(copy.deepcopy(a)(x), b(x), atol=0, rtol=0)
+    assert set(a.state_dict()) == {"weight", "scales", "bias"}
+    assert a.state_dict()["weight"].dtype == torch.int8
+
+
+def test_the_swap_replaces_exactly_the_linear_layers_not_kept() -> None:
+    class Packed(nn.Linear):
+        """A subclass: may compute anything, never swapped."""
+
+    shared = nn.Linear(4, 4)
+    model = nn.ModuleDict(
+        {"a": nn.Linear(4, 4), "keep": nn.Linear(4, 4), "sub": Packed(4, 4), "s1": shared}
+    )
+    model["s2"] = shared
+    quantize_linears(model, keep=lambda name: name == "keep")
+    assert isinstance(model["a"], QuantizedLinear) and type(model["keep"]) is nn.Linear
+    assert type(model["sub"]) is Packed
+    assert model["s1"] is model["s2"] and isinstance(model["s1"], QuantizedLinear)
+    assert is_quantized(model) and not is_quantized(nn.Sequential(nn.Linear(2, 2)))
+
+
+def test_the_structure_alone_has_zero_weights_of_the_same_shapes() -> None:
+    model = nn.Sequential(nn.Linear(6, 5, bias=False))
+    quantize_linears(model, values=False)
+    layer = model[0]
+    assert isinstance(layer, QuantizedLinear) and layer.bias is None
+    assert layer.weight.shape == (5, 6) and not layer.weight.any()
