@@ -645,7 +645,9 @@ def floor_lines(report: dict[str, Any]) -> list[str]:
             f"row they are {fb['int8'] / 1e6:.0f} MB: the int8 floor is "
             f"{1e3 * f['int8']:.2f} ms per token at that bandwidth.",
         ]
-        if "aiayn_int8_layout" in f:
+        if "aiayn_int8_layout" in f and not fb["aiayn_fp32_linears"]:
+            lines[-1] += " aiayn's int8 model holds every one of them in int8."
+        if "aiayn_int8_layout" in f and fb["aiayn_fp32_linears"]:
             kept = ", ".join(fb["aiayn_fp32_linears"]) or "none"
             lines[-1] += (
                 f" As aiayn's int8 model holds them ({fb['aiayn_int8_layout'] / 1e6:.0f} MB; "

@@ -19,9 +19,12 @@ from translate_vs_ct2 import (
     compare_outputs,
     first_difference,
     floor_bytes,
+    floor_lines,
+    goal_lines,
     goal_verdicts,
     holds_int8,
     mismatch_margin,
+    output_lines,
     read_floor,
     sequence_log_probs,
     step_linears,
@@ -150,3 +153,36 @@ def test_margins_are_the_models_own_log_probability_gaps(tiny: Transformer) -> N
     total_a = sum(float(logp[i, t]) for i, t in enumerate(a))
     total_b = sum(float(logp_b[i, t]) for i, t in enumerate(b))
     assert beam == pytest.approx(total_a - total_b, abs=1e-5)
+
+
+def test_the_report_lines_carry_the_floor_margins_and_verdicts() -> None:
+    floor_row = {
+        "batch": 1, "beam": 1, "read_s": {"median": 8e-3, "min": 8e-3, "max": 8e-3, "n": 1},
+        "floor_s": {"fp32": 8e-3, "int8": 2e-3, "aiayn_int8_layout": 2e-3},
+        "bandwidth_gb_s": 25.0, "floor_share": {AIAYN_INT8: 0.5, AIAYN_FP32: 0.4},
+        "fp32_vs_ct2": {"identical": 7, "sentences": 8, "mismatch_margins": {3: -2e-5},
+                        "near_ties": 1},
+        "int8_same_as_own_fp32": {AIAYN_INT8: 0.25},
+    }  # fmt: skip
+    report = {
+        "floor_bytes": {"fp32": 200e6, "int8": 50e6, "aiayn_int8_layout": 50e6,
+                        "aiayn_fp32_linears": []},
+        "rows": [floor_row], "args": {"tie": 1e-3},
+        "goals": goal_verdicts([row(1, 1, **{AIAYN_FP32: 100.0, AIAYN_INT8: 150.0})]),
+    }  # fmt: skip
+    floor = " ".join(floor_lines(report))
+    assert "200 MB of fp32 weights" in floor and "they are 50 MB" in floor
+    assert "2.00 ms per token" in floor and "every one of them in int8" in floor
+    assert "aiayn int8 50%" in floor
+    outputs = " ".join(output_lines(report))
+    assert "on **7/8**" in outputs and "2.0e-05 nats" in outputs and "1 near-ties" in outputs
+    assert "aiayn int8 = its own fp32 on 25%" in outputs
+    goals = goal_lines(report)
+    assert (
+        "| batch 1, greedy: aiayn int8 ≥ 2.0× aiayn fp32 | 1.50× (vs aiayn fp32) | **not met** |"
+        in goals
+    )
+    assert "| batch 32, greedy: aiayn int8 ≥ 1.0× ct2 int8 | – | not measured |" in goals
+    assert (
+        "| batch 1, greedy: aiayn int8 ≥ 70% of the int8 read floor | 50% | **not met** |" in goals
+    )
