@@ -10,31 +10,51 @@ import shlex
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from torch import Tensor
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 
 
+MATMUL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+"""The /proc/cpuinfo flags that decide which matmul kernels a CPU can run."""
+
+
+def describe_cpu(cpuinfo: str) -> str:
+    """The CPU as /proc/cpuinfo's text names it: model name, family and model numbers, and the
+    matmul-relevant flags it has, e.g. "AMD EPYC (family 25, model 17; avx2 avx512f
+    avx512_vnni)". "" when the text names no model."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name", "")
+    if not name:
+        return ""
+    flags = set(fields.get("flags", "").split())
+    have = " ".join(f for f in MATMUL_FLAGS if f in flags) or "none of " + ", ".join(MATMUL_FLAGS)
+    family, model = fields.get("cpu family"), fields.get("model")
+    numbers = f"family {family}, model {model}; " if family and model else ""
+    return f"{name} ({numbers}{have})"
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        cpu = describe_cpu(Path("/proc/cpuinfo").read_text()) or cpu
     info: dict[str, Any] = {
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
@@ -43,24 +63,164 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def matmul_peak(device: str = "cpu", dtype: torch.dtype = torch.float32, repeats: int = 7) -> float:
-    """Measured matmul throughput in FLOP/s: the median of ``repeats`` square products.
+class Peak(NamedTuple):
+    """A measured matmul peak: the fastest kernel's rate (FLOP/s, or integer OP/s for int8),
+    that kernel's name, and every kernel's rate (None where the kernel is missing here)."""
 
-    n = 2048 on CPU (fp32), 8192 on CUDA; 2·n³ FLOPs per product.
-    """
+    flops: float
+    kernel: str
+    by_kernel: dict[str, float | None]
+
+    def describe(self, unit: str = "GFLOP/s") -> str:
+        """ "X GFLOP/s (kernel; others: k1 Y, k2 Z)" for a table's caption."""
+        others = ", ".join(
+            f"{name} {rate / 1e9:,.0f}" if rate is not None else f"{name} n/a"
+            for name, rate in self.by_kernel.items()
+            if name != self.kernel
+        )
+        return f"{self.flops / 1e9:,.0f} {unit} ({self.kernel}; others: {others or 'none'})"
+
+
+def fastest(rates: dict[str, float | None]) -> tuple[str, float]:
+    """The kernel with the highest rate and that rate; kernels missing here (None) or that
+    failed (NaN) are skipped. ValueError when none ran."""
+    ran = {k: v for k, v in rates.items() if v is not None and v == v}
+    if not ran:
+        raise ValueError("no matmul kernel ran")
+    name = max(ran, key=lambda k: ran[k])
+    return name, ran[name]
+
+
+def fp32_kernels(n: int) -> dict[str, Callable[[], object] | None]:
+    """Square fp32 products of side ``n`` on CPU, by kernel: PyTorch's ``torch.mm`` (MKL, which
+    runs AVX2 code on AMD CPUs) and oneDNN's linear on a weight packed once
+    (``torch.ops.mkldnn._linear_pointwise``, AVX-512 where the CPU has it; what
+    ``aiayn.inference.pack_for_inference`` runs). None: not in this PyTorch build."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    kernels: dict[str, Callable[[], object] | None] = {
+        "torch.mm (MKL)": lambda: torch.mm(a, b, out=out)
+    }
+    mkldnn = torch.ops.mkldnn
+    if torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_linear_pointwise"):
+        packed = mkldnn._reorder_linear_weight(b.t().contiguous(), None)  # (N, K) as a weight
+        kernels["oneDNN packed linear"] = lambda: mkldnn._linear_pointwise(
+            a, packed, None, "none", [], ""
+        )
+    else:
+        kernels["oneDNN packed linear"] = None
+    return kernels
+
+
+def int8_kernels(n: int) -> dict[str, Callable[[], object] | None]:
+    """Square int8 products of side ``n`` on CPU, by kernel: ``torch._int_mm`` (s8 × s8 → s32),
+    and the quantized engines' linear on a prepacked per-channel s8 weight, static (u8
+    activations in) and dynamic (fp32 in, quantised per call, fp32 out): x86 (fbgemm or
+    oneDNN, chosen per shape), fbgemm, onednn (VNNI where the CPU has it). The weight-only
+    ``_weight_int8pack_mm`` is a matrix–vector kernel (fp32 activations; about 1 GOP/s on a
+    square product here) and is not a GEMM peak: left out."""
+    g = torch.Generator().manual_seed(0)
+    a8 = torch.randint(-128, 128, (n, n), dtype=torch.int8, generator=g)
+    b8 = torch.randint(-128, 128, (n, n), dtype=torch.int8, generator=g)
+    kernels: dict[str, Callable[[], object] | None] = {
+        "torch._int_mm": lambda: torch._int_mm(a8, b8)
+    }
+    a, w = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    engines = torch.backends.quantized.supported_engines
+    with warnings.catch_warnings():  # quantized tensors are deprecated in PyTorch 2.1x
+        warnings.simplefilter("ignore")
+        scales = w.abs().amax(dim=1) / 127
+        qw = torch.quantize_per_channel(w, scales, torch.zeros(n, dtype=torch.long), 0, torch.qint8)
+        qa = torch.quantize_per_tensor(a, float(a.abs().max()) / 127, 128, torch.quint8)
+        for engine in ("x86", "fbgemm", "onednn"):
+            if engine not in engines:
+                kernels[f"quantized.linear ({engine})"] = None
+                kernels[f"quantized.linear_dynamic ({engine})"] = None
+                continue
+            kernels.update(_quantized_linears(engine, qw, qa, a))
+    return kernels
+
+
+def _quantized_linears(
+    engine: str, qw: Tensor, qa: Tensor, a: Tensor
+) -> dict[str, Callable[[], object] | None]:
+    """Static and dynamic quantized linears of one engine (the engine is set around each call;
+    the weights are packed under it)."""
+
+    def under(fn: Callable[[], object]) -> Callable[[], object]:
+        def call() -> object:
+            before = torch.backends.quantized.engine
+            torch.backends.quantized.engine = engine
+            try:
+                return fn()
+            finally:
+                torch.backends.quantized.engine = before
+
+        return call
+
+    # one packed weight each: onednn's dynamic linear crashes (PyTorch 2.13) on a packed weight
+    # that a static linear has used
+    static, dynamic = (under(lambda: torch.ops.quantized.linear_prepack(qw, None))() for _ in "sd")
+    return {
+        f"quantized.linear ({engine})": under(
+            lambda: torch.ops.quantized.linear(qa, static, 0.1, 128)
+        ),
+        f"quantized.linear_dynamic ({engine})": under(
+            lambda: torch.ops.quantized.linear_dynamic(a, dynamic)
+        ),
+    }
+
+
+def time_product(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of ``repeats`` calls after two warm-up calls."""
+    times = []
+    for i in range(repeats + 2):
+        start = time.perf_counter()
+        fn()
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_peaks(kind: str = "fp32", n: int = 2048, repeats: int = 7) -> Peak:
+    """The CPU's measured matmul peak of ``kind`` ("fp32" or "int8"): the fastest of every kernel
+    PyTorch offers here (:func:`fp32_kernels`, :func:`int8_kernels`), each timed on square
+    products of side ``n`` (2·n³ operations; median of ``repeats``)."""
+    kernels = fp32_kernels(n) if kind == "fp32" else int8_kernels(n)
+    rates: dict[str, float | None] = {}
+    for name, fn in kernels.items():
+        try:
+            rates[name] = None if fn is None else 2 * n**3 / time_product(fn, repeats)
+        except RuntimeError:  # a kernel this CPU or build refuses
+            rates[name] = None
+    name, rate = fastest(rates)
+    return Peak(rate, name, rates)
+
+
+def device_peak(device: str = "cpu", dtype: torch.dtype = torch.float32, repeats: int = 7) -> Peak:
+    """Measured matmul peak of ``device`` in ``dtype``. CPU fp32: the fastest kernel of
+    :func:`matmul_peaks` (``torch.mm`` alone understates it where MKL runs AVX2 code while
+    oneDNN runs AVX-512). Otherwise (CUDA, other dtypes): the median of ``repeats`` square
+    ``torch.mm`` products, n = 8192 on CUDA, 2048 on CPU."""
+    if device == "cpu" and dtype == torch.float32:
+        return matmul_peaks("fp32", repeats=repeats)
     n = 8192 if device.startswith("cuda") else 2048
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
-    times = []
-    for i in range(repeats + 2):
-        sync(device)
-        start = time.perf_counter()
+
+    def product() -> None:
         torch.mm(a, b, out=out)
         sync(device)
-        if i >= 2:  # two warm-up products
-            times.append(time.perf_counter() - start)
-    return 2 * n**3 / statistics.median(times)
+
+    sync(device)
+    rate = 2 * n**3 / time_product(product, repeats)
+    return Peak(rate, "torch.mm", {"torch.mm": rate})
+
+
+def matmul_peak(device: str = "cpu", dtype: torch.dtype = torch.float32, repeats: int = 7) -> float:
+    """Measured matmul throughput in FLOP/s: :func:`device_peak`'s rate."""
+    return device_peak(device, dtype, repeats).flops
 
 
 def sync(device: str | torch.device) -> None:

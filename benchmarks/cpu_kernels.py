@@ -11,7 +11,10 @@
 2. Attention: ``F.scaled_dot_product_attention`` (fused kernel) against the explicit
    Q Kᵀ → softmax → · V that aiayn uses for many short queries without gradients.
 
-Best of 5 rounds of ``--calls`` calls each. Writes docs/results/cpu_kernels.{json,md}.
+Best of 5 rounds of ``--calls`` calls each. The fp32 and int8 matmul peaks are measured in the
+same run with the fastest kernel of each (``_common.matmul_peaks``: fp32 ``torch.mm``/MKL or
+oneDNN's packed linear; int8 ``torch._int_mm`` or the quantized engines' linears), and named
+with the CPU. Writes docs/results/cpu_kernels.{json,md}.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, machine, matmul_peak, write_report
+from _common import command_line, machine, matmul_peaks, write_report
 from aiayn.attention.scaled_dot_product import _explicit_attention, _explicit_is_faster
 from aiayn.inference import PackedLinear
 from aiayn.inference.kernels import small_product
@@ -71,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    peak = matmul_peak() / 1e9  # GFLOP/s
+    peaks = {kind: matmul_peaks(kind) for kind in ("fp32", "int8")}
     linear_rows = []
     for preset, shapes in SHAPES.items():
         for d_in, d_out in shapes:
@@ -105,7 +108,7 @@ def main() -> None:
         q, k, v = torch.randn(b, h, t, 64), torch.randn(b, h, s, 64), torch.randn(b, h, s, 64)
         fused = best_us(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v), args.calls)
         explicit = best_us(
-            lambda q=q, k=k, v=v: _explicit_attention(q, k, v, None, 0.0), args.calls
+            lambda q=q, k=k, v=v: _explicit_attention(q, k, v, None, None, None, 0.0), args.calls
         )
         attention_rows.append(
             {
@@ -119,12 +122,16 @@ def main() -> None:
     report = {
         "command": command_line(),
         "machine": machine(),
-        "matmul_peak_gflops": peak,  # torch.mm, i.e. MKL
+        "matmul_peak_gflops": peaks["fp32"].flops / 1e9,  # the fastest fp32 kernel
+        "matmul_peaks": {k: p._asdict() for k, p in peaks.items()},
         "linear": linear_rows,
         "attention": attention_rows,
     }
     lines = [
-        f"Matmul peak measured with torch.mm in the same run: {peak:.0f} GFLOP/s.",
+        f"On {report['machine']['cpu']}, {args.threads} threads. Matmul peaks measured in the "
+        f"same run, fastest kernel of each: fp32 {peaks['fp32'].describe()}; int8 "
+        f"{peaks['int8'].describe('GOP/s')}. Kernels: F.linear is PyTorch's (MKL), packed is "
+        "oneDNN's `mkldnn._linear_pointwise` on a weight packed once.",
         "",
         "| preset | D_in × D_out | rows | F.linear µs (GFLOP/s) | packed µs (GFLOP/s) | speed-up "
         "| aiayn uses, weights in cache |",

@@ -1,7 +1,7 @@
 """Benchmark: encoder-only inference of aiayn against Hugging Face with identical weights.
 
     python benchmarks/encoders_vs_hf.py [--threads 2] [--rounds 3] [--batches 2]
-        [--models bert vit] [--no-report]
+        [--models bert vit] [--quantize {none,int8}] [--no-report]
 
 - BERT-base shape (12 layers, 768 wide, vocabulary 30,522): batches of 32 sentences of random
   lengths 8–128 tokens, each batch padded to its longest sentence (Hugging Face's
@@ -22,29 +22,54 @@ commands do on CPU: the model with its linear layers packed for oneDNN
 (`aiayn.inference.pack_for_inference`, once, not timed). fp32, medians of interleaved rounds
 (min–max). The fraction of the matmul peak counts the multiply–adds each side performs (2 FLOPs
 each: linear layers over every padded position for Hugging Face, over the real tokens for
-aiayn; attention products over the padded lengths for both) per second against `torch.mm`'s
-measured peak in the same run. Writes docs/results/encoders_vs_hf.{json,md} unless
-`--no-report`.
+aiayn; attention products over the padded lengths for both) per second against the CPU's fp32
+matmul peak measured in the same run: the fastest of `torch.mm` (MKL) and oneDNN's packed
+linear (`_common.matmul_peaks`; on AMD CPUs MKL runs AVX2 code, oneDNN AVX-512, so `torch.mm`
+alone understates the peak). Each table names the CPU, the winning kernel, and each side's
+kernels (aiayn: oneDNN-packed linears; Hugging Face: `F.linear`, MKL).
+
+With `--quantize int8`, BERT also runs as aiayn int8 (`aiayn.inference.quantize.quantize_model(
+model, mode="int8")` under `BertInference`, what `aiayn embed --quantize int8` runs) in the same
+rounds: sentences/s against aiayn fp32 (goal ≥ 1.5×), its fraction of the int8 matmul peak
+measured in the same run (integer operations of the linear layers, fp32 attention counted
+alike), and the cosine of its sentence embeddings (mean over the real tokens) to fp32's, the
+lowest over the sentences (gate ≥ 0.99). Writes docs/results/encoders_vs_hf.{json,md}
+(`encoders_vs_hf_int8` with `--quantize int8`) unless `--no-report`.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, machine, matmul_peak, spread, time_interleaved, write_report
+from _common import (
+    Peak,
+    command_line,
+    machine,
+    matmul_peaks,
+    spread,
+    time_interleaved,
+    write_report,
+)
 from aiayn.convert import from_hf
 from aiayn.inference import pack_for_inference
 from aiayn.inference.encoder import BertInference, ViTInference
 
 GOAL = 1.3
+INT8_GOAL = 1.5
+"""The issue's goal: BERT-base embeddings, aiayn int8 ≥ 1.5× aiayn fp32."""
+COSINE_GATE = 0.99
+KERNELS = "aiayn: oneDNN-packed linears (`mkldnn._linear_pointwise`); HF: `F.linear` (MKL)"
 
 
 def bert_pair(folder: Path) -> tuple[Any, Any]:
@@ -97,7 +122,7 @@ def vit_flops(images: int, d: int = 768, f: int = 3072, n: int = 12, s: int = 19
 
 
 @torch.inference_mode()
-def run_bert(rounds: int, n_batches: int) -> dict[str, Any]:
+def run_bert(rounds: int, n_batches: int, int8: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         hf, ours = bert_pair(Path(tmp))
     fast = BertInference(pack_for_inference(ours))
@@ -107,17 +132,42 @@ def run_bert(rounds: int, n_batches: int) -> dict[str, Any]:
                - fast(i, attention_mask=m).hidden)[m].abs().max())
         for i, m in batches
     )  # fmt: skip
-    fns = {
+    fns: dict[str, Callable[[], object]] = {
         "hf": lambda: [hf(input_ids=i, attention_mask=m.long()) for i, m in batches],
         "aiayn": lambda: [fast(i, attention_mask=m) for i, m in batches],
     }
+    cosine = None
+    if int8:
+        from aiayn.inference.quantize import quantize_model
+
+        # in place: a copy of the fp32 model, packed as `aiayn embed --quantize int8` runs it;
+        # outside inference mode, as the command quantises (QuantizedLinear checks its
+        # tensors' version counters, which inference tensors lack)
+        with torch.inference_mode(False):
+            int8_model = quantize_model(copy.deepcopy(ours), mode="int8")
+            quantised = BertInference(pack_for_inference(int8_model))
+        fns["aiayn int8"] = lambda: [quantised(i, attention_mask=m) for i, m in batches]
+        cosine = min(
+            min_cosine(fast(i, attention_mask=m).hidden, quantised(i, attention_mask=m).hidden, m)
+            for i, m in batches
+        )
     times = time_interleaved(fns, rounds)
     real = sum(int(m.sum()) for _, m in batches)
     positions = sum(m.numel() for _, m in batches)
+    flops = {"hf": bert_flops(batches, padded=True), "aiayn": bert_flops(batches, padded=False)}
+    if int8:
+        flops["aiayn int8"] = flops["aiayn"]
     return {"times": {k: spread(v) for k, v in times.items()}, "sentences": 32 * n_batches,
-            "flops": {"hf": bert_flops(batches, padded=True),
-                      "aiayn": bert_flops(batches, padded=False)},
-            "real_tokens": real, "positions": positions, "max_abs_difference": gap}  # fmt: skip
+            "flops": flops, "real_tokens": real, "positions": positions,
+            "max_abs_difference": gap, "int8_min_cosine": cosine}  # fmt: skip
+
+
+def min_cosine(a: Tensor, b: Tensor, mask: Tensor) -> float:
+    """The lowest cosine between the sentence embeddings (mean of the real tokens' states) of
+    two (B, S, D) outputs; ``mask`` (B, S), True = real token."""
+    m = mask[..., None].to(a.dtype)  # (B, S, 1)
+    ea, eb = (x.mul(m).sum(1) / m.sum(1) for x in (a, b))  # (B, D)
+    return float(torch.nn.functional.cosine_similarity(ea, eb, dim=-1).min())
 
 
 @torch.inference_mode()
@@ -155,13 +205,17 @@ def row(name: str, unit: str, count: int, r: dict[str, Any], peak: float) -> str
     return line
 
 
-def table(args: argparse.Namespace, results: dict[str, Any], peak: float, load: float) -> list[str]:
+def table(
+    args: argparse.Namespace, results: dict[str, Any], peaks: dict[str, Peak], load: float
+) -> list[str]:
     """The report's Markdown lines."""
+    peak, cpu = peaks["fp32"].flops, machine()["cpu"]
     lines = [
         "# Encoders: aiayn vs Hugging Face (identical weights)",
         "",
-        f"`{command_line()}`; {args.threads} threads, fp32; torch.mm peak {peak / 1e9:.0f} "
-        f"GFLOP/s; load average (1 min) at start {load:.1f}, at end {os.getloadavg()[0]:.1f}. "
+        f"`{command_line()}` on {cpu}; {args.threads} threads, fp32; kernels: {KERNELS}; fp32 "
+        f"matmul peak measured in the same run, fastest kernel: {peaks['fp32'].describe()}; "
+        f"load average (1 min) at start {load:.1f}, at end {os.getloadavg()[0]:.1f}. "
         f"Medians of {args.rounds} interleaved rounds of {args.batches} batches.",
     ]
     if "bert" in results:
@@ -185,7 +239,34 @@ def table(args: argparse.Namespace, results: dict[str, Any], peak: float, load: 
     for model, r in results.items():
         name, unit = names[model]
         lines.append(row(name, unit, r[unit], r, peak))
+    if "int8" in peaks and "bert" in results:
+        lines += int8_table(results["bert"], peaks["int8"])
     return lines
+
+
+def int8_table(r: dict[str, Any], peak: Peak) -> list[str]:
+    """BERT int8 against BERT fp32 (both aiayn), same rounds."""
+    fp32, int8 = r["times"]["aiayn"]["median"], r["times"]["aiayn int8"]["median"]
+    ratio = fp32 / int8
+    met = "met" if ratio >= INT8_GOAL else "**not met**"
+    cos = r["int8_min_cosine"]
+    cos_met = "met" if cos >= COSINE_GATE else "**not met**"
+    return [
+        "",
+        'BERT int8 (`quantize_model(model, mode="int8")` under `BertInference`: '
+        "`QuantizedLinear`, int8 weights with one scale per output row, activations quantised "
+        "per row, `torch._int_mm` or oneDNN `qlinear_pointwise` by row count) against "
+        f"aiayn fp32, same rounds; int8 matmul peak measured in the same run: "
+        f"{peak.describe('GOP/s')}.",
+        "",
+        "| model, batch | aiayn fp32 | aiayn int8 | **int8 / fp32** | int8, of int8 peak "
+        "| lowest embedding cosine to fp32 | goals |",
+        "|---|---|---|---|---|---|---|",
+        f"| BERT-base, 32 sentences of 8–128 tokens | {r['sentences'] / fp32:.1f} sentences/s "
+        f"| {r['sentences'] / int8:.1f} sentences/s | **{ratio:.2f}×** "
+        f"| {r['flops']['aiayn int8'] / int8 / peak.flops:.0%} | {cos:.4f} "
+        f"| ≥ {INT8_GOAL}×: {met}; cosine ≥ {COSINE_GATE}: {cos_met} |",
+    ]
 
 
 def main() -> None:
@@ -194,21 +275,30 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batches", type=int, default=2, help="batches per timed call")
     parser.add_argument("--models", nargs="+", choices=("bert", "vit"), default=["bert", "vit"])
+    parser.add_argument("--quantize", choices=("none", "int8"), default="none",
+                        help="int8: also BERT int8 in the same rounds")  # fmt: skip
     parser.add_argument("--no-report", dest="report", action="store_false",
                         help="print the table only; write nothing under docs/results")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
-    peak = matmul_peak()
-    runs = {"bert": run_bert, "vit": run_vit}
-    results = {model: runs[model](args.rounds, args.batches) for model in args.models}
-    lines = table(args, results, peak, load)
+    int8 = args.quantize == "int8"
+    peaks = {kind: matmul_peaks(kind) for kind in (("fp32", "int8") if int8 else ("fp32",))}
+    results = {}
+    for model in args.models:
+        if model == "bert":
+            results[model] = run_bert(args.rounds, args.batches, int8)
+        else:
+            results[model] = run_vit(args.rounds, args.batches)
+    lines = table(args, results, peaks, load)
     ratios = {model: speedup(r) for model, r in results.items()}
     data = {"machine": machine(), "command": command_line(), "threads": args.threads,
-            "matmul_peak_flops": peak, **results, "ratios": ratios}  # fmt: skip
+            "matmul_peak_flops": peaks["fp32"].flops,
+            "matmul_peaks": {k: p._asdict() for k, p in peaks.items()},
+            "kernels": KERNELS, **results, "ratios": ratios}  # fmt: skip
     print("\n".join(lines))
     if args.report:
-        write_report("encoders_vs_hf", data, lines)
+        write_report("encoders_vs_hf_int8" if int8 else "encoders_vs_hf", data, lines)
 
 
 if __name__ == "__main__":

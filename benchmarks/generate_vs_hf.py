@@ -12,12 +12,17 @@ token (batch 1 is bound by that read). aiayn generates as `aiayn generate` does 
 `decoder_only_step` over oneDNN-packed linear layers ("packed"); also timed with PyTorch's own
 `F.linear` ("PyTorch linears"), the kernels HF uses. Medians of `--repeats` interleaved rounds
 (min and max kept), so every contender meets the same machine.
-Writes docs/results/generate_vs_hf_PRESET.{json,md}.
+With `--quantize int8`, also aiayn int8 (`aiayn.inference.quantize.quantize_model(model,
+mode="int8")`, what `aiayn generate --quantize int8` runs) in the same rounds: its tokens/s,
+its ratio to aiayn fp32 (goal at batch 1: ≥ 2×), and the share of its outputs identical to
+fp32's (int8 arithmetic may change a greedy choice; no identity is required of it).
+Writes docs/results/generate_vs_hf_PRESET.{json,md} (`_int8` appended with `--quantize int8`).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 from collections.abc import Callable
@@ -56,7 +61,13 @@ def hf_model(preset: str, seed: int):  # type: ignore[no-untyped-def]
     return GPT2LMHeadModel(config).eval()
 
 
-def run_batch(hf: Any, ours: GPT2, packed: GPT2, batch: int, args: argparse.Namespace) -> dict:
+INT8_GOAL = 2.0
+"""The issue's goal: aiayn int8 ≥ 2× aiayn fp32 tokens/s at batch 1."""
+
+
+def run_batch(
+    hf: Any, ours: GPT2, packed: GPT2, batch: int, args: argparse.Namespace, int8: GPT2 | None
+) -> dict:
     """Time one batch size; check the outputs are identical first."""
     g = torch.Generator().manual_seed(batch)
     prompts = torch.randint(0, ours.config.vocab_size, (batch, args.prompt_len), generator=g)
@@ -87,12 +98,20 @@ def run_batch(hf: Any, ours: GPT2, packed: GPT2, batch: int, args: argparse.Name
 
     want = run_hf()
     identical = run(packed)() == want and run(ours)() == want
-    fns = {
+    fns: dict[str, Callable[[], object]] = {
         "aiayn packed": run(packed),
         "aiayn PyTorch linears": run(ours),
         "hf": run_hf,
         "read": read,
     }
+    int8_out: list[list[list[int]]] = []
+    if int8 is not None:
+        run_int8 = run(int8)
+
+        def keep_int8() -> None:
+            int8_out.append(run_int8())
+
+        fns["aiayn int8"] = keep_int8
     times = time_interleaved(fns, args.repeats)
     tokens = batch * new
     row: dict[str, Any] = {"batch": batch, "identical_outputs": identical, "new_tokens": new}
@@ -104,6 +123,13 @@ def run_batch(hf: Any, ours: GPT2, packed: GPT2, batch: int, args: argparse.Name
         row[f"{name} tok/s"] = tokens / s
         row[f"{name} vs hf"] = hf_s / s
         row[f"{name} floor fraction"] = statistics.median(times["read"]) / (s / new)
+    if int8 is not None:
+        s = statistics.median(times["aiayn int8"])
+        row["aiayn int8 tok/s"] = tokens / s
+        row["aiayn int8 vs packed"] = statistics.median(times["aiayn packed"]) / s
+        row["aiayn int8 identical to fp32"] = sum(
+            a == b for a, b in zip(int8_out[-1], want, strict=True)
+        ) / len(want)
     row["hf tok/s"] = tokens / hf_s
     row["hf floor fraction"] = statistics.median(times["read"]) / (hf_s / new)
     return row
@@ -118,16 +144,24 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quantize", choices=("none", "int8"), default="none",
+                        help="also time aiayn int8 in the same rounds")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as `aiayn generate` sets it on CPU; HF runs in this process too
     hf = hf_model(args.preset, args.seed)
     ours, _ = gpt2_from_hf_tensors(hf.config.to_dict(), hf.state_dict())
     packed = pack_for_inference(ours)
+    int8 = None
+    if args.quantize == "int8":
+        from aiayn.inference.quantize import quantize_model
+
+        # in place: a copy of the fp32 model, packed as `aiayn generate --quantize int8` does
+        int8 = pack_for_inference(quantize_model(copy.deepcopy(ours), mode="int8"))
     weight_mb = sum(p.numel() * p.element_size() for p in ours.parameters()) / 1e6
     rows = []
     for batch in args.batches:
-        rows.append(run_batch(hf, ours, packed, batch, args))
+        rows.append(run_batch(hf, ours, packed, batch, args, int8))
         print(rows[-1], flush=True)
     report = {
         "command": command_line(),
@@ -137,7 +171,8 @@ def main() -> None:
         "args": vars(args),
         "rows": rows,
     }
-    path = write_report(f"generate_vs_hf_{args.preset}", report, markdown(report))
+    suffix = "_int8" if args.quantize == "int8" else ""
+    path = write_report(f"generate_vs_hf_{args.preset}{suffix}", report, markdown(report))
     print(f"wrote {path}")
 
 
@@ -165,6 +200,33 @@ def markdown(report: dict[str, Any]) -> list[str]:
             f"| {r['aiayn packed tok/s']:,.0f} | {r['aiayn packed vs hf']:.2f}× "
             f"| {r['aiayn PyTorch linears tok/s']:,.0f} | {r['aiayn PyTorch linears vs hf']:.2f}× "
             f"| {fmt(r['read'], 1e3, 1)} | {100 * r['aiayn packed floor fraction']:.0f}% |"
+        )
+    if any("aiayn int8 tok/s" in r for r in report["rows"]):
+        lines += int8_lines(report)
+    return lines
+
+
+def int8_lines(report: dict[str, Any]) -> list[str]:
+    """aiayn int8 against aiayn fp32 (packed), same rounds."""
+    lines = [
+        "",
+        'aiayn int8 (`quantize_model(model, mode="int8")`: `QuantizedLinear`, int8 weights '
+        "with one scale per output row, activations quantised per row, `torch._int_mm` or "
+        "oneDNN `qlinear_pointwise` by row count) against aiayn fp32 (oneDNN-packed linears), "
+        f"same rounds, on {report['machine']['cpu']}; goal at batch 1: ≥ {INT8_GOAL:.0f}×.",
+        "",
+        "| batch | aiayn fp32 tok/s | aiayn int8 tok/s | **int8 / fp32** | int8 outputs = fp32 "
+        "| goal |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        ratio = r["aiayn int8 vs packed"]
+        goal = ""
+        if r["batch"] == 1:
+            goal = f"≥ {INT8_GOAL:.0f}×: " + ("met" if ratio >= INT8_GOAL else "**not met**")
+        lines.append(
+            f"| {r['batch']} | {r['aiayn packed tok/s']:,.0f} | {r['aiayn int8 tok/s']:,.0f} "
+            f"| **{ratio:.2f}×** | {r['aiayn int8 identical to fp32']:.0%} | {goal} |"
         )
     return lines
 

@@ -14,7 +14,9 @@ Runs, each as its own process (so they never share the cores):
      train_lm_vs_hf.py — GPT-2 training steps against a plain GPT2LMHeadModel loop, at 124M and
      at the LM demo's size (CPU only);
   6. translate_vs_hf.py — translation of converted t5-small- and opus-mt-en-de-shaped models
-     against Hugging Face generate, outputs checked identical (CPU only).
+     against Hugging Face generate, outputs checked identical (CPU only);
+  7. translate_vs_ct2.py — the opus-mt-en-de shape against CTranslate2, fp32 and int8 (CPU
+     only).
 Then prints one table and writes docs/results/summary.{json,md} with the machine, the torch
 version and this command; each benchmark also leaves its own detailed files there. With
 ``--from-results`` nothing runs: the summary is assembled from those files, and names the
@@ -83,6 +85,8 @@ def load_results(device: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 TRANSLATION_MODELS = ("t5-small", "opus-mt-en-de")
 """The checkpoint shapes of translate_vs_hf.py."""
+CT2_REPORT = "opus-mt-en-de vs CTranslate2"
+"""translate_vs_ct2.py's report, among the translation reports."""
 
 GPT2_TRAINING = {
     "gpt2": [],
@@ -108,6 +112,9 @@ def translation_results(device: str) -> dict[str, Any]:
         path = RESULTS / f"translate_vs_hf_{model}.json"
         if device == "cpu" and path.exists():
             found[model] = json.loads(path.read_text())
+    path = RESULTS / "translate_vs_ct2.json"
+    if device == "cpu" and path.exists():
+        found[CT2_REPORT] = json.loads(path.read_text())
     return found
 
 
@@ -129,6 +136,7 @@ def run_all(args: argparse.Namespace, device: str) -> None:
                 "translate_vs_hf.py",
                 *("--model", model, "--threads", str(args.threads), "--rounds", str(args.rounds)),
             )
+        run("translate_vs_ct2.py", "--threads", str(args.threads), "--rounds", str(args.rounds))
 
 
 def write_summary(
@@ -149,8 +157,10 @@ def write_summary(
         "",
         f"Machine: {training['machine']['cpu']}, {training['machine'].get('gpu', 'no GPU')}, "
         f"{threads} threads; torch {training['machine']['torch']}; measured "
-        f"{training['matmul_peak_dtype']} matmul peak {peak / 1e9:,.0f} GFLOP/s. "
-        "Every ratio is aiayn / peer, both measured in the same run (medians).",
+        f"{training['matmul_peak_dtype']} matmul peak {peak / 1e9:,.0f} GFLOP/s "
+        f"({peak_kernel(training)}; fractions of the peak are of that). "
+        "Every ratio is aiayn / peer, both measured in the same run (medians); each "
+        "benchmark's own report names the kernels each side ran.",
         "",
         *(
             [
@@ -207,6 +217,14 @@ def write_summary(
     print(f"wrote {path} and .json")
 
 
+def peak_kernel(training: dict[str, Any]) -> str:
+    """Which kernel the training report's peak is: the fastest measured
+    (`_common.matmul_peaks`), or `torch.mm` alone in reports written before that."""
+    if "matmul_peak_kernel" in training:
+        return f"{training['matmul_peak_kernel']}, the fastest kernel measured"
+    return "torch.mm alone: a report written before the peak took the fastest kernel"
+
+
 def gpt2_rows(gpt2: dict[str, Any]) -> list[str]:
     """Summary rows of the GPT-2 reports."""
     lines = []
@@ -231,6 +249,9 @@ def translation_rows(translation: dict[str, Any]) -> list[str]:
     """Summary rows of the translation reports (with how many outputs were identical)."""
     lines = []
     for model, report in translation.items():
+        if model == CT2_REPORT:
+            lines += ct2_rows(report)
+            continue
         for r in report["rows"]:
             search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
             lines.append(
@@ -238,6 +259,27 @@ def translation_rows(translation: dict[str, Any]) -> list[str]:
                 f"({r['identical']}/{r['sentences']} outputs identical) | {model} | "
                 f"{r['aiayn_tok_s']:,.0f} | {r['hf_tok_s']:,.0f} | {r['ratio']:.2f}× | |"
             )
+    return lines
+
+
+def ct2_rows(report: dict[str, Any]) -> list[str]:
+    """Summary rows of translate_vs_ct2.py: aiayn fp32 vs CTranslate2 float32, and aiayn int8
+    vs CTranslate2's fastest int8 type, per configuration (the peer named in the row)."""
+    lines = []
+    for r in report["rows"]:
+        search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+        rates = r["tok_s"]
+        peers = {"aiayn fp32": "CTranslate2 float32"}
+        int8_peers = [k for k in rates if k.startswith("CTranslate2 int8")]
+        if int8_peers:
+            peers["aiayn int8"] = max(int8_peers, key=lambda k: rates[k])
+        for ours, peer in peers.items():
+            if ours in rates and peer in rates:
+                lines.append(
+                    f"| translation tok/s, batch {r['batch']}, {search}, {ours} vs {peer} | "
+                    f"opus-mt-en-de | {rates[ours]:,.0f} | {rates[peer]:,.0f} | "
+                    f"{rates[ours] / rates[peer]:.2f}× | |"
+                )
     return lines
 
 

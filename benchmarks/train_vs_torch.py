@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, fmt, machine, matmul_peak, spread, sync, write_report
+from _common import command_line, device_peak, fmt, machine, spread, sync, write_report
 from _peer_nmt import PeerConfig, TorchReference
 from aiayn.data import Batch, TokenBatchSampler
 from aiayn.models.flops import training_flops
@@ -252,8 +252,8 @@ def main() -> None:
     on_gpu = args.device_name == "cuda"
     dtype = torch.bfloat16 if on_gpu else torch.float32
     peak_name = "bf16" if on_gpu else "fp32"
-    peaks = [matmul_peak(args.device_name, dtype)]  # again at the end: the higher one counts
-    print(f"measured {peak_name} matmul peak: {peaks[0] / 1e9:,.0f} GFLOP/s", flush=True)
+    measured = [device_peak(args.device_name, dtype)]  # again at the end: the higher counts
+    print(f"measured {peak_name} matmul peak: {measured[0].describe()}", flush=True)
     compile_presets = args.presets if args.compile else args.compile_presets
     report: dict[str, Any] = {
         "benchmark": "train_vs_torch",
@@ -282,10 +282,14 @@ def main() -> None:
                     runs.setdefault(name, []).append(res)
                     rate = res["tgt_tokens"] / sum(res["step_seconds"])
                     print(f"{preset} round {r + 1} {name}: {rate:,.0f} tok/s", flush=True)
-    peaks.append(matmul_peak(args.device_name, dtype))
-    peak = max(peaks)
+    measured.append(device_peak(args.device_name, dtype))
+    best = max(measured, key=lambda p: p.flops)
+    peaks = [p.flops for p in measured]
+    peak = best.flops
     report["matmul_peak_flops"] = peak
+    report["matmul_peak_kernel"] = best.kernel
     report["matmul_peak_measurements"] = peaks
+    report["matmul_peak_by_kernel"] = [p.by_kernel for p in measured]
     lines = [
         f"# Training throughput: aiayn vs torch.nn.Transformer ({args.device_name})",
         "",
@@ -293,8 +297,9 @@ def main() -> None:
         "",
         f"Machine: {report['machine']['cpu']}"
         + (f", {report['machine']['gpu']}" if on_gpu else f", {args.threads} threads")
-        + f"; torch {torch.__version__}; measured {peak_name} matmul peak "
-        f"{peak / 1e9:,.0f} GFLOP/s (the higher of "
+        + f"; torch {torch.__version__}; both sides' linear layers run PyTorch's autograd "
+        f"kernels; measured {peak_name} matmul peak, fastest kernel: {best.describe()} (the "
+        "higher of "
         + " and ".join(f"{p / 1e9:,.0f}" for p in peaks)
         + f", before and after). Medians over {args.rounds} rounds (min–max), "
         f"{args.steps} timed steps each after {args.warmup} warm-up steps; "
