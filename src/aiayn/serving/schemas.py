@@ -212,7 +212,7 @@ class AttentionRequest(Request):
         description="a translation model's target sentence (default: its own greedy translation)",
     )
     views: Annotated[list[Text], Field(min_length=1, max_length=8)] | None = Field(
-        None, description="the maps to return by name, e.g. [\"cross\"] (default: all)"
+        None, description="the maps to return by name, e.g. cross (default: all)"
     )
 
 
