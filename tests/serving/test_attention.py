@@ -119,9 +119,7 @@ def test_the_attention_task_uses_the_models_worker(checkpoints: dict[str, Path])
     assert "attention" not in vit.tasks  # its maps are of an image
 
 
-def test_runs_between_the_translations_steps(
-    checkpoints: dict[str, Path], serve_app: Any
-) -> None:
+def test_runs_between_the_translations_steps(checkpoints: dict[str, Path], serve_app: Any) -> None:
     """Only the translation model is served: attention requests share its decode worker with
     concurrent translations (no thread of their own), and every answer is the one it gets
     alone."""

@@ -8,10 +8,11 @@ every call. The page itself holds no data and is served without the token.
 After a translation, when the model serves ``/v1/attention``, the page asks for the
 encoder–decoder attention of the answer (the first line's source and its translation as the
 target, the maps ``aiayn attention`` captures; where the answer, tokenized again, has more tokens
-than a map's side, the model's own greedy translation, as the maps' lines then say) and draws it with the attention page's head view
-(:mod:`aiayn.visualization.head_view`: its style, markup and script, unchanged) in an inline
-frame of its own, built in the browser from the answer's JSON: every head of a layer at once, a
-line from each decoder input to each source token it attends to.
+than a map's side, the model's own greedy translation, as the maps' lines then say) and draws
+it with the attention page's head view (:mod:`aiayn.visualization.head_view`: its style, markup
+and script, unchanged) in an inline frame of its own, built in the browser from the answer's
+JSON: every head of a layer at once, a line from each decoder input to each source token it
+attends to.
 
 The script exposes ``window.aiaynPlayground`` (``models()``, ``choose(name)``, ``run()``,
 ``output()``, ``attention()``: the drawn maps' token counts) for the headless-browser test.
