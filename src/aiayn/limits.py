@@ -55,3 +55,9 @@ MAX_REQUEST_BODY_BYTES = 64 * 1024 * 1024
 
 MAX_COMPLETION_CHOICES = 16
 """The most completions ``n`` per prompt of ``aiayn serve``'s ``/v1/completions``."""
+
+MAX_ATTENTION_TOKENS = 160
+"""The most tokens a side of an attention map (source with EOS, decoder input with BOS):
+``aiayn attention --max-tokens``'s default and ``aiayn serve``'s ``/v1/attention`` bound.
+Labelled maps beyond it are unreadable, their figures (which grow with the square of the
+tokens) take minutes and gigabytes to draw, and a served map's JSON grows the same way."""

@@ -188,10 +188,13 @@ def test_classify_image_equals_classify_image(
 
 def test_models_health_and_metrics(client: TestClient) -> None:
     cards = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
-    assert cards["mt"]["family"] == "transformer" and cards["mt"]["endpoints"] == ["/v1/translate"]
-    assert cards["lm"]["endpoints"] == ["/v1/completions"] and cards["lm"]["max_input_tokens"] == 40
-    assert cards["mlm"]["endpoints"] == ["/v1/embeddings", "/v1/fill-mask"]
-    assert cards["cls"]["endpoints"] == ["/v1/classify", "/v1/embeddings"]
+    attention = "/v1/attention"
+    assert cards["mt"]["family"] == "transformer"
+    assert cards["mt"]["endpoints"] == [attention, "/v1/translate"]
+    assert cards["lm"]["endpoints"] == [attention, "/v1/completions"]
+    assert cards["lm"]["max_input_tokens"] == 40
+    assert cards["mlm"]["endpoints"] == [attention, "/v1/embeddings", "/v1/fill-mask"]
+    assert cards["cls"]["endpoints"] == [attention, "/v1/classify", "/v1/embeddings"]
     assert cards["vit"]["endpoints"] == ["/v1/classify"]
     assert all(c["parameters"] > 0 for c in cards.values())
     assert client.get("/health").json() == {"status": "ok", "models": 5}

@@ -41,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.cli.commands import add_command
+from aiayn.limits import MAX_ATTENTION_TOKENS
 from aiayn.validation import NonNegativeInt, PositiveInt, flag_type
 
-MAX_TOKENS = 160
+MAX_TOKENS = MAX_ATTENTION_TOKENS
 """The default ``--max-tokens``: the most tokens a side of a map (source with EOS, decoder input
 with BOS). Labelled maps beyond it are unreadable, and their figures, which grow with the square
 of the tokens, take minutes and gigabytes to draw."""

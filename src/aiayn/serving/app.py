@@ -37,6 +37,7 @@ ENDPOINTS = {
     "classify-text": "/v1/classify",
     "classify-image": "/v1/classify",
     "fill-mask": "/v1/fill-mask",
+    "attention": "/v1/attention",
 }
 """The endpoint serving each command of the family registry."""
 
@@ -217,6 +218,13 @@ class _Routes:
         async def fill_mask(body: s.FillMaskRequest, request: Request) -> Any:
             """The most probable tokens at each mask (``aiayn fill-mask``)."""
             task = self.pick("fill-mask", body.model)
+            return await self.answer(request, task, task.prepare(body))  # type: ignore[attr-defined]
+
+    def _attention(self, app: FastAPI) -> None:
+        @app.post("/v1/attention", response_model=s.AttentionResponse, responses=_ERRORS)
+        async def attention(body: s.AttentionRequest, request: Request) -> Any:
+            """Every layer's and head's attention for one text (``aiayn attention``'s maps)."""
+            task = self.pick("attention", body.model)
             return await self.answer(request, task, task.prepare(body))  # type: ignore[attr-defined]
 
     def _classify_text(self, app: FastAPI) -> None:

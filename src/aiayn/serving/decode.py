@@ -112,6 +112,8 @@ class DecodeEngine(Engine):
             first = self._take(wait=None if not groups else 0)
             if first is None:
                 return
+            if self._run_inline(first):
+                continue
             jobs = self._companions(first)
             try:
                 groups.append(self._start(jobs))

@@ -10,6 +10,10 @@ runs, or taken out of a running decode at the next step (:mod:`aiayn.serving.dec
 :class:`BatchEngine` merges the waiting jobs of an encoder task (BERT embeddings, classes, masked
 tokens; ViT classes) under a token budget: after the first job it waits at most ``max_wait_ms``
 for more, and runs them as one call of the library function the CLI command calls.
+
+An :class:`Inline` job (a request that runs alone: the attention maps of one input) may be
+queued on any worker: the worker runs it on its own when it takes it, between batches or
+decoding steps, so that it never runs the model at the same time as that worker's batches.
 """
 
 from __future__ import annotations
@@ -65,6 +69,18 @@ class Job:
         """Send a partial result (streaming), from any thread."""
         if self.progress is not None and not self.cancelled:
             self.loop.call_soon_threadsafe(self.progress, update)
+
+
+@dataclass(frozen=True)
+class Inline:
+    """A job's payload that runs alone on the worker that takes it: ``run()`` gives its result
+    (or raises)."""
+
+    run: Callable[[], Any]
+
+
+INLINE = "inline"
+"""The key of :class:`Inline` jobs: no other job shares it, so none joins their batches."""
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -153,6 +169,18 @@ class Engine:
             self._queue.appendleft(job)
             self.metrics.queue_depth.labels(self.name).set(len(self._queue))
 
+    def _run_inline(self, job: Job) -> bool:
+        """Run ``job`` now if it is an :class:`Inline` job (and answer it); False otherwise."""
+        if not isinstance(job.payload, Inline):
+            return False
+        try:
+            result = job.payload.run()
+        except Exception as error:
+            job.fail(as_problem(error))
+        else:
+            job.resolve(result)
+        return True
+
     def _peek_key(self) -> tuple[bool, Any]:
         """(whether a job waits, the key of the first one)."""
         with self._cond:
@@ -190,6 +218,8 @@ class BatchEngine(Engine):
             first = self._take(wait=None)
             if first is None:
                 return
+            if self._run_inline(first):
+                continue
             jobs = self._gather(first)
             self._execute(jobs)
 

@@ -13,6 +13,7 @@ from torch import nn
 from aiayn.checkpoint import load_checkpoint
 from aiayn.errors import UserError
 from aiayn.models.families import Family, family_of
+from aiayn.serving.attention_task import AttentionTask
 from aiayn.serving.encoder_tasks import (
     ClassifyImageTask,
     ClassifyTextTask,
@@ -24,6 +25,7 @@ from aiayn.serving.options import ServeOptions
 from aiayn.serving.tasks import GenerateTask, Task, TranslateTask
 
 TASKS: dict[str, Any] = {
+    "attention": AttentionTask,
     "translate": TranslateTask,
     "generate": GenerateTask,
     "embed": EmbedTask,
@@ -31,7 +33,8 @@ TASKS: dict[str, Any] = {
     "fill-mask": FillMaskTask,
     "classify-image": ClassifyImageTask,
 }
-"""The task serving each command of the family registry (``attention`` is not served)."""
+"""The task serving each command of the family registry (``attention``: for text, on the worker
+of the model's other endpoint)."""
 
 
 @dataclass
@@ -79,10 +82,13 @@ def load_served_model(
     ckpt = load_checkpoint(path, map_location=resolve_device(device), expect=nn.Module)
     family = family_of(ckpt.model)
     tasks: dict[str, Task] = {}
-    for command in sorted(family.commands):
+    for command in sorted(family.commands - {"attention"}):
         task = TASKS.get(command)
         if task is not None and task.serves(ckpt):
             tasks[command] = task(name, ckpt, options, metrics)
+    if "attention" in family.commands and AttentionTask.serves(ckpt):
+        host = next(iter(tasks.values())).engine if tasks else None
+        tasks["attention"] = AttentionTask(name, ckpt, options, metrics, host)
     if not tasks:
         raise UserError(f"{ckpt.path} holds a {family.name} model, which serves no endpoint")
     parameters = sum(p.numel() for p in ckpt.model.parameters())

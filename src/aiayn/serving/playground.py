@@ -5,13 +5,54 @@ continuations, nearest-sentence similarities (the first line against the others)
 masked tokens. A bearer token, when the service needs one, is typed into the page and sent with
 every call. The page itself holds no data and is served without the token.
 
+After a translation, when the model serves ``/v1/attention``, the page asks for the
+encoder–decoder attention of the answer (the first line's source and its translation as the
+target, the maps ``aiayn attention`` captures; where the answer, tokenized again, has more tokens
+than a map's side, the model's own greedy translation, as the maps' lines then say) and draws
+it with the attention page's head view (:mod:`aiayn.visualization.head_view`: its style, markup
+and script, unchanged) in an inline frame of its own, built in the browser from the answer's
+JSON: every head of a layer at once, a line from each decoder input to each source token it
+attends to.
+
 The script exposes ``window.aiaynPlayground`` (``models()``, ``choose(name)``, ``run()``,
-``output()``) for the headless-browser test.
+``output()``, ``attention()``: the drawn maps' token counts) for the headless-browser test.
 """
 
 from __future__ import annotations
 
-PAGE = """<!DOCTYPE html>
+import json
+
+from aiayn.visualization.head_view import (
+    HEAD_VIEW_SCRIPT,
+    HEAD_VIEW_STYLE,
+    HEAD_VIEW_THRESHOLD,
+    head_view_section,
+)
+from aiayn.visualization.html_report import page_head
+
+_FRAME_HEAD = f"""<!DOCTYPE html>
+<html lang="en">
+{page_head("Encoder–decoder attention", HEAD_VIEW_STYLE)}
+<body>
+{head_view_section()}
+<script type="application/json" id="attention-data">"""
+"""The head view's page up to its data (the attention page's head view, as ``head_view``
+writes it)."""
+
+_FRAME_TAIL = f"""</script>
+<script>{HEAD_VIEW_SCRIPT}</script>
+</body>
+</html>
+"""
+
+
+def _js_string(text: str) -> str:
+    """``text`` as a JavaScript string literal that is safe inside a ``<script>`` element."""
+    literal = json.dumps(text)
+    return literal.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+_PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>aiayn serve</title>
@@ -24,6 +65,7 @@ textarea { width: 100%; height: 7em; font: inherit; }
 pre { background: #f4f4f4; padding: 1em; white-space: pre-wrap; min-height: 2em; }
 .error { color: #b00; }
 label { margin-right: 1em; }
+#attention-frame { width: 100%; height: 30em; border: 1px solid #ddd; }
 </style></head>
 <body>
 <h1>aiayn serve</h1>
@@ -36,6 +78,11 @@ label { margin-right: 1em; }
 <input id="image" type="file" accept="image/*"></div></div>
 <p><button id="run">Run</button> <span id="status"></span></p>
 <pre id="out"></pre>
+<section id="attention" hidden>
+<h2>Encoder–decoder attention of the answer</h2>
+<p id="attention-about"></p>
+<iframe id="attention-frame" title="encoder–decoder attention"></iframe>
+</section>
 <script>
 (function () {
   "use strict";
@@ -124,17 +171,78 @@ label { margin-right: 1em; }
       }).join("\\n");
     }).join("\\n\\n");
   }
+  var FRAME_HEAD = /*FRAME_HEAD*/, FRAME_TAIL = /*FRAME_TAIL*/;
+  var drawn = null;
+  function hideAttention() {
+    drawn = null;
+    $("attention").hidden = true;
+  }
+  function frameData(res) {  // the answer's maps in the attention page's data format
+    return {
+      title: res.title, threshold: /*THRESHOLD*/, marked: "",
+      lines: res.lines.map(function (l) { return [l.label, l.text]; }),
+      kinds: res.views.map(function (v) {
+        return {name: v.name, title: v.title, rows: v.rows, cols: v.cols, axes: v.axis_names,
+                layers: v.layers, highlight: [[], []], focus: null};
+      })
+    };
+  }
+  function drawAttention(res) {
+    var json = JSON.stringify(frameData(res)).replace(/</g, "\\\\u003c")
+      .replace(/>/g, "\\\\u003e").replace(/&/g, "\\\\u0026");
+    var frame = $("attention-frame");
+    $("attention-about").textContent = res.lines.map(function (l) {
+      return l.label + ": " + l.text;
+    }).join(" \u2014 ");
+    $("attention").hidden = false;
+    return new Promise(function (resolve) {
+      frame.onload = function () {
+        var doc = frame.contentDocument;
+        if (doc) { frame.style.height = (doc.documentElement.scrollHeight + 20) + "px"; }
+        var view = res.views[0];
+        drawn = {view: view.name, rows: view.rows.length, cols: view.cols.length,
+                 layers: view.layers.length};
+        resolve();
+      };
+      frame.srcdoc = FRAME_HEAD + json + FRAME_TAIL;
+    });
+  }
+  function attention(source, translation) {  // the first line's answer, when the model serves it
+    if (current.endpoints.indexOf("/v1/attention") < 0 || !source) { return Promise.resolve(); }
+    var b = {model: current.id, text: source, views: ["cross"]};
+    if (translation) { b.target = translation; }
+    return fetch("/v1/attention", {method: "POST", headers: headers(true), body: JSON.stringify(b)})
+      .then(function (r) {
+        if (r.status === 413 && b.target !== undefined) {
+          // the answer, tokenized again, is longer than a map's side: the model's own greedy
+          // translation instead (which the maps name)
+          return attention(source, "");
+        }
+        return r.json().then(function (res) {
+          if (!r.ok) {
+            show(lastOutput + "\\n(attention: " + (res.error ? res.error.message : r.status) + ")",
+                 false);
+            return;
+          }
+          return drawAttention(res);
+        });
+      });
+  }
   function answer(path, req) {
     return function (r) {
       return r.json().then(function (res) {
         if (!r.ok) { show(res.error ? res.error.message : "HTTP " + r.status, true); return; }
         show(format(path, req, res), false);
+        if (path === "/v1/translate") {
+          return attention(req.texts[0], res.translations[0].text);
+        }
       });
     };
   }
   function run() {
     if (!current) { return Promise.resolve(); }
     $("status").textContent = "…";
+    hideAttention();
     var done = function () { $("status").textContent = ""; };
     var failed = function (e) { show(String(e), true); done(); };
     if (readsImages(current)) {
@@ -185,10 +293,17 @@ label { margin-right: 1em; }
     models: function () { return models.map(function (m) { return m.id; }); },
     choose: choose,
     run: run,
-    output: function () { return lastOutput; }
+    output: function () { return lastOutput; },
+    attention: function () { return drawn; }
   };
 })();
 </script>
 </body></html>
 """
+
+PAGE = (
+    _PAGE.replace("/*FRAME_HEAD*/", _js_string(_FRAME_HEAD))
+    .replace("/*FRAME_TAIL*/", _js_string(_FRAME_TAIL))
+    .replace("/*THRESHOLD*/", json.dumps(HEAD_VIEW_THRESHOLD))
+)
 """The page (``GET /``)."""

@@ -201,6 +201,49 @@ class FillMaskResponse(Answer):
     predictions: list[list[list[Prediction]]]
 
 
+class AttentionRequest(Request):
+    """``POST /v1/attention``: ``aiayn attention``'s maps of one text (``--src`` of a
+    translation model, ``--text`` of GPT-2 or BERT)."""
+
+    model: ModelName = None
+    text: Text = Field(description="the source sentence (translation), prompt (GPT-2) or text")
+    target: Text | None = Field(
+        None,
+        description="a translation model's target sentence (default: its own greedy translation)",
+    )
+    views: Annotated[list[Text], Field(min_length=1, max_length=8)] | None = Field(
+        None, description="the maps to return by name, e.g. cross (default: all)"
+    )
+
+
+class AttentionMap(Answer):
+    """One use of attention, every layer and head: ``layers[n][h][r][c]`` is the weight of query
+    ``rows[r]`` on key ``cols[c]`` in head h of layer n (each row sums to 1)."""
+
+    name: str
+    title: str
+    rows: list[str]
+    cols: list[str]
+    axis_names: list[str]
+    layers: list[list[list[list[float]]]]
+
+
+class InputLine(Answer):
+    """A part of the input ("Source", "Target (the model's own greedy translation)")."""
+
+    label: str
+    text: str
+
+
+class AttentionResponse(Answer):
+    """The maps of one input, as ``aiayn attention`` captures them."""
+
+    model: str
+    title: str
+    lines: list[InputLine]
+    views: list[AttentionMap]
+
+
 class ModelCard(Answer):
     """A loaded model: its name, family, parameters, endpoints, what it reads (text or image)
     and its length limit (tokens, or image patches + 1)."""

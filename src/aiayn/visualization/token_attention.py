@@ -26,7 +26,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from aiayn.errors import UserError
+from aiayn.errors import LengthError
 
 __all__ = [
     "AttentionRequest",
@@ -151,11 +151,17 @@ def check_length(what: str, tokens: int, model_limit: int | None, max_tokens: in
     """Refuse ``tokens`` (of ``what``: "the source sentence") beyond the model's learned
     positions ``model_limit`` or the drawing limit ``max_tokens`` (None: no such limit)."""
     if model_limit is not None and tokens > model_limit:
-        raise UserError(f"{what} has {tokens} tokens; this model's limit is {model_limit}")
+        raise LengthError(
+            f"{what} has {tokens} tokens; this model's limit is {model_limit}",
+            tokens=tokens,
+            limit=model_limit,
+        )
     if max_tokens is not None and tokens > max_tokens:
-        raise UserError(
+        raise LengthError(
             f"{what} has {tokens} tokens, more than --max-tokens {max_tokens}: maps that size are "
-            "unreadable and take minutes and gigabytes to draw; shorten it or raise --max-tokens"
+            "unreadable and take minutes and gigabytes to draw; shorten it or raise --max-tokens",
+            tokens=tokens,
+            limit=max_tokens,
         )
 
 
