@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import sacrebleu
-from sacrebleu.significance import PairedTest
+from sacrebleu.significance import PairedTest, Result
 
 import _multi30k_protocol as protocol
 
@@ -77,7 +77,7 @@ def final_row(result: dict[str, Any], search: str) -> str:
     return averaged if averaged in result["scores"] else f"last, {search}"
 
 
-def paired_bootstrap(ours: list[str], theirs: list[str], refs: list[str]) -> dict[str, float]:
+def paired_bootstrap(ours: list[str], theirs: list[str], refs: list[str]) -> dict[str, Any]:
     """sacreBLEU's paired bootstrap resampling (``--paired-bs``: 1,000 resamples, its seed
     12345), the peer as baseline: both BLEUs with their bootstrap mean and 95% half-interval,
     and the p-value of aiayn's difference."""
@@ -90,6 +90,7 @@ def paired_bootstrap(ours: list[str], theirs: list[str], refs: list[str]) -> dic
     )
     _, scores = test()
     peer_result, aiayn_result = scores["BLEU"]
+    assert isinstance(peer_result, Result) and isinstance(aiayn_result, Result)
     return {
         "aiayn_bleu": aiayn_result.score,
         "aiayn_mean": aiayn_result.mean,

@@ -305,7 +305,7 @@ class Averaging:
         if len(chosen) < 2:
             return None
         return {
-            name: (sum(state[name].double() for state in chosen) / len(chosen)).to(tensor.dtype)
+            name: torch.stack([state[name].double() for state in chosen]).mean(0).to(tensor.dtype)
             for name, tensor in chosen[-1].items()
         }
 

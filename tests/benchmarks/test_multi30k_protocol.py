@@ -72,7 +72,11 @@ def test_paper_recipe_keeps_the_old_peer() -> None:
     run = load_run_config(str(CONFIG), [])
     r = protocol.paper_recipe(run, warmup=4000, dropout=0.1, norm_first=False)
     assert (r.norm_first, r.final_norm, r.dropout, r.warmup, r.lr_scale) == (
-        False, True, 0.1, 4000, 1.0,
+        False,
+        True,
+        0.1,
+        4000,
+        1.0,
     )
     assert (r.average_last, r.tune_alpha, r.label_smoothing) == (0, False, 0.1)
     assert (r.max_tokens, r.vocab_size) == (2500, 8000)  # the config's batch and vocabulary

@@ -109,9 +109,9 @@ def test_bootstrap_pairs_each_seed_both_sides_ran() -> None:
 def test_paired_bootstrap_equals_sacrebleu_paired_bs(tmp_path: Path) -> None:
     for name, lines in (("ref", REFS), ("good", GOOD), ("poor", POOR)):
         (tmp_path / f"{name}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    command = ["ref.txt", "-i", "poor.txt", "good.txt", "--paired-bs", "-m", "bleu", "-f", "json"]
     cli = subprocess.run(
-        [sys.executable, "-m", "sacrebleu", "ref.txt", "-i", "poor.txt", "good.txt"]
-        + ["--paired-bs", "-m", "bleu", "-f", "json"],
+        [sys.executable, "-m", "sacrebleu", *command],
         cwd=tmp_path,
         capture_output=True,
         text=True,
