@@ -340,7 +340,9 @@ def train_for(
         model.parameters(), lr=0.0, betas=s.adam_betas, eps=s.adam_eps, weight_decay=s.weight_decay
     )  # weight decay 0: Adam
     rng, log = np.random.default_rng(s.seed), TrainLog()
-    averaging = Averaging(60 * s.minutes, s.average_window, s.average_last)
+    averaging = (
+        Averaging(60 * s.minutes, s.average_window, s.average_last) if s.average_last >= 2 else None
+    )
     model.train()
     started = window_start = time.perf_counter()
     window_tokens, window_loss = 0, torch.zeros((), device=device)
@@ -355,7 +357,7 @@ def train_for(
             loss = train_step(model, optimizer, batch, tokens, lr, s, amp)
             log.tgt_tokens += tokens
             window_tokens, window_loss = window_tokens + tokens, window_loss + loss
-            if s.average_last >= 2 and averaging.due(time.perf_counter() - started):
+            if averaging is not None and averaging.due(time.perf_counter() - started):
                 averaging.take(log.steps, model)
             if log.steps % log_every == 0:  # the one host sync of a window
                 now = time.perf_counter()
@@ -367,7 +369,7 @@ def train_for(
     if window_tokens:  # the last, shorter window counts too
         log.window_rates.append(window_tokens / (now - window_start))
     log.seconds = now - started
-    if s.average_last >= 2:
+    if averaging is not None:
         averaging.take(log.steps, model)  # the end of the budget: the window's last
         log.averaged, log.averaged_steps = averaging.average(), averaging.steps()
     return log

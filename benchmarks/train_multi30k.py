@@ -41,7 +41,8 @@ sessions (``--max-runs`` bounds a session's share); a result made under another 
 refused. The report is assembled from the results there are and names the missing ones:
 ``RUN_DIR/DIRECTION/report.{md,json}`` always, docs/results/multi30k_<direction>.{json,md}
 (``--results-dir``) once every run is there. ``--smoke`` checks the whole path quickly (0.3
-minutes per run, the first 100 test sentences) in runs/bench_multi30k_smoke, its report under
+minutes per run, the first 20 test and validation sentences: an untrained peer decodes to the
+length limit without a cache) in runs/bench_multi30k_smoke, its report under
 the run folder instead of docs/results.
 """
 
@@ -71,7 +72,7 @@ from _common import RESULTS, ROOT, command_line, machine
 DIRECTIONS = ("en-de", "de-en")
 SEARCHES = (("greedy", 1), ("beam 4, α 0.6", 4))
 TUNED = "beam 4, α tuned on validation"
-SMOKE_MINUTES, SMOKE_TEST_SENTENCES = 0.3, 100
+SMOKE_MINUTES, SMOKE_TEST_SENTENCES = 0.3, 20
 BOOTSTRAP_SAMPLES = 1000
 
 Translate = Callable[[list[str], int, float], list[str]]
@@ -93,8 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--max-runs", type=int, help="run at most N missing runs, then report")
     p.add_argument("--report-only", action="store_true", help="no training: the report")
-    p.add_argument("--smoke", action="store_true", help="0.3 min each, 100 test sentences")
-    p.add_argument("--test-sentences", type=int, help="score the first N test sentences only")
+    p.add_argument("--smoke", action="store_true", help="0.3 min per run, 20 sentences")
+    p.add_argument("--test-sentences", type=int, help="the first N test (and validation) sentences")
     p.add_argument("--config", default=str(ROOT / "configs" / "multi30k_small.yaml"))
     p.add_argument("--set", dest="overrides", action="append", default=[], help="aiayn's config")
     p.add_argument("--run-dir", help="the results (default runs/bench_multi30k[_smoke])")

@@ -106,3 +106,21 @@ def test_schedule_is_eq3_times_the_scale() -> None:
         assert peer.transformer_lr(step, 256, 1000, 1.5) == pytest.approx(
             aiayn_lr(step, 256, 1000, 1.5)
         )
+
+
+@pytest.mark.parametrize("average_last", [0, 5])
+def test_a_timed_run_averages_only_when_asked(average_last: int) -> None:
+    torch.manual_seed(0)
+    model = peer.TorchReference(
+        peer.PeerConfig(vocab_size=20, d_model=16, num_heads=2, d_ff=32, norm_first=True)
+    )
+    data = peer.Encoded([[4, 5, 6], [7, 8], [9, 10, 11, 12]], [[5, 6], [8, 9, 10], [11]])
+    settings = peer.TrainSettings(minutes=0.002, max_tokens=10, average_last=average_last)
+    log = peer.train_for(model, data, settings, device=torch.device("cpu"))
+    assert log.steps >= 1
+    if average_last == 0:  # the paper's recipe: its last weights
+        assert (log.averaged, log.averaged_steps) == (None, [])
+    else:  # the end of the budget is always the window's last snapshot
+        assert log.averaged_steps[-1] == log.steps
+        assert len(log.averaged_steps) <= 5
+        assert (log.averaged is None) == (len(log.averaged_steps) < 2)
