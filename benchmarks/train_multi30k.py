@@ -92,7 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=protocol.SYSTEMS,
         help=f"which of {','.join(protocol.SYSTEMS)} to run now (the report has all)",
     )
-    p.add_argument("--max-runs", type=int, help="run at most N missing runs, then report")
+    p.add_argument(
+        "--max-runs", type=int, help="run at most N missing runs per direction, then report"
+    )
     p.add_argument("--report-only", action="store_true", help="no training: the report")
     p.add_argument("--smoke", action="store_true", help="0.3 min per run, 20 sentences")
     p.add_argument("--test-sentences", type=int, help="the first N test (and validation) sentences")
