@@ -9,7 +9,11 @@ Vaswani et al. (2017):
 - :class:`TorchReference`: ``nn.Transformer`` with the embeddings ×√D, sinusoidal positions
   (§3.5) and the output layer tied to the shared embedding (§3.4);
 - label-smoothed cross-entropy (ε_ls = 0.1, §5.4), Adam (0.9, 0.98, 1e-9) with the learning rate
-  of eq. (3) (§5.3);
+  of eq. (3) (§5.3), each settable (:class:`TrainSettings`) so that the peer can be given another
+  recipe;
+- checkpoint averaging (§6.1) over the end of a time budget (:class:`Averaging`): ``n`` weight
+  snapshots evenly spaced over the last ``window`` fraction of the budget, the last at its end,
+  averaged; nothing from before the window;
 - greedy search and beam search with GNMT's length penalty (§6.1: beam 4, α = 0.6, output at most
   the source length + 50).
 
@@ -50,6 +54,11 @@ class PeerConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.0
     norm_first: bool = False
+    final_norm: bool = True
+    activation: str = "relu"
+    layer_norm_eps: float = 1e-5
+    share_embeddings: bool = True
+    tie_output: bool = True
     max_len: int = 1024
     pad_id: int = PAD
 
@@ -66,13 +75,17 @@ def sinusoids(length: int, d_model: int) -> Tensor:
 
 class TorchReference(nn.Module):
     """``torch.nn.Transformer`` with what it leaves out: embeddings ×√D, sinusoidal positions,
-    the tied output layer. Attention-weight dropout is ``attention_dropout`` (0: as aiayn)."""
+    the output layer (tied to the target embedding with ``tie_output``; one embedding for both
+    sides with ``share_embeddings``). Attention-weight dropout is ``attention_dropout``.
+
+    ``nn.Transformer`` always ends each stack with a LayerNorm; ``final_norm=False`` removes them
+    (a post-norm stack as in the paper has none; a pre-norm one needs them)."""
 
     def __init__(self, c: PeerConfig):
         super().__init__()
         self.config = c
-        self.embedding = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
-        nn.init.normal_(self.embedding.weight, std=c.d_model**-0.5)
+        self.embedding = self._embedding(c)
+        self.tgt_embedding = self.embedding if c.share_embeddings else self._embedding(c)
         self.register_buffer("pe", sinusoids(c.max_len, c.d_model), persistent=False)
         self.transformer = nn.Transformer(
             c.d_model,
@@ -81,18 +94,33 @@ class TorchReference(nn.Module):
             c.num_decoder_layers,
             c.d_ff,
             c.dropout,
+            activation=c.activation,
+            layer_norm_eps=c.layer_norm_eps,
             batch_first=True,
             norm_first=c.norm_first,
         )
+        if not c.final_norm:
+            self.transformer.encoder.norm = None
+            self.transformer.decoder.norm = None
         for module in self.modules():
             if isinstance(module, nn.MultiheadAttention):
                 module.dropout = c.attention_dropout
         self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        self.output.weight = self.embedding.weight
+        if c.tie_output:
+            self.output.weight = self.tgt_embedding.weight
+        else:
+            nn.init.normal_(self.output.weight, std=c.d_model**-0.5)
 
-    def embed(self, tokens: Tensor) -> Tensor:
-        """(B, L) -> (B, L, D)."""
-        x = self.embedding(tokens) * math.sqrt(self.config.d_model) + self.pe[: tokens.size(1)]
+    @staticmethod
+    def _embedding(c: PeerConfig) -> nn.Embedding:
+        embedding = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        nn.init.normal_(embedding.weight, std=c.d_model**-0.5)
+        return embedding
+
+    def embed(self, tokens: Tensor, target: bool = False) -> Tensor:
+        """(B, L) -> (B, L, D), with the source's or (``target``) the target's embedding."""
+        table = self.tgt_embedding if target else self.embedding
+        x = table(tokens) * math.sqrt(self.config.d_model) + self.pe[: tokens.size(1)]
         return F.dropout(x, self.config.dropout, self.training)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -101,7 +129,7 @@ class TorchReference(nn.Module):
         causal = torch.ones(t, t, dtype=torch.bool, device=src.device).triu(1)  # True = blocked
         hidden = self.transformer(
             self.embed(src),
-            self.embed(tgt_in),
+            self.embed(tgt_in, target=True),
             tgt_mask=causal,
             src_key_padding_mask=src == pad,
             tgt_key_padding_mask=tgt_in == pad,
@@ -122,7 +150,7 @@ class TorchReference(nn.Module):
         t = prefix.size(1)
         causal = torch.ones(t, t, dtype=torch.bool, device=prefix.device).triu(1)
         hidden = self.transformer.decoder(
-            self.embed(prefix),
+            self.embed(prefix, target=True),
             memory,
             tgt_mask=causal,
             memory_key_padding_mask=src_pad,
@@ -134,7 +162,7 @@ class TorchReference(nn.Module):
 
 
 # -- data --------------------------------------------------------------------------------------
-def train_bpe(texts: Sequence[str], vocab_size: int) -> Any:
+def train_bpe(texts: Sequence[str], vocab_size: int, min_frequency: int = 2) -> Any:
     """A joint BPE over both languages (``tokenizers.SentencePieceBPETokenizer``)."""
     from tokenizers import SentencePieceBPETokenizer
 
@@ -142,7 +170,7 @@ def train_bpe(texts: Sequence[str], vocab_size: int) -> Any:
     tokenizer.train_from_iterator(
         texts,
         vocab_size=vocab_size,
-        min_frequency=2,
+        min_frequency=min_frequency,
         special_tokens=list(SPECIALS),
         show_progress=False,
     )
@@ -202,14 +230,89 @@ def token_batches(data: Encoded, max_tokens: int, rng: np.random.Generator) -> l
 
 
 # -- training ----------------------------------------------------------------------------------
-def transformer_lr(step: int, d_model: int, warmup: int) -> float:
-    """Eq. (3): d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)."""
-    return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+def transformer_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
+    """Eq. (3), times ``scale``: scale · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)."""
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The recipe of a timed training run (the defaults: the paper's, §5.3–5.4, no averaging).
+
+    ``average_last`` < 2 averages nothing (the last weights are the model)."""
+
+    minutes: float
+    max_tokens: int
+    warmup: int = 4000
+    lr_scale: float = 1.0
+    label_smoothing: float = 0.1
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    clip_norm: float | None = None
+    average_last: int = 0
+    average_window: float = 0.1
+    seed: int = 1
+
+
+def averaging_points(budget: float, window: float, n: int) -> list[float]:
+    """The ``n`` points evenly spaced over the last ``window`` fraction of ``budget``, the last at
+    ``budget``, ascending: budget − k · window · budget / n for k = n−1 … 0 (§6.1: checkpoints
+    "written at 10-minute intervals" at the end of the run)."""
+    if not 0 < window <= 1 or n < 1:
+        raise ValueError(f"averaging needs a window in (0, 1] and n >= 1, got {window}, {n}")
+    interval = window * budget / n
+    return [budget - k * interval for k in range(n - 1, -1, -1)]
+
+
+class Averaging:
+    """The weight snapshots of a time-budgeted run that are averaged at its end.
+
+    A snapshot is taken after the first step that ends at or past each of the points of
+    :func:`averaging_points` but the last (several points passed by one step give one snapshot)
+    and after the final step; the average is over the last ``n`` snapshots, all inside the window
+    (none before the step that passed the first point)."""
+
+    def __init__(self, budget_seconds: float, window: float, n: int):
+        self.n = n
+        self.points = averaging_points(budget_seconds, window, n)[:-1]
+        self.passed = 0  # points passed so far
+        self.snapshots: list[tuple[int, dict[str, Tensor]]] = []
+
+    def due(self, elapsed: float) -> bool:
+        """Whether a step that ended ``elapsed`` seconds into the run passes the next point (and
+        then every point it passes is passed)."""
+        if self.passed == len(self.points) or elapsed < self.points[self.passed]:
+            return False
+        while self.passed < len(self.points) and self.points[self.passed] <= elapsed:
+            self.passed += 1
+        return True
+
+    def take(self, step: int, model: nn.Module) -> None:
+        """Keep a copy of the weights after ``step`` (once per step)."""
+        if not self.snapshots or self.snapshots[-1][0] != step:
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            self.snapshots.append((step, state))
+
+    def steps(self) -> list[int]:
+        """The steps of the snapshots that are averaged: the last ``n``."""
+        return [step for step, _ in self.snapshots[-self.n :]]
+
+    def average(self) -> dict[str, Tensor] | None:
+        """The mean of the last ``n`` snapshots (in float64, returned in each tensor's dtype);
+        None with fewer than 2."""
+        chosen = [state for _, state in self.snapshots[-self.n :]]
+        if len(chosen) < 2:
+            return None
+        return {
+            name: torch.stack([state[name].double() for state in chosen]).mean(0).to(tensor.dtype)
+            for name, tensor in chosen[-1].items()
+        }
 
 
 @dataclass
 class TrainLog:
-    """What a timed training run did."""
+    """What a timed training run did (``averaged``: the averaged weights, or None)."""
 
     steps: int = 0
     epochs: int = 0
@@ -217,53 +320,69 @@ class TrainLog:
     tgt_tokens: int = 0
     window_rates: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    averaged_steps: list[int] = field(default_factory=list)
+    averaged: dict[str, Tensor] | None = None
 
 
 def train_for(
     model: TorchReference,
     data: Encoded,
+    settings: TrainSettings,
     *,
-    minutes: float,
-    max_tokens: int,
-    warmup: int,
-    label_smoothing: float = 0.1,
-    seed: int = 1,
     device: torch.device,
     amp: torch.dtype | None = None,
     log_every: int = 100,
 ) -> TrainLog:
-    """Train until ``minutes`` of wall-clock time have passed (checked before each step)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
-    rng, log = np.random.default_rng(seed), TrainLog()
+    """Train until ``settings.minutes`` of wall-clock time have passed (checked before each
+    step); with averaging, the averaged weights are in the log (the model keeps its last)."""
+    s = settings
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=0.0, betas=s.adam_betas, eps=s.adam_eps, weight_decay=s.weight_decay
+    )  # weight decay 0: Adam
+    rng, log = np.random.default_rng(s.seed), TrainLog()
+    averaging = (
+        Averaging(60 * s.minutes, s.average_window, s.average_last) if s.average_last >= 2 else None
+    )
     model.train()
     started = window_start = time.perf_counter()
     window_tokens, window_loss = 0, torch.zeros((), device=device)
-    while True:
-        for ids in token_batches(data, max_tokens, rng):
-            if time.perf_counter() - started > 60 * minutes:
-                now = time.perf_counter()
-                if window_tokens:  # the last, shorter window counts too
-                    log.window_rates.append(window_tokens / (now - window_start))
-                log.seconds = now - started
-                return log
+    while time.perf_counter() - started <= 60 * s.minutes:
+        for ids in token_batches(data, s.max_tokens, rng):
+            if time.perf_counter() - started > 60 * s.minutes:
+                break
             log.steps += 1
-            lr = transformer_lr(log.steps, model.config.d_model, warmup)
+            lr = transformer_lr(log.steps, model.config.d_model, s.warmup, s.lr_scale)
             tokens = sum(len(data.tgt[i]) + 1 for i in ids)  # + EOS
             batch = make_batch(data, ids, device)
-            loss = train_step(model, optimizer, batch, tokens, lr, label_smoothing, amp)
+            loss = train_step(model, optimizer, batch, tokens, lr, s, amp)
             log.tgt_tokens += tokens
             window_tokens, window_loss = window_tokens + tokens, window_loss + loss
+            if averaging is not None and averaging.due(time.perf_counter() - started):
+                averaging.take(log.steps, model)
             if log.steps % log_every == 0:  # the one host sync of a window
                 now = time.perf_counter()
-                log.window_rates.append(window_tokens / (now - window_start))
-                log.losses.append(window_loss.item() / window_tokens)
-                print(
-                    f"peer: step {log.steps} loss {log.losses[-1]:.3f} "
-                    f"{log.window_rates[-1]:,.0f} target tokens/s",
-                    flush=True,
-                )
+                _log_window(log, window_tokens, window_loss, now - window_start)
                 window_start, window_tokens, window_loss = now, 0, torch.zeros_like(loss)
-        log.epochs += 1
+        else:
+            log.epochs += 1
+    now = time.perf_counter()
+    if window_tokens:  # the last, shorter window counts too
+        log.window_rates.append(window_tokens / (now - window_start))
+    log.seconds = now - started
+    if averaging is not None:
+        averaging.take(log.steps, model)  # the end of the budget: the window's last
+        log.averaged, log.averaged_steps = averaging.average(), averaging.steps()
+    return log
+
+
+def _log_window(log: TrainLog, tokens: int, loss: Tensor, seconds: float) -> None:
+    log.window_rates.append(tokens / seconds)
+    log.losses.append(loss.item() / tokens)
+    print(
+        f"peer: step {log.steps} loss {log.losses[-1]:.3f} "
+        f"{log.window_rates[-1]:,.0f} target tokens/s",
+        flush=True,
+    )
 
 
 def make_batch(data: Encoded, ids: list[int], device: torch.device) -> tuple[Tensor, ...]:
@@ -280,7 +399,7 @@ def train_step(
     batch: tuple[Tensor, ...],
     tokens: int,
     lr: float,
-    label_smoothing: float,
+    settings: TrainSettings,
     amp: torch.dtype | None,
 ) -> Tensor:
     """One optimizer step on one batch of ``tokens`` targets (the loss per target token); the
@@ -293,10 +412,12 @@ def train_step(
         logits.flatten(0, 1).float(),  # (B·T, V)
         tgt_out.flatten(),
         ignore_index=PAD,
-        label_smoothing=label_smoothing,
+        label_smoothing=settings.label_smoothing,
         reduction="sum",
     )
     (loss / tokens).backward()
+    if settings.clip_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip_norm)
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.step()

@@ -1,48 +1,63 @@
 """Benchmark: aiayn against a plain ``torch.nn.Transformer`` on Multi30k: same data, same
-direction, same wall-clock training budget, one after the other, in one invocation.
+direction, same wall-clock training budget, the same recipe, several seeds.
 
     python benchmarks/train_multi30k.py --data-dir ../shared/data/multi30k --direction en-de
     python benchmarks/train_multi30k.py --data-dir ../shared/data/multi30k --direction both
     python benchmarks/train_multi30k.py --data-dir ../shared/data/multi30k --smoke
 
-(``--minutes 60`` of training each is the default; ``both`` runs en-de, then de-en.)
+(``--minutes 60`` of training per run is the default, ``--seeds 2`` runs per system.)
 
-The two systems (each in a fresh process, aiayn first, then the peer):
+Three systems, each run in a fresh process, one after the other, seed by seed:
 
-- aiayn: ``aiayn train`` with configs/multi30k_small.yaml (the ``small`` preset: d_model 256,
-  4 heads, d_ff 1024, 3+3 layers; its recipe as written there), the data paths set for the
-  direction; scored at its last checkpoint and at its averaged one.
-- peer: benchmarks/_peer_nmt.py, written here and not imported from aiayn: ``nn.Transformer`` of
-  the same layer sizes with the standard recipe of the paper: its own joint BPE of the same size
-  (Hugging Face ``tokenizers``), token-budget batches, label smoothing 0.1, Adam (0.9, 0.98,
-  1e-9), eq. (3) with warm-up 4,000, dropout 0.1, post-norm, its last weights.
+- ``aiayn``: ``aiayn train`` with configs/multi30k_small.yaml (the ``small`` preset) and the
+  ``--set`` overrides, the data paths set for the direction; scored at its last checkpoint and
+  at its averaged one.
+- ``peer-same`` (the primary comparison): benchmarks/_peer_nmt.py, written here and not imported
+  from aiayn: ``nn.Transformer`` of the same layer sizes given aiayn's recipe, read from the same
+  config and overrides (:func:`_multi30k_protocol.same_recipe`): norm placement (pre-norm with
+  the final LayerNorms aiayn's pre-norm stacks have), dropout, warm-up, lr scale, label
+  smoothing, Adam, batch size in tokens, embeddings shared/tied as the preset has them, a joint
+  BPE of the same size, averaging over the same window by the same rule, the same decoding.
+  What is left differs only by implementation: steps per minute, and correctness.
+- ``peer-paper``: the same peer with the paper's recipe for 100k-step runs (post-norm, warm-up
+  4,000, dropout 0.1: the ``--peer-*`` flags), its last weights, beam α 0.6: the second row.
 
-Both read the same training pairs (task 1's 29,000, whitespace-normalised and filtered by the
-config's data.max_words/max_ratio); the budget (``--minutes``, each) is training time: data
-preparation, BPE learning and the final scoring come on top; aiayn's periodic validations
-(train.eval_every) fall inside its budget. Both are scored on test_2016_flickr with sacreBLEU
-(detokenized, cased) and chrF, greedy and beam 4 (α 0.6, output ≤ source + 50 tokens), with the
-brevity penalty and the hypothesis/reference length ratio; plus the steps and median target
-tokens/s (over log windows of 100 steps) each got, and aiayn's BLEU minus and over the peer's.
-aiayn's final checkpoint (averaged, else last) is also decoded with beam 4 at the α that scored
-best on the validation set (``--alphas``; ``aiayn tune-alpha``'s rule: tuned on validation,
-never on the test set), compared with the peer's beam 4.
+Each system's process trains on the same pairs (task 1's 29,000, filtered by the config's
+data.max_words/max_ratio); the budget is training time (data preparation, BPE and scoring come on
+top; aiayn's periodic validations fall inside its budget). Scores on test_2016_flickr: sacreBLEU
+(detokenized, cased) and chrF, greedy and beam 4 (α 0.6, output ≤ source + 50 tokens) at the
+last and the averaged weights, and beam 4 with α chosen on the validation set (``--alphas``,
+``aiayn tune-alpha``'s rule, never the test set) at the final weights (averaged, else last).
 
-Writes docs/results/multi30k_<direction>.{json,md} for each direction. ``--smoke`` checks the
-whole path quickly (0.3 minutes each, the first 100 test sentences) and writes its report under
+Seeds: ``--seeds N`` runs every system N times per direction (seeds S, S+1, … from the config's
+train.seed). The report gives each row's mean, min–max and standard deviation over the seeds,
+and calls a difference of means significant only when it exceeds the larger min–max range;
+sacreBLEU's paired bootstrap (1,000 resamples) between aiayn's and each peer's test outputs of
+the same seed is the second measure.
+
+Resumable: each run writes ``RUN_DIR/DIRECTION/SYSTEM/seed_N/result.json`` (scores, outputs,
+its protocol) and is skipped when that file is there, so the runs can be spread over several
+sessions (``--max-runs`` bounds a session's share); a result made under another protocol is
+refused. The report is assembled from the results there are and names the missing ones:
+``RUN_DIR/DIRECTION/report.{md,json}`` always, docs/results/multi30k_<direction>.{json,md}
+(``--results-dir``) once every run is there. ``--smoke`` checks the whole path quickly (0.3
+minutes per run, the first 20 test and validation sentences: an untrained peer decodes to the
+length limit without a cache) in runs/bench_multi30k_smoke, its report under
 the run folder instead of docs/results.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import asdict, replace
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -50,55 +65,94 @@ import sacrebleu
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common
-from _common import ROOT, command_line, machine, write_report
+import _multi30k_protocol as protocol
+import _multi30k_report as report_mod
+from _common import RESULTS, ROOT, command_line, machine
 
 DIRECTIONS = ("en-de", "de-en")
 SEARCHES = (("greedy", 1), ("beam 4, α 0.6", 4))
 TUNED = "beam 4, α tuned on validation"
-SMOKE_MINUTES, SMOKE_TEST_SENTENCES = 0.3, 100
+SMOKE_MINUTES, SMOKE_TEST_SENTENCES = 0.3, 20
+BOOTSTRAP_SAMPLES = 1000
+
+Translate = Callable[[list[str], int, float], list[str]]
+"""(sources, beam size, α) -> detokenized translations."""
 
 
-def parse_args() -> argparse.Namespace:
-    """The command line (the parent's, which the workers repeat with --worker/--out added)."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (the parent's, which the workers repeat with --worker/--seed/--out)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", required=True, help="folder with the Multi30k .gz files")
     p.add_argument("--direction", choices=(*DIRECTIONS, "both"), default="en-de")
-    p.add_argument("--minutes", type=float, default=60.0, help="training budget of each system")
-    p.add_argument("--smoke", action="store_true", help="0.3 min each, 100 test sentences")
-    p.add_argument("--test-sentences", type=int, help="score the first N test sentences only")
+    p.add_argument("--minutes", type=float, default=60.0, help="training budget of each run")
+    p.add_argument("--seeds", type=int, default=2, help="runs of each system per direction")
+    p.add_argument(
+        "--systems",
+        type=lambda text: tuple(text.split(",")),
+        default=protocol.SYSTEMS,
+        help=f"which of {','.join(protocol.SYSTEMS)} to run now (the report has all)",
+    )
+    p.add_argument(
+        "--max-runs", type=int, help="run at most N missing runs per direction, then report"
+    )
+    p.add_argument("--report-only", action="store_true", help="no training: the report")
+    p.add_argument("--smoke", action="store_true", help="0.3 min per run, 20 sentences")
+    p.add_argument("--test-sentences", type=int, help="the first N test (and validation) sentences")
     p.add_argument("--config", default=str(ROOT / "configs" / "multi30k_small.yaml"))
     p.add_argument("--set", dest="overrides", action="append", default=[], help="aiayn's config")
-    p.add_argument("--run-dir", help="keep the runs here (default: a temporary folder)")
-    p.add_argument("--force", action="store_true", help="replace aiayn runs already in --run-dir")
-    p.add_argument("--results-dir", help="where the reports go (default: docs/results)")
+    p.add_argument("--run-dir", help="the results (default runs/bench_multi30k[_smoke])")
+    p.add_argument("--force", action="store_true", help="replace a run left without a result")
+    p.add_argument("--results-dir", help="where complete reports go (default: docs/results)")
     p.add_argument(
         "--alphas",
         type=lambda text: tuple(float(x) for x in text.split(",")),
         default=(0.6, 1.0, 1.5, 2.0),
-        help="aiayn's α grid, tuned on the validation set (default 0.6,1,1.5,2)",
+        help="the α grid tuned on the validation set (default 0.6,1,1.5,2)",
     )
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda, for both systems")
-    p.add_argument("--threads", type=int, help="torch CPU threads for both (default: torch's)")
-    p.add_argument("--peer-warmup", type=int, default=4000, help="warm-up steps of eq. (3)")
-    p.add_argument("--peer-dropout", type=float, default=0.1)
-    p.add_argument("--peer-norm-first", action="store_true", help="pre-norm (default: post)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda, for every system")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--peer-warmup", type=int, default=4000, help="peer-paper: eq. (3) warm-up")
+    p.add_argument("--peer-dropout", type=float, default=0.1, help="peer-paper: dropout")
+    p.add_argument("--peer-norm-first", action="store_true", help="peer-paper: pre-norm")
     p.add_argument(
         "--peer-settings",
         choices=("same", "default"),
         default="same",
-        help="same: the peer's process gets aiayn's allocator (CPU) / TF32 (GPU) setting",
+        help="same: the peers' processes get aiayn's allocator (CPU) / TF32 (GPU) setting",
     )
-    p.add_argument("--worker", choices=("aiayn", "peer"), help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=protocol.SYSTEMS, help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.systems) - set(protocol.SYSTEMS))
+    if unknown:
+        p.error(f"--systems: unknown {', '.join(unknown)} (choose from {protocol.SYSTEMS})")
     if args.smoke:
         args.minutes = SMOKE_MINUTES
         args.test_sentences = args.test_sentences or SMOKE_TEST_SENTENCES
+    default_dir = "runs/bench_multi30k_smoke" if args.smoke else "runs/bench_multi30k"
+    args.run_dir = args.run_dir or str(ROOT / default_dir)
     return args
 
 
-# -- shared by both workers: the data and the scores (sacreBLEU) ---------------------------------
+def protocol_of(args: argparse.Namespace) -> dict[str, Any]:
+    """What a result must share with the others to be reported beside them."""
+    config = Path(args.config)
+    return {
+        "minutes": args.minutes,
+        "config": config.name,
+        "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(),
+        "overrides": list(args.overrides),
+        "test_sentences": args.test_sentences,
+        "alphas": list(args.alphas),
+        "device": args.device,
+        "threads": args.threads,
+        "peer_paper": [args.peer_warmup, args.peer_dropout, args.peer_norm_first],
+        "peer_settings": args.peer_settings,
+    }
+
+
+# -- shared by the workers: the data and the scores (sacreBLEU) ----------------------------------
 def files(args: argparse.Namespace, direction: str, split: str) -> tuple[Path, Path]:
     """(source file, target file) of a split in the direction."""
     src, tgt = direction.split("-")
@@ -106,11 +160,11 @@ def files(args: argparse.Namespace, direction: str, split: str) -> tuple[Path, P
     return d / f"{split}.{src}.gz", d / f"{split}.{tgt}.gz"
 
 
-def test_set(args: argparse.Namespace, direction: str) -> tuple[list[str], list[str]]:
-    """Sources and references of test_2016_flickr (the first ``--test-sentences``)."""
+def eval_set(args: argparse.Namespace, direction: str, split: str) -> tuple[list[str], list[str]]:
+    """Sources and references of a split (the first ``--test-sentences``)."""
     from aiayn.data import normalize, read_parallel
 
-    pairs = read_parallel(*files(args, direction, "test_2016_flickr"))[: args.test_sentences]
+    pairs = read_parallel(*files(args, direction, split))[: args.test_sentences]
     return [normalize(s) for s, _ in pairs], [normalize(t) for _, t in pairs]
 
 
@@ -134,10 +188,57 @@ def signature() -> str:
     return str(bleu.get_signature())
 
 
+def scored_rows(
+    args: argparse.Namespace,
+    direction: str,
+    weights: dict[str, Translate],
+    tune: bool,
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+    """Rows "LABEL, SEARCH" for each of ``weights`` ("last", "averaged": their translate) and
+    search; with ``tune``, "final, TUNED" at the last of ``weights`` (averaged, else last).
+    Returns (scores, test outputs) by row."""
+    sources, refs = eval_set(args, direction, "test_2016_flickr")
+    rows: dict[str, dict[str, Any]] = {}
+    outputs: dict[str, list[str]] = {}
+    for label, translate in weights.items():
+        for search, beam in SEARCHES:
+            name = f"{label}, {search}"
+            outputs[name] = translate(sources, beam, 0.6)
+            rows[name] = score(outputs[name], refs)
+    if tune:
+        label, translate = list(weights.items())[-1]
+        name = f"final, {TUNED}"
+        rows[name], outputs[name] = tuned_row(args, direction, translate, sources, refs)
+        rows[name]["checkpoint"] = label
+    return rows, outputs
+
+
+def tuned_row(
+    args: argparse.Namespace,
+    direction: str,
+    translate: Translate,
+    sources: list[str],
+    refs: list[str],
+) -> tuple[dict[str, Any], list[str]]:
+    """Beam 4 with α chosen on the validation set (``aiayn tune-alpha``'s rule, never the test
+    set), then scored on the test set; the row records the α and the validation table."""
+    from aiayn.evaluation.tuning import tune_alpha
+
+    val_src, val_ref = eval_set(args, direction, "val")
+    alpha, table = tune_alpha(lambda a: translate(val_src, 4, a), val_ref, args.alphas)
+    hyps = translate(sources, 4, alpha)
+    row: dict[str, Any] = score(hyps, refs)
+    row["alpha"] = alpha
+    row["validation"] = {f"{a:g}": asdict(s) for a, s in table.items()}
+    return row, hyps
+
+
 # -- the aiayn worker ----------------------------------------------------------------------------
-def aiayn_config(args: argparse.Namespace, direction: str, run_dir: Path) -> Any:
-    """configs/multi30k_small.yaml with the direction's data and the budget (no test set: this
-    script scores it)."""
+def aiayn_config(
+    args: argparse.Namespace, direction: str, run_dir: Path, seed: int | None = None
+) -> Any:
+    """configs/multi30k_small.yaml with the direction's data, the budget and the overrides (no
+    test set: this script scores it), then the run's seed."""
     from aiayn.training.config import load_run_config
 
     (train_src, train_tgt), (valid_src, valid_tgt) = (
@@ -157,22 +258,22 @@ def aiayn_config(args: argparse.Namespace, direction: str, run_dir: Path) -> Any
         *([f"train.threads={args.threads}"] if args.threads else []),
         *(["data.bleu_sentences=50"] if args.smoke else []),
         *args.overrides,
+        *([f"train.seed={seed}"] if seed is not None else []),
     ]
     return load_run_config(args.config, overrides)
 
 
-def run_aiayn(args: argparse.Namespace, direction: str, run_dir: Path) -> dict[str, Any]:
+def run_aiayn(args: argparse.Namespace, direction: str, seed: int, run_dir: Path) -> dict[str, Any]:
     """Train with ``aiayn train``'s trainer, score the last and the averaged checkpoint."""
     from aiayn.checkpoint import load_checkpoint
     from aiayn.data import Tokenizer
     from aiayn.decoding.translate import DecodeOptions, translate_texts
     from aiayn.training.trainer import resolve_device, train
 
-    config = aiayn_config(args, direction, run_dir)
+    config = aiayn_config(args, direction, run_dir, seed)
     result = train(config, force=args.force)
-    sources, refs = test_set(args, direction)
     device = resolve_device(args.device)
-    rows: dict[str, dict[str, float]] = {}
+    weights: dict[str, Translate] = {}
     parameters = 0
     for label, path in (
         ("last", result.final_checkpoint),
@@ -183,124 +284,150 @@ def run_aiayn(args: argparse.Namespace, direction: str, run_dir: Path) -> dict[s
         ckpt = load_checkpoint(path, map_location=device)
         tokenizer = Tokenizer.load(ckpt.tokenizer_path)
         parameters = sum(p.numel() for p in ckpt.model.parameters())
-        for search, beam in SEARCHES:
-            options = DecodeOptions(beam_size=beam, alpha=0.6)
-            rows[f"{label}, {search}"] = score(
-                translate_texts(ckpt.model, tokenizer, sources, options), refs
-            )
-    if path is not None:  # the averaged checkpoint, else the last: α tuned on validation
-        rows.update(tuned_rows(args, direction, ckpt.model, tokenizer, label, sources, refs))
+
+        def translate(
+            sources: list[str], beam: int, alpha: float, m: Any = ckpt.model, t: Any = tokenizer
+        ) -> list[str]:
+            return translate_texts(m, t, sources, DecodeOptions(beam_size=beam, alpha=alpha))
+
+        weights[label] = translate
+    rows, outputs = scored_rows(args, direction, weights, tune=True)
     metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
     rates = [m["tgt_tokens_per_s"] for m in metrics if m["kind"] == "train"]
     return {
         "steps": result.steps,
         "training_minutes": result.minutes,
         "median_tgt_tokens_per_s": statistics.median(rates) if rates else None,
-        "averaged_checkpoint": str(result.averaged_checkpoint or "") or None,
+        "averaged_steps": next(
+            (m["averaged_steps"] for m in metrics if m["kind"] == "valid_averaged"), None
+        ),
         "scores": rows,
+        "outputs": outputs,
         "recipe": {**config.to_dict(), "parameters": parameters, "config_file": args.config},
     }
 
 
-def tuned_rows(
-    args: argparse.Namespace,
-    direction: str,
-    model: Any,
-    tokenizer: Any,
-    label: str,
-    sources: list[str],
-    refs: list[str],
-) -> dict[str, dict[str, Any]]:
-    """Beam 4 with α chosen on the validation set (``aiayn tune-alpha``'s rule, never the test
-    set), then scored on the test set; the row records the α and the validation table."""
-    from aiayn.data import normalize, read_parallel
-    from aiayn.decoding.translate import DecodeOptions, translate_texts
-    from aiayn.evaluation.tuning import tune_alpha
-
-    pairs = read_parallel(*files(args, direction, "val"))[: args.test_sentences]
-    val_src, val_ref = [normalize(s) for s, _ in pairs], [normalize(t) for _, t in pairs]
-    options = DecodeOptions(beam_size=4)
-
-    def decode(alpha: float) -> list[str]:
-        return translate_texts(model, tokenizer, val_src, replace(options, alpha=alpha))
-
-    alpha, table = tune_alpha(decode, val_ref, args.alphas)
-    row = score(translate_texts(model, tokenizer, sources, replace(options, alpha=alpha)), refs)
-    row["alpha"] = alpha
-    row["validation"] = {f"{a:g}": asdict(s) for a, s in table.items()}
-    return {f"{label}, {TUNED}": row}
-
-
 # -- the peer worker -----------------------------------------------------------------------------
-def run_peer(args: argparse.Namespace, direction: str) -> dict[str, Any]:
-    """Train the peer (benchmarks/_peer_nmt.py) on the same pairs for the same budget; score it."""
+def peer_recipe(args: argparse.Namespace, system: str, run: Any) -> protocol.PeerRecipe:
+    """The recipe of ``peer-same`` (aiayn's, from its config) or ``peer-paper``."""
+    from aiayn.training.translation import TRANSLATION_LABEL_SMOOTHING
+
+    if system == "peer-same":
+        return protocol.same_recipe(run, TRANSLATION_LABEL_SMOOTHING)
+    return protocol.paper_recipe(
+        run, warmup=args.peer_warmup, dropout=args.peer_dropout, norm_first=args.peer_norm_first
+    )
+
+
+def run_peer(args: argparse.Namespace, direction: str, system: str, seed: int) -> dict[str, Any]:
+    """Train the peer (benchmarks/_peer_nmt.py) with its recipe on the same pairs for the same
+    budget; score its last and (with averaging) its averaged weights."""
     import _peer_nmt as peer
     from aiayn.data import filter_pairs, read_parallel
 
-    run = aiayn_config(args, direction, Path("unused"))  # the same data rules and layer sizes
+    run = aiayn_config(args, direction, Path("unused"), seed)  # the same data rules and sizes
+    recipe = peer_recipe(args, system, run)
     device = _peer_device(args)
     pairs, _ = filter_pairs(
         read_parallel(*files(args, direction, "train")),
         max_words=run.data.max_words,
         max_ratio=run.data.max_ratio,
     )
-    torch.manual_seed(run.train.seed)
+    torch.manual_seed(seed)
     started = time.perf_counter()
-    tokenizer = peer.train_bpe([s for s, _ in pairs] + [t for _, t in pairs], run.data.vocab_size)
+    texts = [s for s, _ in pairs] + [t for _, t in pairs]
+    tokenizer = peer.train_bpe(texts, recipe.vocab_size, recipe.min_frequency)
     data = peer.Encoded.of(tokenizer, pairs, run.data.max_tokens_per_sentence)
     seconds = time.perf_counter() - started
-    print(f"peer: {len(data.src)} pairs, BPE of {tokenizer.get_vocab_size()} ({seconds:.1f}s)")
-    m = run.model
-    config = peer.PeerConfig(
-        vocab_size=tokenizer.get_vocab_size(),
-        d_model=m.d_model,
-        num_heads=m.num_heads,
-        num_encoder_layers=m.num_encoder_layers,
-        num_decoder_layers=m.num_decoder_layers,
-        d_ff=m.d_ff,
-        dropout=args.peer_dropout,
-        norm_first=args.peer_norm_first,
-    )
-    model = peer.TorchReference(config).to(device)
-    amp = torch.bfloat16 if device.type == "cuda" else None
-    log = peer.train_for(
-        model,
-        data,
+    print(f"{system}: {len(data.src)} pairs, BPE of {tokenizer.get_vocab_size()} ({seconds:.1f}s)")
+    model = peer.TorchReference(peer_config(run, recipe, tokenizer.get_vocab_size())).to(device)
+    amp = _peer_amp(run.train.precision, device)
+    settings = peer.TrainSettings(
         minutes=args.minutes,
-        max_tokens=run.train.max_tokens,
-        warmup=args.peer_warmup,
-        seed=run.train.seed,
-        device=device,
-        amp=amp,
+        max_tokens=recipe.max_tokens,
+        warmup=recipe.warmup,
+        lr_scale=recipe.lr_scale,
+        label_smoothing=recipe.label_smoothing,
+        adam_betas=recipe.adam_betas,
+        adam_eps=recipe.adam_eps,
+        weight_decay=recipe.weight_decay,
+        clip_norm=recipe.clip_norm,
+        average_last=recipe.average_last,
+        average_window=recipe.average_window,
+        seed=seed,
     )
-    sources, refs = test_set(args, direction)
-    rows = {
-        f"last, {search}": score(
-            peer.translate(model, tokenizer, sources, beam_size=beam, device=device), refs
-        )
-        for search, beam in SEARCHES
-    }
+    log = peer.train_for(model, data, settings, device=device, amp=amp)
+    rows, outputs = scored_rows(
+        args, direction, peer_weights(peer, model, tokenizer, log, device), recipe.tune_alpha
+    )
     return {
         "steps": log.steps,
         "training_minutes": log.seconds / 60,
         "median_tgt_tokens_per_s": statistics.median(log.window_rates)
         if log.window_rates
         else None,
-        "mean_tgt_tokens_per_s": log.tgt_tokens / log.seconds if log.seconds else None,
         "epochs_completed": log.epochs,
+        "averaged_steps": log.averaged_steps or None,
         "scores": rows,
+        "outputs": outputs,
         "recipe": {
-            "model": vars(config),
+            **asdict(recipe),
             "parameters": sum(p.numel() for p in model.parameters()),
-            "bpe": f"tokenizers.SentencePieceBPETokenizer, joint, {config.vocab_size} tokens",
-            "max_tokens": run.train.max_tokens,
-            "warmup_steps": args.peer_warmup,
-            "label_smoothing": 0.1,
-            "adam": [0.9, 0.98, 1e-9],
-            "precision": "bf16 autocast" if amp else "fp32",
+            "bpe": "tokenizers.SentencePieceBPETokenizer, joint",
+            "precision": str(amp) if amp else "fp32",
             "process_settings": args.peer_settings,
         },
     }
+
+
+def peer_config(run: Any, recipe: protocol.PeerRecipe, vocab_size: int) -> Any:
+    """The peer's layers: aiayn's sizes, the recipe's norm placement, dropout and embeddings."""
+    import _peer_nmt as peer
+
+    m = run.model
+    return peer.PeerConfig(
+        vocab_size=vocab_size,
+        d_model=m.d_model,
+        num_heads=m.num_heads,
+        num_encoder_layers=m.num_encoder_layers,
+        num_decoder_layers=m.num_decoder_layers,
+        d_ff=m.d_ff,
+        dropout=recipe.dropout,
+        attention_dropout=recipe.attention_dropout,
+        norm_first=recipe.norm_first,
+        final_norm=recipe.final_norm,
+        activation=recipe.activation,
+        layer_norm_eps=recipe.layer_norm_eps,
+        share_embeddings=recipe.share_embeddings,
+        tie_output=recipe.tie_output,
+    )
+
+
+def peer_weights(
+    peer: Any, model: Any, tokenizer: Any, log: Any, device: torch.device
+) -> dict[str, Translate]:
+    """ "last" (the model as trained) and, when averaged, "averaged" (a copy with the average)."""
+    import copy
+
+    def translator(m: Any) -> Translate:
+        def translate(sources: list[str], beam: int, alpha: float) -> list[str]:
+            return peer.translate(m, tokenizer, sources, beam_size=beam, alpha=alpha, device=device)
+
+        return translate
+
+    weights = {"last": translator(model)}
+    if log.averaged is not None:
+        averaged = copy.deepcopy(model)
+        averaged.load_state_dict(log.averaged)
+        weights["averaged"] = translator(averaged)
+    return weights
+
+
+def _peer_amp(precision: str, device: torch.device) -> torch.dtype | None:
+    """aiayn's train.precision: auto = bf16 autocast on CUDA, fp32 on CPU."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
 
 
 def _peer_device(args: argparse.Namespace) -> torch.device:
@@ -316,139 +443,164 @@ def _peer_device(args: argparse.Namespace) -> torch.device:
     return device
 
 
-# -- the parent: run both, one after the other; the report ---------------------------------------
-def spawn(system: str, direction: str, run_dir: Path) -> dict[str, Any]:
-    """Run one system's worker in a fresh process; its result."""
-    out = run_dir / f"{system}.json"
-    cmd = [sys.executable, __file__, *sys.argv[1:], "--direction", direction]
-    cmd += ["--worker", system, "--out", str(out), "--run-dir", str(run_dir / system)]
-    subprocess.run(cmd, check=True)
-    result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
-    return result
-
-
-def compare(aiayn: dict[str, Any], peer: dict[str, Any]) -> list[dict[str, Any]]:
-    """aiayn's BLEU minus and over the peer's, per search, for each aiayn checkpoint."""
-    rows = []
-    for search in (*(name for name, _ in SEARCHES), TUNED):
-        peer_search = search if search != TUNED else SEARCHES[-1][0]
-        theirs = peer["scores"][f"last, {peer_search}"]["bleu"]
-        for label in ("last", "averaged"):
-            ours = aiayn["scores"].get(f"{label}, {search}")
-            if ours is None:
-                continue
-            ratio = ours["bleu"] / theirs if theirs > 0 else None
-            difference = ours["bleu"] - theirs
-            rows.append(
-                {
-                    "aiayn": f"{label}, {search}",
-                    "peer": f"last, {peer_search}",
-                    "bleu_difference": difference,
-                    "bleu_ratio": ratio,
-                }
-            )
-    return rows
-
-
-def markdown(direction: str, report: dict[str, Any]) -> list[str]:
-    """The report's tables."""
-    src, tgt = (x.upper() for x in direction.split("-"))
-    a, p = report["aiayn"], report["peer"]
-    n, hardware = report["test_sentences"], report["machine"].get("gpu", report["machine"]["cpu"])
-    lines = [
-        f"# Multi30k {src}→{tgt}: aiayn vs a plain torch.nn.Transformer, same budget",
-        "",
-        f"`{report['command']}`",
-        "",
-        f"{report['minutes']:g} minutes of training each, one after the other (aiayn first); "
-        f"test_2016_flickr ({n} sentences); {hardware}, torch {report['machine']['torch']}. "
-        f"sacreBLEU `{report['signature']}`.",
-        "",
-        "| system | checkpoint, search | BLEU | chrF | BP | hyp/ref length |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, result in (("aiayn", a), ("peer", p)):
-        for row, s in result["scores"].items():
-            row = f"{row} (α {s['alpha']:g})" if "alpha" in s else row
-            lines.append(
-                f"| {name} | {row} | {s['bleu']:.2f} | {s['chrf']:.2f} | "
-                f"{s['brevity_penalty']:.3f} | {s['length_ratio']:.3f} |"
-            )
-    lines += [
-        "",
-        "| system | steps | training minutes | median target tokens/s |",
-        "|---|---|---|---|",
-    ]
-    for name, result in (("aiayn", a), ("peer", p)):
-        rate = result["median_tgt_tokens_per_s"]
-        lines.append(
-            f"| {name} | {result['steps']:,} | {result['training_minutes']:.1f} | "
-            + (f"{rate:,.0f} |" if rate is not None else "– |")
-        )
-    lines += ["", "| aiayn | peer | BLEU difference | BLEU ratio |", "|---|---|---|---|"]
-    for c in report["comparison"]:
-        ratio = "–" if c["bleu_ratio"] is None else f"{c['bleu_ratio']:.3f}"
-        lines.append(f"| {c['aiayn']} | {c['peer']} | {c['bleu_difference']:+.2f} | {ratio} |")
-    return [*lines, "", *recipes(a["recipe"], p["recipe"])]
-
-
-def recipes(aiayn: dict[str, Any], peer: dict[str, Any]) -> list[str]:
-    """What each system was trained with (all of it is in the JSON)."""
-    t, m = aiayn["train"], aiayn["model"]
-    return [
-        f"aiayn ({Path(aiayn['config_file']).name}): {aiayn['parameters']:,} parameters, "
-        f"model {m}, batches of {t['max_tokens']:,} tokens, warm-up {t['warmup_steps']:,}, "
-        f"lr scale {t['lr_scale']}, averaging {t['average_last']}.",
-        f"peer (benchmarks/_peer_nmt.py): {peer['parameters']:,} parameters, "
-        f"{'pre' if peer['model']['norm_first'] else 'post'}-norm, dropout "
-        f"{peer['model']['dropout']}, {peer['bpe']}, batches of {peer['max_tokens']:,} tokens, "
-        f"warm-up {peer['warmup_steps']:,}, label smoothing {peer['label_smoothing']}, "
-        f"Adam {tuple(peer['adam'])}, {peer['precision']}, its last weights.",
-    ]
-
-
-def run_direction(args: argparse.Namespace, direction: str, run_root: Path) -> None:
-    """Both systems in one direction, then the report."""
-    folder = run_root / direction
-    folder.mkdir(parents=True, exist_ok=True)
-    results = {system: spawn(system, direction, folder) for system in ("aiayn", "peer")}
+# -- the report: from the results there are ------------------------------------------------------
+def write_reports(
+    args: argparse.Namespace,
+    direction: str,
+    seeds: list[int],
+    results: dict[str, dict[int, dict[str, Any]]],
+    missing: list[tuple[str, int]],
+) -> None:
+    """RUN_DIR/DIRECTION/report.{md,json}; once nothing is missing, also the results folder's
+    multi30k_DIRECTION.{md,json} (docs/results; for --smoke, RUN_DIR/results)."""
+    if not any(results.values()):
+        print(f"{direction}: no results yet")
+        return
+    refs = eval_set(args, direction, "test_2016_flickr")[1]
     report = {
         "benchmark": "train_multi30k",
         "command": command_line(),
         "machine": machine(),
         "direction": direction,
-        "minutes": args.minutes,
-        "smoke": args.smoke,
-        "test_sentences": len(test_set(args, direction)[0]),
+        "protocol": protocol_of(args),
+        "seeds": seeds,
+        "missing": [{"system": s, "seed": n} for s, n in missing],
+        "test_sentences": len(refs),
         "signature": signature(),
-        **results,
-        "comparison": compare(results["aiayn"], results["peer"]),
+        "comparison": {p: report_mod.comparison(results, p) for p in ("peer-same", "peer-paper")},
+        "bootstrap": report_mod.bootstraps(results, refs),
+        "results": {
+            system: {
+                seed: {k: v for k, v in r.items() if k != "outputs"} for seed, r in runs.items()
+            }
+            for system, runs in results.items()
+        },
     }
-    path = write_report(f"multi30k_{direction}", report, markdown(direction, report))
-    print("\n".join(markdown(direction, report)))
-    print(f"wrote {path} and .json")
+    lines = markdown(direction, report, results)
+    folders = [Path(args.run_dir) / direction]
+    if not missing:
+        smoke = Path(args.run_dir) / "results"
+        folders.append(
+            Path(args.results_dir) if args.results_dir else smoke if args.smoke else RESULTS
+        )
+    for folder in folders:
+        name = "report" if folder == folders[0] else f"multi30k_{direction}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        (folder / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        print(f"wrote {folder / name}.md and .json")
+    print("\n".join(lines))
+
+
+def markdown(direction: str, report: dict[str, Any], results: Any) -> list[str]:
+    """The report's text."""
+    src, tgt = (x.upper() for x in direction.split("-"))
+    m = report["machine"]
+    missing = ", ".join(f"{r['system']} seed {r['seed']}" for r in report["missing"]) or "none"
+    return [
+        f"# Multi30k {src}→{tgt}: aiayn vs a plain torch.nn.Transformer, same recipe and budget",
+        "",
+        f"`{report['command']}`",
+        "",
+        f"{report['protocol']['minutes']:g} minutes of training per run, seeds "
+        f"{', '.join(map(str, report['seeds']))} per system, each run in its own process, "
+        f"seed by seed (aiayn, peer-same, peer-paper); test_2016_flickr "
+        f"({report['test_sentences']} sentences); {m.get('gpu', m['cpu'])}, torch {m['torch']}. "
+        f"sacreBLEU `{report['signature']}`. Runs missing: {missing}.",
+        "",
+        *report_mod.score_table(results),
+        "",
+        *report_mod.training_table(results),
+        "",
+        "aiayn minus the peer with the same recipe (the primary comparison), then minus the "
+        "paper-recipe peer; a difference counts only when it exceeds the larger min–max range "
+        "of the two sides over the seeds:",
+        "",
+        *report_mod.comparison_table(report["comparison"]["peer-same"]),
+        *report_mod.comparison_table(report["comparison"]["peer-paper"])[2:],
+        "",
+        "sacreBLEU's paired bootstrap (1,000 resamples, the peer as baseline) per seed:",
+        "",
+        *report_mod.bootstrap_table(report["bootstrap"]),
+        "",
+        *report_mod.recipe_lines(results),
+    ]
+
+
+# -- the parent: the missing runs, one process each; the report ----------------------------------
+def spawn(args: argparse.Namespace, system: str, direction: str, seed: int) -> None:
+    """Run one system's worker for one seed in a fresh process; it writes its result file last
+    (a run stopped before that leaves no result and is run again)."""
+    out = protocol.result_path(Path(args.run_dir), direction, system, seed)
+    work = out.parent / "run"
+    if work.exists():
+        if not args.force:
+            raise SystemExit(
+                f"{work} holds a run that left no result (stopped?): pass --force to run it again"
+            )
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    cmd = [sys.executable, __file__, *sys.argv[1:], "--direction", direction]
+    cmd += ["--worker", system, "--seed", str(seed), "--out", str(out)]
+    subprocess.run(cmd, check=True)
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One system, one seed, one direction: its result file, written at the very end."""
+    out = Path(args.out)
+    if args.worker == "aiayn":
+        result = run_aiayn(args, args.direction, args.seed, out.parent / "run")
+    else:
+        result = run_peer(args, args.direction, args.worker, args.seed)
+    result |= {"system": args.worker, "seed": args.seed, "protocol": protocol_of(args)}
+    result["machine"] = machine()
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    tmp.replace(out)
+
+
+def load_results(
+    args: argparse.Namespace, direction: str, seeds: list[int]
+) -> dict[str, dict[int, dict[str, Any]]]:
+    """The results there are, by system and seed (checked to share this protocol)."""
+    found: dict[str, dict[int, dict[str, Any]]] = {system: {} for system in protocol.SYSTEMS}
+    expected = protocol_of(args)
+    for system in protocol.SYSTEMS:
+        for seed in seeds:
+            path = protocol.result_path(Path(args.run_dir), direction, system, seed)
+            if path.is_file():
+                result = json.loads(path.read_text(encoding="utf-8"))
+                protocol.check_protocol(path, result["protocol"], expected)
+                found[system][seed] = result
+    return found
+
+
+def run_direction(args: argparse.Namespace, direction: str, seeds: list[int]) -> None:
+    """The missing runs of the systems asked for (at most ``--max-runs``), then the report."""
+    load_results(args, direction, seeds)  # a result of another protocol: stop before training
+    todo = protocol.missing_runs(Path(args.run_dir), direction, args.systems, seeds)
+    if args.report_only:
+        todo = []
+    for system, seed in todo[: args.max_runs]:
+        print(f"== {direction}: {system}, seed {seed}", flush=True)
+        spawn(args, system, direction, seed)
+    results = load_results(args, direction, seeds)
+    missing = protocol.missing_runs(Path(args.run_dir), direction, protocol.SYSTEMS, seeds)
+    write_reports(args, direction, seeds, results, missing)
 
 
 def main() -> None:
-    """Parent: each direction, each system in its own process; worker: one system."""
+    """Parent: each direction, each missing run in its own process; worker: one run."""
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.worker:
-        if args.worker == "aiayn":
-            result = run_aiayn(args, args.direction, Path(args.run_dir))
-        else:
-            result = run_peer(args, args.direction)
-        Path(args.out).write_text(json.dumps(result, indent=2), encoding="utf-8")
+        worker(args)
         return
-    if args.results_dir or args.smoke:
-        default = Path(args.run_dir or ROOT / "runs" / "bench_multi30k_smoke") / "results"
-        _common.RESULTS = Path(args.results_dir) if args.results_dir else default
-    directions = DIRECTIONS if args.direction == "both" else (args.direction,)
-    with tempfile.TemporaryDirectory(prefix="bench_multi30k_") as tmp:
-        run_root = Path(args.run_dir) if args.run_dir else Path(tmp)
-        for direction in directions:
-            run_direction(args, direction, run_root)
+    base = aiayn_config(args, DIRECTIONS[0], Path("unused")).train.seed
+    seeds = protocol.seeds_of(base, args.seeds)
+    for direction in DIRECTIONS if args.direction == "both" else (args.direction,):
+        run_direction(args, direction, seeds)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,138 @@
+"""The protocol of benchmarks/train_multi30k.py: the peer's recipe read from aiayn's config
+(configs/multi30k_small.yaml and overrides), the seeds' spread rule, the result files that make
+the long experiment resumable; values checked by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import _multi30k_protocol as protocol
+from aiayn.training.config import load_run_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "multi30k_small.yaml"
+
+
+def test_same_recipe_is_the_configs_recipe() -> None:
+    r = protocol.same_recipe(load_run_config(str(CONFIG), []))
+    # configs/multi30k_small.yaml: pre-norm, dropout 0.2, 2,500 tokens, warm-up 1,000, lr scale
+    # 1, average_last 5 over 0.1; the small preset: 8k joint BPE, shared and tied embeddings
+    assert (r.norm_first, r.final_norm, r.dropout) == (True, True, 0.2)
+    assert (r.max_tokens, r.warmup, r.lr_scale) == (2500, 1000, 1.0)
+    assert (r.average_last, r.average_window, r.tune_alpha) == (5, 0.1, True)
+    assert (r.vocab_size, r.min_frequency) == (8000, 2)
+    assert (r.share_embeddings, r.tie_output, r.activation) == (True, True, "relu")
+    assert r.label_smoothing == 0.1  # train.label_smoothing null: the translation default
+    assert (r.adam_betas, r.adam_eps, r.weight_decay, r.clip_norm) == ((0.9, 0.98), 1e-9, 0, None)
+
+
+def test_same_recipe_follows_the_overrides() -> None:
+    run = load_run_config(
+        str(CONFIG),
+        [
+            "model.norm_first=false",
+            "model.dropout=0.3",
+            "model.share_embeddings=false",
+            "train.label_smoothing=0.2",
+            "train.warmup_steps=1500",
+            "train.lr_scale=1.5",
+            "train.max_tokens=3000",
+            "train.average_window=0.2",
+            "train.clip_norm=1.0",
+            "data.vocab_size=6000",
+        ],
+    )
+    r = protocol.same_recipe(run)
+    assert (r.norm_first, r.final_norm) == (False, False)  # post-norm: no final LayerNorm
+    assert (r.dropout, r.share_embeddings, r.tie_output) == (0.3, False, True)
+    assert (r.label_smoothing, r.warmup, r.lr_scale) == (0.2, 1500, 1.5)
+    assert (r.max_tokens, r.average_window, r.clip_norm, r.vocab_size) == (3000, 0.2, 1.0, 6000)
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("model.positional=learned", "model.positional"),
+        ("model.activation=silu", "model.activation"),
+        ("train.accum_steps=2", "train.accum_steps"),
+        ("data.lowercase=true", "data.lowercase"),
+        ("train.precision=fp16", "train.precision"),
+    ],
+)
+def test_settings_the_peer_lacks_are_refused_by_name(override: str, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        protocol.same_recipe(load_run_config(str(CONFIG), [override]))
+
+
+def test_paper_recipe_keeps_the_old_peer() -> None:
+    run = load_run_config(str(CONFIG), [])
+    r = protocol.paper_recipe(run, warmup=4000, dropout=0.1, norm_first=False)
+    assert (r.norm_first, r.final_norm, r.dropout, r.warmup, r.lr_scale) == (
+        False,
+        True,
+        0.1,
+        4000,
+        1.0,
+    )
+    assert (r.average_last, r.tune_alpha, r.label_smoothing) == (0, False, 0.1)
+    assert (r.max_tokens, r.vocab_size) == (2500, 8000)  # the config's batch and vocabulary
+    assert "post-norm" in protocol.recipe_line(r) and "its last weights" in protocol.recipe_line(r)
+    same = protocol.recipe_line(protocol.same_recipe(run))
+    assert "pre-norm with final LayerNorms" in same and "averages its last 5" in same
+
+
+def test_summarize_by_hand() -> None:
+    s = protocol.summarize([1.0, 2.0, 4.0])
+    assert s["mean"] == pytest.approx(7 / 3)
+    assert (s["min"], s["max"], s["n"]) == (1.0, 4.0, 3)
+    # deviations -4/3, -1/3, 5/3: (16 + 1 + 25) / 9 / 2 = 7/3
+    assert s["std"] == pytest.approx(math.sqrt(7 / 3))
+    assert protocol.summarize([5.0])["std"] is None
+    with pytest.raises(ValueError):
+        protocol.summarize([])
+
+
+def test_a_difference_counts_only_beyond_the_spread() -> None:
+    assert protocol.significant([30.0, 31.0], [32.0, 33.0]) is True  # 2 > range 1
+    assert protocol.significant([30.0, 32.0], [31.0, 33.0]) is False  # 1 < range 2
+    assert protocol.significant([30.0, 31.0], [31.0, 32.0]) is False  # 1 = range 1: not beyond
+    assert protocol.significant([30.0, 30.5], [32.0, 36.0]) is False  # 3.75 < range 4
+    assert protocol.significant([30.0], [40.0, 41.0]) is None  # one seed: cannot tell
+
+
+def test_seeds_and_result_paths() -> None:
+    assert protocol.seeds_of(1, 2) == [1, 2]
+    assert protocol.seeds_of(7, 3) == [7, 8, 9]
+    with pytest.raises(ValueError, match="--seeds"):
+        protocol.seeds_of(1, 0)
+    path = protocol.result_path(Path("r"), "en-de", "peer-same", 2)
+    assert path == Path("r/en-de/peer-same/seed_2/result.json")
+
+
+def test_runs_with_a_result_are_skipped_seed_by_seed(tmp_path: Path) -> None:
+    done = protocol.result_path(tmp_path, "en-de", "aiayn", 1)
+    done.parent.mkdir(parents=True)
+    done.write_text("{}")
+    left = protocol.result_path(tmp_path, "en-de", "peer-same", 1).parent
+    left.mkdir(parents=True)  # a folder without a result: still to do
+    assert protocol.missing_runs(tmp_path, "en-de", protocol.SYSTEMS, [1, 2]) == [
+        ("peer-same", 1),
+        ("peer-paper", 1),
+        ("aiayn", 2),
+        ("peer-same", 2),
+        ("peer-paper", 2),
+    ]
+    assert protocol.missing_runs(tmp_path, "de-en", ("aiayn",), [1]) == [("aiayn", 1)]
+
+
+def test_results_of_another_protocol_are_refused(tmp_path: Path) -> None:
+    now = {"minutes": 60.0, "overrides": [], "alphas": [0.6, 1.0]}
+    protocol.check_protocol(tmp_path / "a.json", json.loads(json.dumps(now)), now)
+    with pytest.raises(ValueError, match=r"a\.json.*minutes: 0\.3 there, 60\.0 now"):
+        protocol.check_protocol(tmp_path / "a.json", {**now, "minutes": 0.3}, now)
+    with pytest.raises(ValueError, match="overrides"):
+        protocol.check_protocol(tmp_path / "a.json", {**now, "overrides": ["x=1"]}, now)

@@ -1,0 +1,126 @@
+"""The peer of benchmarks/train_multi30k.py (benchmarks/_peer_nmt.py) given aiayn's recipe: its
+averaging follows aiayn's rule (the same points, the same snapshots), its norm placement has the
+LayerNorms aiayn's has (equal parameter counts), its schedule is eq. (3) times the scale."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import _peer_nmt as peer
+from aiayn.config import preset
+from aiayn.models.transformer import Transformer
+from aiayn.training.averaging import AveragingPlan, AveragingWindow
+from aiayn.training.averaging import averaging_points as aiayn_points
+from aiayn.training.schedule import transformer_lr as aiayn_lr
+
+
+def test_averaging_points_by_hand_and_as_aiayn() -> None:
+    assert peer.averaging_points(900.0, 0.1, 3) == [840.0, 870.0, 900.0]  # every 30 s
+    for budget, window, n in [(3600.0, 0.1, 5), (18.0, 0.1, 5), (600.0, 0.25, 4), (60.0, 1.0, 1)]:
+        assert peer.averaging_points(budget, window, n) == aiayn_points(budget, window, n)
+    with pytest.raises(ValueError):
+        peer.averaging_points(60.0, 0.0, 5)
+
+
+def test_snapshots_are_taken_where_aiayn_writes_its_averaging_checkpoints() -> None:
+    # budget 100 s, window 0.1, n 5: points 92, 94, 96, 98 (and the end, 100)
+    ends = [91.0, 93.0, 93.5, 97.0, 99.0, 99.5]  # the elapsed time after steps 1..6
+    averaging = peer.Averaging(100.0, 0.1, 5)
+    model = nn.Linear(1, 1, bias=False)
+    plan = AveragingPlan.of(5, 0.1, budget=10**6, max_minutes=100 / 60)
+    window = AveragingWindow(folder=None, plan=plan)  # type: ignore[arg-type]
+    aiayn_steps = []
+    for step, elapsed in enumerate(ends, start=1):
+        with torch.no_grad():
+            model.weight.fill_(float(step))
+        if averaging.due(elapsed):
+            averaging.take(step, model)
+        if window.due(step, elapsed, window.time_due(elapsed)):
+            aiayn_steps.append(step)
+    averaging.take(6, model)  # the end of the budget
+    assert aiayn_steps == [2, 4, 5]  # 93 passes 92; 97 passes 94 and 96; 99 passes 98
+    assert averaging.steps() == [2, 4, 5, 6]
+    averaged = averaging.average()
+    assert averaged is not None
+    assert averaged["weight"].item() == pytest.approx((2 + 4 + 5 + 6) / 4)
+
+
+def test_the_last_n_snapshots_are_averaged_and_one_is_not_an_average() -> None:
+    averaging = peer.Averaging(10.0, 0.5, 2)  # points 7.5 (and 10)
+    model = nn.Linear(1, 1, bias=False)
+    averaging.take(3, model)
+    assert averaging.average() is None  # one snapshot: nothing averaged
+    averaging.take(3, model)  # the same step again: not a second snapshot
+    assert averaging.steps() == [3]
+    for step in (4, 5):
+        with torch.no_grad():
+            model.weight.fill_(float(step))
+        averaging.take(step, model)
+    assert averaging.steps() == [4, 5]
+    averaged = averaging.average()
+    assert averaged is not None and averaged["weight"].item() == pytest.approx(4.5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_final_layer_norms_as_aiayn_has_them(norm_first: bool) -> None:
+    c = preset("tiny", norm_first=norm_first)
+    ours = Transformer(c)
+    theirs = peer.TorchReference(
+        peer.PeerConfig(
+            vocab_size=c.vocab_size,
+            d_model=c.d_model,
+            num_heads=c.num_heads,
+            num_encoder_layers=c.num_encoder_layers,
+            num_decoder_layers=c.num_decoder_layers,
+            d_ff=c.d_ff,
+            norm_first=norm_first,
+            final_norm=norm_first,  # aiayn: a final LayerNorm per stack exactly with pre-norm
+        )
+    )
+    count = sum(p.numel() for p in ours.parameters())
+    assert sum(p.numel() for p in theirs.parameters()) == count
+    assert (theirs.transformer.encoder.norm is None) == (not norm_first)
+    assert (theirs.transformer.decoder.norm is None) == (not norm_first)
+
+
+def test_embeddings_shared_and_tied_as_asked() -> None:
+    shared = peer.TorchReference(peer.PeerConfig(vocab_size=50, d_model=16, num_heads=2, d_ff=32))
+    assert shared.output.weight is shared.embedding.weight is shared.tgt_embedding.weight
+    apart = peer.TorchReference(
+        peer.PeerConfig(vocab_size=50, d_model=16, num_heads=2, d_ff=32, share_embeddings=False)
+    )
+    assert apart.tgt_embedding.weight is not apart.embedding.weight
+    assert apart.output.weight is apart.tgt_embedding.weight  # tied to the target side
+    untied = peer.TorchReference(
+        peer.PeerConfig(vocab_size=50, d_model=16, num_heads=2, d_ff=32, tie_output=False)
+    )
+    assert untied.output.weight is not untied.embedding.weight
+
+
+def test_schedule_is_eq3_times_the_scale() -> None:
+    # step 1000 = warm-up 1000, d_model 256: 256^-0.5 · 1000^-0.5 = 1 / (16 · √1000)
+    assert peer.transformer_lr(1000, 256, 1000) == pytest.approx(1 / (16 * 1000**0.5))
+    for step in (1, 500, 1000, 4000):
+        assert peer.transformer_lr(step, 256, 1000, 1.5) == pytest.approx(
+            aiayn_lr(step, 256, 1000, 1.5)
+        )
+
+
+@pytest.mark.parametrize("average_last", [0, 5])
+def test_a_timed_run_averages_only_when_asked(average_last: int) -> None:
+    torch.manual_seed(0)
+    model = peer.TorchReference(
+        peer.PeerConfig(vocab_size=20, d_model=16, num_heads=2, d_ff=32, norm_first=True)
+    )
+    data = peer.Encoded([[4, 5, 6], [7, 8], [9, 10, 11, 12]], [[5, 6], [8, 9, 10], [11]])
+    settings = peer.TrainSettings(minutes=0.002, max_tokens=10, average_last=average_last)
+    log = peer.train_for(model, data, settings, device=torch.device("cpu"))
+    assert log.steps >= 1
+    if average_last == 0:  # the paper's recipe: its last weights
+        assert (log.averaged, log.averaged_steps) == (None, [])
+    else:  # the end of the budget is always the window's last snapshot
+        assert log.averaged_steps[-1] == log.steps
+        assert len(log.averaged_steps) <= 5
+        assert (log.averaged is None) == (len(log.averaged_steps) < 2)
