@@ -61,3 +61,9 @@ MAX_ATTENTION_TOKENS = 160
 ``aiayn attention --max-tokens``'s default and ``aiayn serve``'s ``/v1/attention`` bound.
 Labelled maps beyond it are unreadable, their figures (which grow with the square of the
 tokens) take minutes and gigabytes to draw, and a served map's JSON grows the same way."""
+
+MAX_ATTENTION_WEIGHTS = 2**21
+"""The most weights one ``POST /v1/attention`` answer carries, over its views, layers and heads
+(layers × heads × queries × keys, summed): one view of the paper's base model at 160 tokens a
+side (6 × 8 × 160², 1.2 million) fits; every view of it (3.7 million, some 80 MB of JSON) does not,
+and the request is refused (413) with the advice to ask for fewer ``views`` or a shorter text."""

@@ -58,7 +58,7 @@ class PerformanceSettings:
     default_last_level_cache_bytes: int = 32 << 20
     topk_chunk: int = 128
     chunked_topk_min_candidates: int = 1 << 14
-    int8_onednn_max_rows: int = 16
+    int8_onednn_max_rows: int = 256
 
 
 _current = PerformanceSettings()

@@ -137,3 +137,18 @@ def test_runs_between_the_translations_steps(checkpoints: dict[str, Path], serve
             answers = list(pool.map(call, range(16)))
     for i, answer in enumerate(answers):
         assert answer == (alone if i % 2 else single)
+
+
+
+def test_an_answer_over_the_weight_bound_is_refused(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = {"model": "mt", "text": "two men play chess"}
+    fits = client.post("/v1/attention", json={**body, "views": ["cross"]})
+    assert fits.status_code == 200, fits.text
+    cross = sum(len(h) * len(h[0]) * len(h[0][0]) for h in fits.json()["views"][0]["layers"])
+    monkeypatch.setattr("aiayn.serving.attention_task.MAX_ATTENTION_WEIGHTS", cross)
+    assert client.post("/v1/attention", json={**body, "views": ["cross"]}).status_code == 200
+    r = client.post("/v1/attention", json=body)  # every view: more than the cross maps alone
+    assert r.status_code == 413, r.text
+    assert "views" in r.text and f"{cross:,}" in r.text

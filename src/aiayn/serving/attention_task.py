@@ -19,7 +19,7 @@ from typing import Any
 
 from aiayn.checkpoint.load import Checkpoint
 from aiayn.errors import LengthError, UserError
-from aiayn.limits import MAX_ATTENTION_TOKENS
+from aiayn.limits import MAX_ATTENTION_TOKENS, MAX_ATTENTION_WEIGHTS
 from aiayn.models.families import AttentionCapture, family_of, resolve
 from aiayn.serving import schemas as s
 from aiayn.serving.engine import INLINE, BatchEngine, Engine, Inline, Job
@@ -115,6 +115,7 @@ def attention_response(
         if name not in names:
             raise Problem(422, f"views.{i}: no view {name!r} (this model's: {', '.join(names)})",
                           param=f"views.{i}")  # fmt: skip
+    _check_size(found, wanted)
     maps = []
     for name in wanted:
         view = found.view(name)
@@ -125,6 +126,15 @@ def attention_response(
         ))  # fmt: skip
     lines = [s.InputLine(label=label, text=text) for label, text in found.lines]
     return s.AttentionResponse(model=model, title=found.title, lines=lines, views=maps)
+
+
+def _check_size(found: TokenAttention, wanted: list[str]) -> None:
+    """413 when the views asked for hold more than MAX_ATTENTION_WEIGHTS weights in all."""
+    total = sum(w.numel() for name in wanted for w in found.view(name).layers)  # N × H·R·C
+    if total > MAX_ATTENTION_WEIGHTS:
+        raise Problem(413, f"views: {total:,} weights is more than the {MAX_ATTENTION_WEIGHTS:,} "
+                      "one answer carries; ask for fewer views or a shorter text",
+                      param="views")  # fmt: skip
 
 
 def _refuse_batches(jobs: Any) -> list[Any]:
