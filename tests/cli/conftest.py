@@ -8,35 +8,21 @@ module ``conftest``): it is loaded from its path, once, and its fixtures are re-
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
 from aiayn.cli.main import main
+from data_builders import data_conftest
 
 RunCli = Callable[..., tuple[int, str, str]]
 """``run_cli(*argv)`` -> (exit status, standard output, standard error) of ``aiayn argv``."""
 
 
-def _data_conftest() -> ModuleType:
-    name = "_aiayn_tests_data_conftest"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "data" / "conftest.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_data = _data_conftest()
+_data = data_conftest()
 sentencepiece_models = _data.sentencepiece_models
 make_hf_t5_tokenizer = _data.make_hf_t5_tokenizer
 make_marian_vocab = _data.make_marian_vocab

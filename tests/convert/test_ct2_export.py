@@ -16,13 +16,10 @@ at the step where it parts from aiayn's (greedy) or between the two hypotheses' 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -47,6 +44,7 @@ from aiayn.models import Transformer
 from aiayn.models.bert import BERT, bert_preset
 from aiayn.models.gpt2 import GPT2, gpt2_preset
 from aiayn.models.t5 import T5, t5_preset
+from data_builders import data_conftest
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -56,20 +54,7 @@ TIE = 1e-3  # a log-probability margin below this is a near-tie for float32 arit
 SEQ2SEQ = ("paper post-norm", "paper pre-norm", "marian", "t5 v1.0", "t5 v1.1")
 
 
-def _data_conftest() -> ModuleType:
-    """tests/data/conftest.py (the SentencePiece models), loaded by path as tests/cli does."""
-    name = "_aiayn_tests_data_conftest"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "data" / "conftest.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_data = _data_conftest()
+_data = data_conftest()
 sentencepiece_models = _data.sentencepiece_models
 make_marian_vocab = _data.make_marian_vocab
 

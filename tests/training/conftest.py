@@ -4,18 +4,16 @@ builders of Hugging Face T5 and Marian tokenizers of
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from aiayn.training.config import RunConfig, run_config_from_dict
+from data_builders import data_conftest
 
 if TYPE_CHECKING:
     from aiayn.training.trainer import Trainer
@@ -23,19 +21,7 @@ if TYPE_CHECKING:
 LETTERS = "abcdefghij"
 
 
-def _data_conftest() -> ModuleType:
-    name = "_aiayn_tests_data_conftest"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "data" / "conftest.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_data = _data_conftest()
+_data = data_conftest()
 make_hf_t5_tokenizer = _data.make_hf_t5_tokenizer
 make_marian_vocab = _data.make_marian_vocab
 

@@ -4,14 +4,11 @@ random tiny Hugging Face folders of every text family, converted, for the family
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any, NamedTuple
 
 import pytest
@@ -21,6 +18,7 @@ from aiayn.checkpoint import save_checkpoint
 from aiayn.config import preset
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.models import Transformer
+from data_builders import data_conftest
 
 PAIRS = [
     ("the cat sat on the mat", "die katze sass auf der matte"),
@@ -56,19 +54,7 @@ def checkpoint_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # test folders are not packages), as tests/cli/conftest.py does.
 
 
-def _data_conftest() -> ModuleType:
-    name = "_aiayn_tests_data_conftest"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "data" / "conftest.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_data = _data_conftest()
+_data = data_conftest()
 sentencepiece_models = _data.sentencepiece_models
 make_hf_t5_tokenizer = _data.make_hf_t5_tokenizer
 make_marian_vocab = _data.make_marian_vocab
