@@ -1,9 +1,11 @@
-"""The builders of tests/data/conftest.py (SentencePiece models, Marian vocabularies, Hugging
-Face T5 tokenizers) for test folders other than tests/data: that conftest loaded once by path,
-under one module name, so that every folder shares its cached models.
+"""Helpers of one test folder for the others, loaded by path: test folders are not packages, and
+every folder's ``conftest.py`` has the same module name.
 
-    from data_builders import data_conftest
-    sentencepiece_models = data_conftest().sentencepiece_models
+    from data_builders import data_conftest, load_test_file
+    sentencepiece_models = data_conftest().sentencepiece_models   # tests/data/conftest.py
+    cli = load_test_file("cli/conftest.py")                           # any file below tests/
+
+Each file is loaded once, under one module name, so that every folder shares its cached models.
 """
 
 from __future__ import annotations
@@ -13,16 +15,20 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-_NAME = "_aiayn_tests_data_conftest"
+
+def load_test_file(relative: str) -> ModuleType:
+    """The file ``tests/<relative>`` as a module (loaded on the first call)."""
+    name = "_aiayn_tests_" + relative.removesuffix(".py").replace("/", "_")
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parent / relative
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def data_conftest() -> ModuleType:
-    """tests/data/conftest.py as a module (loaded on the first call)."""
-    if _NAME not in sys.modules:
-        path = Path(__file__).resolve().parent / "data" / "conftest.py"
-        spec = importlib.util.spec_from_file_location(_NAME, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[_NAME] = module
-        spec.loader.exec_module(module)
-    return sys.modules[_NAME]
+    """tests/data/conftest.py: SentencePiece models, Marian vocabularies, T5 tokenizers."""
+    return load_test_file("data/conftest.py")

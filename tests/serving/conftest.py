@@ -6,8 +6,6 @@ folders are not packages)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +24,7 @@ from aiayn.models import Transformer
 from aiayn.models.gpt2 import GPT2, GPT2Config
 from aiayn.serving import ServeOptions, create_app, load_served_model
 from aiayn.serving.metrics import Metrics
+from data_builders import load_test_file
 
 TEXTS = ["a small dog runs", "the cat sleeps on the mat", "two men play chess", "hello world"]
 BERT_CORPUS = [
@@ -37,15 +36,7 @@ BERT_CORPUS = [
 
 
 def _cli_conftest() -> ModuleType:
-    name = "_aiayn_tests_cli_conftest"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "cli" / "conftest.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_test_file("cli/conftest.py")
 
 
 def _tokenizer(folder: Path) -> Tokenizer:

@@ -8,10 +8,8 @@ Needs Chromium, chromedriver and selenium, as the attention page's browser test
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -23,17 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
+from data_builders import load_test_file
+
 
 def _browser_test() -> ModuleType:
-    name = "_aiayn_tests_html_browser"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "visualization" / "test_html_browser.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_test_file("visualization/test_html_browser.py")
 
 
 @pytest.fixture(scope="module")
