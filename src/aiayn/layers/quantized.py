@@ -107,23 +107,25 @@ class Int8Kernel:
         bias: (D_out,) fp32, or None.
     """
 
-    __slots__ = ("bias", "columns", "packed", "scales", "unit_scales", "weight", "zero_points")
+    __slots__ = (
+        "_columns", "bias", "cpu", "packed", "scales", "unit_scales", "weight", "zero_points"
+    )
 
     def __init__(self, weight: Tensor, scales: Tensor, bias: Tensor | None):
         self.weight = weight.contiguous()  # (D_out, D_in): the reference's
         self.scales = scales.float().contiguous()
         self.bias = None if bias is None else bias.float().contiguous()
-        cpu = weight.device.type == "cpu"
-        self.columns = self.weight.t().contiguous() if cpu else None  # (D_in, D_out): _int_mm's
+        self.cpu = weight.device.type == "cpu"
+        self._columns: Tensor | None = None  # (D_in, D_out): _int_mm's, made when first needed
         self.packed: Tensor | None = None  # oneDNN's blocked layout
         self.unit_scales = torch.ones_like(self.scales)  # oneDNN's: the scaling runs after
         self.zero_points = torch.zeros(self.weight.size(0), dtype=torch.long)
-        if cpu and onednn_int8_available():
+        if self.cpu and onednn_int8_available():
             self.packed = torch.ops.onednn.qlinear_prepack(self.weight, None)
 
     def __call__(self, x: Tensor) -> Tensor:
         """(N, D_in) -> (N, D_out)."""
-        if self.columns is None or x.device.type != "cpu":
+        if not self.cpu or x.device.type != "cpu":
             return int8_linear_reference(x, self.weight, self.scales, self.bias)
         x_scales = absmax_scales(x)  # (N,)
         x_q = quantize_rows(x, x_scales)  # (N, D_in) int8
@@ -134,7 +136,9 @@ class Int8Kernel:
                 *(1.0, 0, torch.float32, "none", [], ""),
             )  # (N, D_in) @ (D_in, D_out), the exact sum as fp32
         else:
-            acc = torch._int_mm(x_q, self.columns)  # (N, D_in) @ (D_in, D_out) -> int32
+            if self._columns is None:
+                self._columns = self.weight.t().contiguous()  # (D_out, D_in) -> (D_in, D_out)
+            acc = torch._int_mm(x_q, self._columns)  # (N, D_in) @ (D_in, D_out) -> int32
         return _epilogue(acc, self.scales, x_scales, self.bias)
 
 
