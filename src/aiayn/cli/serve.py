@@ -53,18 +53,23 @@ def register(subparsers: Any) -> None:
         "--cors-origin", action="append", default=[], metavar="ORIGIN",
         help="a browser origin allowed to call the service (CORS is off without it)",
     )  # fmt: skip
-    p.add_argument("--max-batch-tokens", type=flag(O, "max_batch_tokens"), default=4096,
-                   help="token budget of a batch (4096)")  # fmt: skip
-    p.add_argument("--max-wait-ms", type=flag(O, "max_wait_ms"), default=5.0,
-                   help="how long an encoder batch waits for more requests (5 ms)")  # fmt: skip
-    p.add_argument("--max-decode-groups", type=flag(O, "max_decode_groups"), default=4,
-                   help="decode groups running together per model (4)")  # fmt: skip
-    p.add_argument("--queue-size", type=flag(O, "queue_size"), default=256,
-                   help="requests waiting per model before 503 (256)")  # fmt: skip
-    p.add_argument("--timeout-s", type=flag(O, "timeout_s"), default=60.0,
-                   help="seconds before a request is answered 504 (60)")  # fmt: skip
-    p.add_argument("--max-body-bytes", type=flag(O, "max_body_bytes"), default=1 << 20,
-                   help="largest request body (1 MiB)")  # fmt: skip
+    d = O()  # the defaults, written once: ServeOptions'
+    p.add_argument("--max-batch-tokens", type=flag(O, "max_batch_tokens"),
+                   default=d.max_batch_tokens,
+                   help=f"token budget of a batch ({d.max_batch_tokens})")  # fmt: skip
+    p.add_argument("--max-wait-ms", type=flag(O, "max_wait_ms"), default=d.max_wait_ms,
+                   help="how long an encoder batch waits for more requests "
+                   f"({d.max_wait_ms:g} ms)")  # fmt: skip
+    p.add_argument("--max-decode-groups", type=flag(O, "max_decode_groups"),
+                   default=d.max_decode_groups,
+                   help="decode groups running together per model "
+                   f"({d.max_decode_groups})")  # fmt: skip
+    p.add_argument("--queue-size", type=flag(O, "queue_size"), default=d.queue_size,
+                   help=f"requests waiting per model before 503 ({d.queue_size})")  # fmt: skip
+    p.add_argument("--timeout-s", type=flag(O, "timeout_s"), default=d.timeout_s,
+                   help=f"seconds before a request is answered 504 ({d.timeout_s:g})")  # fmt: skip
+    p.add_argument("--max-body-bytes", type=flag(O, "max_body_bytes"), default=d.max_body_bytes,
+                   help=f"largest request body in bytes ({d.max_body_bytes:,})")  # fmt: skip
     p.add_argument("--no-batching", dest="batching", action="store_false",
                    help="one request at a time per model (a baseline)")  # fmt: skip
     add_device_option(p)
