@@ -8,14 +8,16 @@ encoders), times, interleaved round by round (``_common.time_interleaved``):
 
 - fp32: PyTorch's ``F.linear`` (MKL) and aiayn's oneDNN-packed ``PackedLinear``;
 - W8A16: ``torch.ops.aten._weight_int8pack_mm`` (int8 weights, fp32 activations);
-- W8A8, rows quantised on the fly (aiayn's :class:`~aiayn.layers.quantized.Int8Kernel`, both
-  of its kernels forced): ``torch._int_mm`` and oneDNN's ``qlinear_pointwise``;
+- W8A8, rows quantised on the fly (aiayn's :class:`~aiayn.layers.quantized.Int8Kernel`, each
+  of its kernels forced): aiayn's own VNNI kernel (:mod:`aiayn.layers.int8_native`, quantisation
+  and scaling fused; left out where it does not run), ``torch._int_mm`` and oneDNN's
+  ``qlinear_pointwise``;
 - PyTorch's dynamic quantised linear (``torch.ops.quantized.linear_dynamic``, fbgemm; one
   activation scale per call, not per row).
 
-The fastest int8 kernel per row count sets
-:attr:`~aiayn.settings.PerformanceSettings.int8_onednn_max_rows`. Medians in µs. Writes
-docs/results/quantize_kernels.{json,md}.
+The fastest W8A8 kernel per row count sets
+:attr:`~aiayn.settings.PerformanceSettings.int8_native_max_rows` and ``int8_onednn_max_rows``.
+Medians in µs. Writes docs/results/quantize_kernels.{json,md}.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, machine, time_interleaved, write_report
 from aiayn.inference import PackedLinear
+from aiayn.layers.int8_native import native_int8
 from aiayn.layers.quantized import QuantizedLinear
 from aiayn.settings import performance_settings
 
@@ -41,7 +44,8 @@ SHAPES = {  # (D_in, D_out)
     "opus-mt": [(512, 1536), (512, 512), (512, 2048), (2048, 512), (512, 58101)],
     "bert-base": [(768, 2304), (768, 3072), (3072, 768)],
 }
-ROWS = (1, 4, 16, 32, 128, 256)
+ROWS = (1, 4, 16, 32, 128, 256, 1024)
+W8A8 = ("W8A8 aiayn VNNI", "W8A8 oneDNN", "W8A8 _int_mm")
 
 
 def _kernels(d_in: int, d_out: int, rows: int) -> dict[str, Callable[[], object]]:
@@ -58,19 +62,23 @@ def _kernels(d_in: int, d_out: int, rows: int) -> dict[str, Callable[[], object]
         qw = torch.quantize_per_channel(linear.weight, scales.double(), zero, 0, torch.qint8)
     fbgemm = torch.ops.quantized.linear_prepack(qw, bias)
 
-    def w8a8(max_rows: int) -> Callable[[], object]:
+    def w8a8(native_rows: int, onednn_rows: int) -> Callable[[], object]:
         def run() -> object:
-            with performance_settings(int8_onednn_max_rows=max_rows):
+            with performance_settings(
+                int8_native_max_rows=native_rows, int8_onednn_max_rows=onednn_rows
+            ):
                 return quantized(x)
 
         return run
 
+    native = {"W8A8 aiayn VNNI": w8a8(1 << 30, 0)} if native_int8() is not None else {}
     return {
         "fp32 F.linear": lambda: F.linear(x, linear.weight, linear.bias),
         "fp32 oneDNN": lambda: packed(x),
         "W8A16 _weight_int8pack_mm": lambda: torch.ops.aten._weight_int8pack_mm(x, w, scales),
-        "W8A8 _int_mm": w8a8(0),
-        "W8A8 oneDNN": w8a8(1 << 30),
+        **native,
+        "W8A8 oneDNN": w8a8(0, 1 << 30),
+        "W8A8 _int_mm": w8a8(0, 0),
         "fbgemm dynamic": lambda: torch.ops.quantized.linear_dynamic(x, fbgemm, False),
     }
 
@@ -92,7 +100,7 @@ def main() -> None:
                 times = time_interleaved(fns, repeats)
                 med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
                 results.append({"model": model, "d_in": d_in, "d_out": d_out, "rows": rows, **med})
-                best = min(("W8A8 _int_mm", "W8A8 oneDNN"), key=med.__getitem__)
+                best = min((k for k in W8A8 if k in med), key=med.__getitem__)
                 cells = " | ".join(f"{med[k]:,.0f}" for k in names)
                 rows_out.append(f"| {model} | {d_in}→{d_out} | {rows} | {cells} | {best} |")
                 print(rows_out[-1], flush=True)
@@ -103,7 +111,7 @@ def main() -> None:
         f"`{command_line()}` — {info['cpu']}, {info['torch_threads']} threads, torch "
         f"{info['torch']}",
         "",
-        f"| model | shape | rows | {' | '.join(names)} | faster W8A8 |",
+        f"| model | shape | rows | {' | '.join(names)} | fastest W8A8 |",
         "|---|---|---:|" + "---:|" * len(names) + "---|",
         *rows_out,
     ]

@@ -45,9 +45,13 @@ class PerformanceSettings:
             (:func:`aiayn.decoding.beam.top_candidates`).
         chunked_topk_min_candidates: rows of fewer candidates (beams × vocabulary) take one
             ``topk``.
-        int8_onednn_max_rows: int8 linear layers (:class:`aiayn.layers.quantized.Int8Kernel`)
-            run products of up to this many rows on oneDNN's ``qlinear_pointwise``, larger ones
-            on ``torch._int_mm``; both sum exactly in int32, so the choice changes no output.
+        int8_native_max_rows: int8 linear layers (:class:`aiayn.layers.quantized.Int8Kernel`)
+            run products of up to this many rows on aiayn's own kernel
+            (:mod:`aiayn.layers.int8_native`) where it runs, larger ones on the library kernels
+            below.
+        int8_onednn_max_rows: int8 products of more rows than the above and up to this many run
+            on oneDNN's ``qlinear_pointwise``, larger ones on ``torch._int_mm``. All three sum
+            exactly in int32 and scale in one order, so the choice changes no output.
     """
 
     explicit_attention_max_queries: int = 8
@@ -58,6 +62,7 @@ class PerformanceSettings:
     default_last_level_cache_bytes: int = 32 << 20
     topk_chunk: int = 128
     chunked_topk_min_candidates: int = 1 << 14
+    int8_native_max_rows: int = 256
     int8_onednn_max_rows: int = 256
 
 

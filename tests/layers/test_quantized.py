@@ -1,5 +1,5 @@
 """The int8 layer (aiayn.layers.quantized): its scales and rounding by hand, its product against
-the dequantised weight (fp32 tolerance) and its plain-fp32 reference, both of its CPU kernels
+the dequantised weight (fp32 tolerance) and its plain-fp32 reference, every one of its CPU kernels
 giving the same bits, blocks of rows, and the swap of a model's linear layers."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aiayn.layers import quantized
+from aiayn.layers.int8_native import native_int8_unavailable
 from aiayn.layers.quantized import (
     QuantizedLinear,
     absmax_scales,
@@ -62,19 +64,35 @@ def test_the_layer_is_close_to_fp32_on_its_dequantised_weight(bias: bool) -> Non
     torch.testing.assert_close(y, on_dequantised, atol=0.05, rtol=0.05)
 
 
+KERNELS = {  # (int8_native_max_rows, int8_onednn_max_rows, aiayn's kernel allowed)
+    "aiayn VNNI": (1 << 20, 0, True),
+    "oneDNN, rows quantised by aiayn's kernel": (0, 1 << 20, True),
+    "oneDNN, rows quantised in PyTorch": (0, 1 << 20, False),
+    "_int_mm": (0, 0, False),
+}
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("rows", [1, 3, 40])
-def test_both_cpu_kernels_and_the_reference_agree(rows: int) -> None:
-    """oneDNN's and _int_mm's sums are exact integers: the same bits; the fp32 reference sums
-    the same integers exactly at these sizes."""
+def test_every_cpu_kernel_and_the_reference_agree(
+    kernel: str, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every CPU kernel sums the same exact integers and scales them in one order: the same bits
+    as the reference, which sums the same integers exactly in fp32 at these sizes."""
+    native_rows, onednn_rows, native = KERNELS[kernel]
+    if native and quantized.native_int8() is None:
+        pytest.skip(f"aiayn's int8 kernel: {native_int8_unavailable()}")
+    if not native:
+        monkeypatch.setattr(quantized, "native_int8", lambda: None)
     torch.manual_seed(1)
-    linear = nn.Linear(64, 48)
+    linear = nn.Linear(66, 50)  # neither a whole number of the native kernel's blocks
     layer = QuantizedLinear.of(linear)
-    x = torch.randn(rows, 64) * 3
+    x = torch.randn(rows, 66) * 3
+    x[0] = 0.0  # a row of zeros: scale 1
     want = int8_linear_reference(x, layer.weight, layer.scales, layer.bias)
-    for max_rows in (0, 1 << 20):  # every product on _int_mm, every product on oneDNN
-        with performance_settings(int8_onednn_max_rows=max_rows):
-            got = layer(x)
-        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    with performance_settings(int8_native_max_rows=native_rows, int8_onednn_max_rows=onednn_rows):
+        got = layer(x)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
 def test_a_row_does_not_depend_on_the_others() -> None:

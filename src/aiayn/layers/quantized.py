@@ -16,13 +16,14 @@ the batch or the order of summation: the decoding step with a key/value cache co
 as the full forward does. Only the final scaling is fp32 arithmetic, done in one order by every
 kernel.
 
-Kernels: PyTorch's ``torch._int_mm`` (int8 × int8 -> int32, oneDNN's VNNI kernels on x86) on the
-weight laid out (D_in, D_out), or oneDNN's ``qlinear_pointwise`` on a weight packed once for it
-(unsigned activations x_q + 128 with zero point 128, as VNNI's u8 × s8 products want; the same
-exact sum). Which one runs is chosen by the number of rows at call time
-(:attr:`~aiayn.settings.PerformanceSettings.int8_onednn_max_rows`, measured in
-docs/performance.md); on a device other than the CPU, or where PyTorch has neither, the product
-runs as fp32 on the int8 values (exact while the sums stay below 2^24). Norms, softmax,
+Kernels, on CPU: aiayn's own (:mod:`aiayn.layers.int8_native`: AVX-512 VNNI, the row
+quantisation, the sum and the scaling in one call; where it builds and the CPU has VNNI), oneDNN's
+``qlinear_pointwise`` on a weight packed once for it (unsigned activations x_q + 128 with zero
+point 128, as VNNI's u8 × s8 products want; the same exact sum), or PyTorch's ``torch._int_mm``
+(int8 × int8 -> int32) on the weight laid out (D_in, D_out). Which one runs is chosen by the
+number of rows at call time (:attr:`~aiayn.settings.PerformanceSettings.int8_native_max_rows`
+and ``int8_onednn_max_rows``, measured in docs/performance.md); on a device other than the CPU
+the product runs as fp32 on the int8 values (exact while the sums stay below 2^24). Norms, softmax,
 residuals and losses stay fp32: only ``nn.Linear`` layers are replaced
 (:func:`quantize_linears`).
 
@@ -34,10 +35,12 @@ Shape legend:  N rows (leading dimensions flattened)   D_in input size   D_out o
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from aiayn.layers.int8_native import native_int8, padded_to_blocks, vnni_blocks
 from aiayn.settings import performance
 
 QMAX = 127
@@ -101,44 +104,75 @@ class Int8Kernel:
     """y = x Wᵀ + b for one int8 weight (or a block of its rows) on CPU, by the scheme of the
     module docstring: (N, D_in) -> (N, D_out).
 
+    Three CPU kernels compute the same bits, chosen by the number of rows N at call time
+    (:class:`~aiayn.settings.PerformanceSettings`): aiayn's own (:mod:`aiayn.layers.int8_native`,
+    where it builds and the CPU has VNNI) up to ``int8_native_max_rows``, then oneDNN's
+    ``qlinear_pointwise`` up to ``int8_onednn_max_rows``, then ``torch._int_mm``. Each one's
+    weight layout is made when it first runs.
+
     Args:
         weight: (D_out, D_in) int8.
         scales: (D_out,) fp32.
         bias: (D_out,) fp32, or None.
     """
 
-    __slots__ = (
-        "_columns", "bias", "cpu", "packed", "scales", "unit_scales", "weight", "zero_points"
-    )
+    __slots__ = ("_columns", "_native", "_packed", "bias", "cpu", "scales", "weight")
 
     def __init__(self, weight: Tensor, scales: Tensor, bias: Tensor | None):
         self.weight = weight.contiguous()  # (D_out, D_in): the reference's
         self.scales = scales.float().contiguous()
         self.bias = None if bias is None else bias.float().contiguous()
         self.cpu = weight.device.type == "cpu"
-        self._columns: Tensor | None = None  # (D_in, D_out): _int_mm's, made when first needed
-        self.packed: Tensor | None = None  # oneDNN's blocked layout
-        self.unit_scales = torch.ones_like(self.scales)  # oneDNN's: the scaling runs after
-        self.zero_points = torch.zeros(self.weight.size(0), dtype=torch.long)
-        if self.cpu and onednn_int8_available():
-            self.packed = torch.ops.onednn.qlinear_prepack(self.weight, None)
+        self._columns: Tensor | None = None  # (D_in, D_out): _int_mm's
+        self._packed: tuple[Tensor, Tensor, Tensor] | None = None  # oneDNN's blocked layout
+        # aiayn's kernel: VNNI blocks, compensation, scales and bias padded to whole blocks
+        self._native: tuple[Tensor, Tensor, Tensor, Tensor | None] | None = None
 
     def __call__(self, x: Tensor) -> Tensor:
         """(N, D_in) -> (N, D_out)."""
         if not self.cpu or x.device.type != "cpu":
             return int8_linear_reference(x, self.weight, self.scales, self.bias)
+        settings, rows = performance(), x.size(0)
+        native = native_int8() if rows <= settings.int8_native_max_rows else None
+        if native is not None:
+            return self._run_native(native, x.float().contiguous())
+        if rows <= settings.int8_onednn_max_rows and onednn_int8_available():
+            return self._run_onednn(x)
         x_scales = absmax_scales(x)  # (N,)
-        x_q = quantize_rows(x, x_scales)  # (N, D_in) int8
-        if self.packed is not None and x.size(0) <= performance().int8_onednn_max_rows:
-            unsigned = x_q.to(torch.int16).add_(128).to(torch.uint8)  # oneDNN's u8 × s8
-            acc = torch.ops.onednn.qlinear_pointwise(
-                *(unsigned, 1.0, 128, self.packed, self.unit_scales, self.zero_points, None),
-                *(1.0, 0, torch.float32, "none", [], ""),
-            )  # (N, D_in) @ (D_in, D_out), the exact sum as fp32
+        if self._columns is None:
+            self._columns = self.weight.t().contiguous()  # (D_out, D_in) -> (D_in, D_out)
+        acc = torch._int_mm(quantize_rows(x, x_scales), self._columns)  # (N, D_in) @ (D_in, D_out)
+        return _epilogue(acc, self.scales, x_scales, self.bias)
+
+    def _run_native(self, native: Any, x: Tensor) -> Tensor:
+        """aiayn's kernel: quantisation, int32 sums and scaling in one call."""
+        if self._native is None:
+            blocks, compensation = vnni_blocks(self.weight)
+            n = self.weight.size(0)
+            bias = None if self.bias is None else padded_to_blocks(self.bias, n)
+            self._native = (blocks, compensation, padded_to_blocks(self.scales, n), bias)
+        blocks, compensation, scales, bias = self._native
+        return native.linear(x, blocks, compensation, scales, bias, self.weight.size(0))
+
+    def _run_onednn(self, x: Tensor) -> Tensor:
+        """oneDNN's u8 × s8 product on the activations shifted by 128 (zero point 128)."""
+        if self._packed is None:
+            self._packed = (
+                torch.ops.onednn.qlinear_prepack(self.weight, None),
+                torch.ones_like(self.scales),  # oneDNN's scales: the scaling runs after
+                torch.zeros(self.weight.size(0), dtype=torch.long),
+            )
+        packed, unit_scales, zero_points = self._packed
+        native = native_int8()
+        if native is not None:
+            unsigned, x_scales = native.quantize_rows(x.float().contiguous())  # (N, D_in) u8
         else:
-            if self._columns is None:
-                self._columns = self.weight.t().contiguous()  # (D_out, D_in) -> (D_in, D_out)
-            acc = torch._int_mm(x_q, self._columns)  # (N, D_in) @ (D_in, D_out) -> int32
+            x_scales = absmax_scales(x)  # (N,)
+            unsigned = quantize_rows(x, x_scales).to(torch.int16).add_(128).to(torch.uint8)
+        acc = torch.ops.onednn.qlinear_pointwise(
+            *(unsigned, 1.0, 128, packed, unit_scales, zero_points, None),
+            *(1.0, 0, torch.float32, "none", [], ""),
+        )  # (N, D_in) @ (D_in, D_out), the exact sum as fp32
         return _epilogue(acc, self.scales, x_scales, self.bias)
 
 
