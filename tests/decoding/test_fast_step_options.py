@@ -98,6 +98,43 @@ def test_fast_step_equals_module_step_for_every_option_value(
         tokens = torch.randint(3, config.target_vocab_size, (2, 1))
 
 
+@pytest.mark.parametrize("quantize", QUANTIZE)
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("banned", [(), (PAD, BOS), (PAD, BOS, 7)])
+@torch.no_grad()
+def test_fast_step_equals_module_step_for_every_ban_and_renormalisation(
+    banned: tuple[int, ...], renormalize: bool, quantize: str
+) -> None:
+    """The step options of the searches (banned tokens, ``renormalize``) on both steps; with
+    ``renormalize`` the allowed tokens' probabilities sum to 1 and equal the model's own
+    distribution divided by the allowed share (Hugging Face's second log-softmax)."""
+    torch.manual_seed(0)
+    model = Transformer(_base()).eval()
+    quantize_model(model, quantize)
+    src = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
+    module_step, module_state = encoder_decoder_step(
+        model, src, banned=banned, renormalize=renormalize
+    )
+    fast_step, fast_state = inference_step(
+        model, src, banned=banned, renormalize=renormalize, capacity=2
+    )
+    own_step, own_state = encoder_decoder_step(model, src, banned=())
+    tokens = torch.full((2, 1), BOS)
+    for _ in range(4):
+        want, module_state = module_step(tokens, module_state)
+        got, fast_state = fast_step(tokens, fast_state)
+        own, own_state = own_step(tokens, own_state)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        allowed = torch.ones(V, dtype=torch.bool)
+        allowed[list(banned)] = False
+        assert torch.isneginf(got[:, ~allowed]).all()
+        expected = own[:, allowed]
+        if renormalize:
+            expected = expected - torch.logsumexp(expected, dim=-1, keepdim=True)
+        torch.testing.assert_close(got[:, allowed], expected, atol=1e-5, rtol=1e-5)
+        tokens = torch.randint(3, V, (2, 1))
+
+
 @torch.no_grad()
 def test_start_token_with_the_pad_id() -> None:
     """Marian starts decoding with its pad id: a real token to both steps, not padding."""

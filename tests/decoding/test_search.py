@@ -27,7 +27,7 @@ from aiayn.decoding import (
     sample,
 )
 from aiayn.decoding.beam import top_candidates
-from aiayn.decoding.step import DecoderState
+from aiayn.decoding.step import DecoderState, banned_log_probs
 from aiayn.models import Transformer
 
 PAD, BOS, EOS = 0, 1, 2
@@ -75,6 +75,18 @@ def _log_prob(model: Transformer, src: torch.Tensor, tokens: list[int]) -> float
     with torch.no_grad():
         log_probs = model(src, tgt_in)  # (1, T, V)
     return float(log_probs.gather(2, gold[:, :, None]).sum())
+
+
+def test_banned_log_probs_hand_values() -> None:
+    """Four equal logits, token 3 banned: the model's own −ln 4 for the rest, or renormalised
+    over the three allowed tokens −ln 3; nothing banned: a plain log-softmax."""
+    ban = torch.tensor([3])
+    own = banned_log_probs(torch.zeros(1, 4), ban, renormalize=False)
+    again = banned_log_probs(torch.zeros(1, 4), ban, renormalize=True)
+    assert own[0, :3].tolist() == pytest.approx([-math.log(4)] * 3) and own[0, 3] == -math.inf
+    assert again[0, :3].tolist() == pytest.approx([-math.log(3)] * 3) and again[0, 3] == -math.inf
+    plain = banned_log_probs(torch.tensor([[0.0, math.log(3.0)]]), None, renormalize=True)
+    assert plain[0].tolist() == pytest.approx([math.log(0.25), math.log(0.75)])
 
 
 def test_length_penalty_hand_values() -> None:

@@ -51,6 +51,7 @@ from aiayn.decoding.step import (
     DecoderState,
     StepFunction,
     banned_ids,
+    banned_log_probs,
     encode_source,
     encoder_decoder_step,
     select_source_rows,
@@ -253,6 +254,7 @@ def inference_step(
     src: Tensor,
     *,
     banned: tuple[int, ...] | None = None,
+    renormalize: bool = False,
     capacity: int = 64,
 ) -> tuple[InferenceStep, DecoderState]:
     """Encode ``src`` (b, S) once; return the flattened step function and its initial state.
@@ -268,9 +270,11 @@ def inference_step(
             copy.
         src: (b, S) source ids.
         banned: tokens never produced.
+        renormalize: the distribution over the allowed tokens alone
+            (:func:`~aiayn.decoding.step.banned_log_probs`).
         capacity: target positions the cache holds before it first grows.
     """
-    step = InferenceStep(model, banned=banned)
+    step = InferenceStep(model, banned=banned, renormalize=renormalize)
     return step, step.initial_state(src, capacity=capacity)
 
 
@@ -296,12 +300,20 @@ class InferenceStep:
     Args:
         model: the model in eval mode (its current weights are used, not copied).
         banned: tokens never produced (default PAD and BOS).
+        renormalize: the distribution over the allowed tokens alone
+            (:func:`~aiayn.decoding.step.banned_log_probs`).
     """
 
-    def __init__(self, model: EncoderDecoder, *, banned: tuple[int, ...] | None = None):
+    def __init__(
+        self,
+        model: EncoderDecoder,
+        *,
+        banned: tuple[int, ...] | None = None,
+        renormalize: bool = False,
+    ):
         if model.training:
             raise ValueError("inference_step decodes without dropout: call model.eval() first")
-        self.model, self.banned_given = model, banned
+        self.model, self.banned_given, self.renormalize = model, banned, renormalize
         self.encoder: EncoderInference | None = None
         self.fallback: str | None = None  # why the module step runs, or None
         try:
@@ -353,7 +365,9 @@ class InferenceStep:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         if self.fallback is not None:
-            step, state = encoder_decoder_step(self.model, src, banned=self.banned_given)
+            step, state = encoder_decoder_step(
+                self.model, src, banned=self.banned_given, renormalize=self.renormalize
+            )
             return _ModuleStepState(state, step)
         memory, src_mask, padded = encode_source(self.model, src, self.encoder)  # (b, S, D), ...
         mask = src_mask if padded else None
@@ -381,9 +395,8 @@ class InferenceStep:
             x = self.final_norm(x)
         if self.output_scale != 1.0:
             x = x * self.output_scale  # T5 v1.0
-        log_probs = torch.log_softmax(self.output(x).float(), dim=-1)  # (B, D) @ (D, V)
-        if self.banned is not None:
-            log_probs.index_fill_(1, self.banned, -torch.inf)
+        logits = self.output(x)  # (B, D) @ (D, V)
+        log_probs = banned_log_probs(logits, self.banned, renormalize=self.renormalize)
         kv.filled = pos + 1
         return log_probs, InferenceState(state.src_mask, state.cross, kv, pos + 1, state.group)
 

@@ -163,15 +163,36 @@ def banned_ids(
     return torch.tensor(banned, dtype=torch.long, device=device) if banned else None
 
 
+def banned_log_probs(logits: Tensor, ban: Tensor | None, *, renormalize: bool) -> Tensor:
+    """(B, V) logits -> (B, V) log-probabilities in fp32 with the ``ban`` tokens at −inf: the
+    model's own distribution (log-softmax, then −inf: the rest sums to less than 1), or with
+    ``renormalize`` the distribution over the allowed tokens alone (−inf, then log-softmax:
+    Hugging Face's ``renormalize_logits``, which takes a second log-softmax, in one).
+
+    E.g. logits [0, 0, 0, 0] with token 3 banned: [−ln 4, −ln 4, −ln 4, −inf], or renormalised
+    [−ln 3, −ln 3, −ln 3, −inf]. ``logits`` may be overwritten.
+    """
+    logits = logits.float()
+    if ban is None:
+        return torch.log_softmax(logits, dim=-1)
+    if renormalize:
+        return torch.log_softmax(logits.index_fill_(1, ban, -torch.inf), dim=-1)
+    return torch.log_softmax(logits, dim=-1).index_fill_(1, ban, -torch.inf)
+
+
 def encoder_decoder_step(
-    model: EncoderDecoder, src: Tensor, *, banned: tuple[int, ...] | None = None
+    model: EncoderDecoder,
+    src: Tensor,
+    *,
+    banned: tuple[int, ...] | None = None,
+    renormalize: bool = False,
 ) -> tuple[StepFunction, Seq2SeqState]:
     """Encode ``src`` (B, S) once (:func:`encode_source`) and return the step function and its
     initial state.
 
     The step's log-probabilities are the model's own, except for the ``banned`` tokens (default:
-    PAD and BOS, which are never outputs), set to −inf without renormalising the rest. The
-    states' rows are always rows of this ``src``.
+    PAD and BOS, which are never outputs), set to −inf; with ``renormalize``, over the allowed
+    tokens alone (:func:`banned_log_probs`). The states' rows are always rows of this ``src``.
     """
     ban = banned_ids(model, banned, src.device)  # once, not per step
     memory, src_mask, padded = encode_source(model, src)
@@ -182,23 +203,10 @@ def encoder_decoder_step(
         out = model.decode(
             tokens, state.memory, memory_mask, cache=state.cache, offset=state.offset
         )
-        log_probs = model.log_probs(out.hidden[:, -1])  # (B, D) -> (B, V)
-        if ban is not None:
-            log_probs.index_fill_(1, ban, -torch.inf)
+        logits = model.logits(out.hidden[:, -1])  # (B, D) -> (B, V)
+        log_probs = banned_log_probs(logits, ban, renormalize=renormalize)
         return log_probs, Seq2SeqState(
             state.src_mask, None, out.cache, state.offset + 1, state.group
         )
 
     return step, Seq2SeqState(src_mask, memory, None, 0)
-
-
-def renormalized(step: StepFunction) -> StepFunction:
-    """``step`` with its log-probabilities normalised again (Hugging Face's
-    ``renormalize_logits``): after banned tokens are set to −inf, the others sum to less than 1.
-    """
-
-    def wrapped(tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
-        log_probs, state = step(tokens, state)  # (B, V)
-        return log_probs - torch.logsumexp(log_probs, dim=-1, keepdim=True), state
-
-    return wrapped

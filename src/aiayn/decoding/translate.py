@@ -22,7 +22,7 @@ from aiayn.data.pretrained_tokenizer import TranslationTokenizer
 from aiayn.decoding.beam import Hypothesis, beam_search
 from aiayn.decoding.fast_step import InferenceStep
 from aiayn.decoding.greedy import greedy_search
-from aiayn.decoding.step import DecoderState, StepFunction, renormalized
+from aiayn.decoding.step import DecoderState, StepFunction
 from aiayn.errors import UserError
 from aiayn.inference.packed import pack_for_inference
 from aiayn.limits import MAX_BEAM_SIZE
@@ -156,8 +156,7 @@ def translate_stream(
     if options.pack:
         model = pack_for_inference(model)  # the same model where packing does not apply
     banned = (tokenizer.pad_id, tokenizer.bos_id) if options.banned is None else options.banned
-    step = InferenceStep(model, banned=banned)  # once: every batch decodes with it
-    search_step: StepFunction = renormalized(step) if options.renormalize else step
+    step = InferenceStep(model, banned=banned, renormalize=options.renormalize)  # every batch's
     rows = _truncated(sources, options.max_src_tokens or model.config.max_len - 1)
     pending = {i: [Hypothesis([], 0.0, 0.0)] for i, r in enumerate(rows) if not r}  # not given
     todo = [i for i, r in enumerate(rows) if r]
@@ -171,7 +170,7 @@ def translate_stream(
         for batch in batches:  # it gives the empty sentences that lead the input
             ids = [todo[j] for j in batch]
             if ids:
-                batch_args = (model, search_step, step, rows, ids, tokenizer, options, device)
+                batch_args = (model, step, rows, ids, tokenizer, options, device)
                 pending.update(zip(ids, _translate_batch(*batch_args), strict=True))
             bar.update(len(ids))
             while done in pending:  # the finished prefix of the input, in order
@@ -183,7 +182,6 @@ def translate_stream(
 
 def _translate_batch(
     model: EncoderDecoder,
-    search_step: StepFunction,
     step: InferenceStep,
     rows: list[list[int]],
     ids: list[int],
@@ -196,7 +194,7 @@ def _translate_batch(
     src = source_batch([rows[i] for i in ids], tokenizer).to(device)  # (B, S)
     limits = output_limits(model, options, [len(rows[i]) for i in ids])
     state = step.initial_state(src, capacity=max(limits) + 1)  # positions incl. EOS's
-    return search_batch(search_step, state, tokenizer, options, limits, device)
+    return search_batch(step, state, tokenizer, options, limits, device)
 
 
 def _truncated(sources: Sequence[Sequence[int] | np.ndarray], limit: int) -> list[list[int]]:

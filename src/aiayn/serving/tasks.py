@@ -25,7 +25,7 @@ from aiayn.decoding.beam import Hypothesis
 from aiayn.decoding.fast_step import InferenceStep
 from aiayn.decoding.generate import continuation, prompt_generator
 from aiayn.decoding.lm import LMState, decoder_only_step, merge_lm_states
-from aiayn.decoding.step import StepFunction, renormalized
+from aiayn.decoding.step import StepFunction
 from aiayn.decoding.stepwise import Row, Sampling, SteppedSearch
 from aiayn.decoding.translate import (
     DecodeOptions,
@@ -103,8 +103,8 @@ class TranslateTask(Task):
         base = options_for_checkpoint(self.generation)
         t = self.tokenizer
         banned = (t.pad_id, t.bos_id) if base.banned is None else base.banned
-        self.step = InferenceStep(self.model, banned=banned)
-        self.search_step: StepFunction = renormalized(self.step) if base.renormalize else self.step
+        self.step = InferenceStep(self.model, banned=banned, renormalize=base.renormalize)
+        self.search_step: StepFunction = self.step
         self.max_input_tokens = base.max_src_tokens or self.model.config.max_len - 1
         super().__init__(name, options, metrics)
 
