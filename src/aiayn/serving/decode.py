@@ -68,12 +68,19 @@ GroupStarter = Callable[[list[Job]], Group]
 
 
 class DecodeEngine(Engine):
-    """The worker loop of a decoding task (see the module docstring)."""
+    """The worker loop of a decoding task (see the module docstring).
+
+    Attributes:
+        rounds: rounds of the loop that stepped a group so far.
+        group_steps: group steps run so far, one model call each: as many as ``rounds`` while
+            every round runs one batch.
+    """
 
     def __init__(self, name: str, options: ServeOptions, metrics: Metrics, start: GroupStarter):
         super().__init__(name, options, metrics)
         self._start = start
         self._max_groups = options.max_decode_groups if options.batching else 1
+        self.rounds, self.group_steps = 0, 0
 
     def _loop(self) -> None:
         groups: list[Group] = []
@@ -81,16 +88,20 @@ class DecodeEngine(Engine):
             self._admit(groups)
             if not groups:
                 return  # stopping, and nothing left
+            if self.options.batching:
+                _merge_groups(groups)  # a new group joins a running one before its first step
             started, rows, generated = time.monotonic(), 0, 0
             for group in groups:
                 group.drop_cancelled()
                 if group.done:
                     continue
                 rows += group.rows
+                self.group_steps += group.rows > 0
                 ended, tokens = self._advance(group)
                 generated += tokens
                 for job, result in ended:
                     job.resolve(result)
+            self.rounds += rows > 0
             self.metrics.step(self.name, rows, generated, started)
             groups[:] = [g for g in groups if not g.done]
             if self.options.batching:
@@ -214,8 +225,6 @@ class SteppedGroup:
         if not isinstance(other, SteppedGroup) or self._merge is None or other.done or self.done:
             return False
         if other.key != self.key:
-            return False
-        if not (self.search.stepped and other.search.stepped):
             return False
         offset, moved = len(self.jobs), [*other.search.rows, *other._ended.values()]
         if not self._merge(self.search, other.search):

@@ -22,7 +22,12 @@ from aiayn.checkpoint.load import Checkpoint
 from aiayn.data import normalize
 from aiayn.data.text_tokenizer import load_lm_tokenizer
 from aiayn.decoding.beam import Hypothesis
-from aiayn.decoding.fast_step import InferenceStep
+from aiayn.decoding.fast_step import (
+    InferenceState,
+    InferenceStep,
+    compact_inference_state,
+    merge_inference_states,
+)
 from aiayn.decoding.generate import continuation, prompt_generator
 from aiayn.decoding.lm import LMState, decoder_only_step, merge_lm_states
 from aiayn.decoding.step import StepFunction, renormalized
@@ -159,7 +164,24 @@ class TranslateTask(Task):
             hyps = [[Hypothesis(r.tokens, math.nan, math.nan)] for r in done]
             return self._answer(job.payload, hyps)
 
-        return SteppedGroup(jobs, search, finish)
+        if self.step.fallback is not None:  # the module step's states do not merge
+            return SteppedGroup(jobs, search, finish)
+        return SteppedGroup(
+            jobs, search, finish, merge=self._merge, compact=compact_inference_state
+        )
+
+    def _merge(self, into: SteppedSearch, other: SteppedSearch) -> bool:
+        """Take ``other``'s rows into ``into``'s batch (each row at its own positions) when the
+        merged key columns, with the most tokens a row still needs, stay within the model's
+        ``max_len``: the padded columns a joining row attends over stay bounded."""
+        a, b = into.state, other.state
+        if not (isinstance(a, InferenceState) and isinstance(b, InferenceState)):
+            return False
+        left = max(r.limit - len(r.tokens) for r in (*into.rows, *other.rows))
+        if max(a.offset, b.offset) + left > self.model.config.max_len:
+            return False
+        into.merge(other, merge_inference_states)
+        return True
 
     def _beam(
         self, jobs: list[Job], counts: list[int], wrap: Any, state: Any, o: DecodeOptions,
@@ -321,6 +343,8 @@ class GenerateTask(Task):
     def _merge(self, into: SteppedSearch, other: SteppedSearch) -> bool:
         """Take ``other``'s rows into ``into``'s batch when the merged key columns leave room for
         every row's remaining tokens within the model's positions."""
+        if not (into.stepped and other.stepped):  # the prompts' log-probs are still pending
+            return False
         a, b = into.state, other.state
         assert isinstance(a, LMState) and isinstance(b, LMState)
         left = max(r.limit - len(r.tokens) for r in (*into.rows, *other.rows))
