@@ -144,3 +144,35 @@ def test_a_translation_arriving_mid_decode_joins_the_running_batch(
         _translate_offline(checkpoints["mt"], t, m) for t, m in zip(TEXTS, limits, strict=False)
     ]
     assert got == want
+
+
+def test_beam_search_answers_each_request_when_its_sentences_are_done(
+    checkpoints: dict[str, Path],
+) -> None:
+    """One beam-search group of requests with other length limits: each is answered the step
+    its own sentences are done, the shortest first, while the search goes on for the others;
+    every answer is the library's for its text alone."""
+    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+    limits = [2, 9, 5]
+
+    async def jobs() -> list[Job]:
+        return [mt.prepare(TranslateRequest(texts=[t], beam=2, max_new_tokens=m))  # type: ignore[attr-defined]
+                for t, m in zip(TEXTS, limits, strict=False)]  # fmt: skip
+
+    made = asyncio.run(jobs())
+    group = mt.start(made)  # type: ignore[attr-defined]
+    answered_at, answers, steps = {}, {}, 0
+    while not group.done:
+        ended, _ = group.advance()
+        steps += 1
+        for job, result in ended:
+            answered_at[id(job)], answers[id(job)] = steps, result
+    order = [answered_at[id(j)] for j in made]
+    assert order[0] < order[2] < order[1] <= steps
+    c = load_checkpoint(checkpoints["mt"])
+    tok = load_translation_tokenizer(c.path)
+    model = pack_for_inference(c.model)
+    for job, text, limit in zip(made, TEXTS, limits, strict=False):
+        o = options_for_checkpoint(None, beam_size=2, max_new_tokens=limit, pack=False)
+        found = translate_ids(model, tok.encode_batch([normalize(text)]), tok, o)
+        assert answers[id(job)].translations[0].text == tok.decode_batch([found[0][0].tokens])[0]

@@ -26,8 +26,16 @@ and says so once per model at debug level (logger ``aiayn.decoding.fast_step``).
   place one position per step (its capacity doubles when full), reordered for beam search in
   one copy; the cross-attention keys/values are computed once per source.
 
+Rows that started at different steps run in one call (``aiayn serve``):
+:func:`merge_inference_states` right-aligns their self-attention columns, the later rows'
+leading columns masked (``InferenceState.pads``), each row embedded at its own position, and
+pads the shorter sources (masked); T5's bias is a function of the query–key distance, so one
+slice serves every row. :func:`compact_inference_state` drops the columns no row needs once
+rows have left. Without pads (every row started together) the step is the one-position step.
+
 The model's modules stay the reference: tests check that both steps give the same
-log-probabilities at every position, with and without padding and beams.
+log-probabilities at every position, with and without padding and beams, and for merged rows
+against each row's module step alone.
 
 Shape legend:
     B decoder rows (sentences × beams)   G rows per source row   b source rows (B = b·G)

@@ -12,15 +12,17 @@ one decoding step, then answers the requests whose outputs all ended at that ste
   it ends; a request leaves when its last sequence does (or when a stop string appears, or when
   nobody waits for it any more: the client went away or its time ran out);
 * beam search (:class:`BeamGroup`): the library's beam search runs as it is, one step per round
-  (it hands the worker back after each step), and its requests are answered when the group's
-  search returns; a sentence that is done already leaves the search's batch at once.
+  (it hands the worker back after each step); a sentence that is done leaves the search's batch
+  at once, and a request is answered the step its last sentence is done.
 
-A group's step is one model call for its rows. Generation groups with the same options merge
-after their first step (:meth:`SteppedGroup.absorb`, the later rows left-padded into the running
-batch), so a new generation request joins the running batch itself; translation and beam-search
-groups, whose states keep one target position for all rows, stay separate calls. Every result
-is the one the library gives the request alone: the searches are the library's (or held equal
-to it by tests), and aiayn's steps are batch-invariant.
+A group's step is one model call for its rows. Greedy translation groups with the same options
+merge into a running group before their first step, generation groups after it (the prompt
+pass): :meth:`SteppedGroup.absorb`, the later rows right-aligned into the running batch at
+their own positions (:func:`~aiayn.decoding.fast_step.merge_inference_states`,
+:func:`~aiayn.decoding.lm.merge_lm_states`), so a new request joins the running batch itself;
+beam-search groups stay separate calls. Every result is the one the library gives the request
+alone: the searches are the library's (or held equal to it by tests), and aiayn's steps are
+batch-invariant.
 
 Shape legend:  B rows of a group
 """
@@ -177,9 +179,9 @@ leaves both as they are (False)."""
 class SteppedGroup:
     """Greedy search or sampling of a group's requests; row keys are (request, row).
 
-    With ``merge`` (a decoder-only model's states merge), a group past its first step takes in
-    another's rows (:meth:`absorb`): from then on they run in one batch; ``compact`` trims the
-    state after rows leave."""
+    With ``merge`` (the task's states merge: see the module docstring), a group takes in
+    another's rows (:meth:`absorb`) where ``merge`` agrees: from then on they run in one batch;
+    ``compact`` trims the state after rows leave."""
 
     def __init__(
         self,
@@ -262,32 +264,46 @@ class SteppedGroup:
             self._open.discard(j)
 
 
+BeamRun = Callable[[Callable[[StepFunction], StepFunction], Callable[[int, Any], None]], list[Any]]
+"""``run(step wrapper, on_done)``: the search of a group's sentences, with its step function
+passed through the wrapper, calling ``on_done(sentence, found)`` as each sentence is done."""
+
+
 class BeamGroup:
     """A beam search over the group's requests, run by the library as it is, in a helper thread
     that hands the worker back after every step: the worker's :meth:`advance` runs exactly one
     step (and the search's bookkeeping before it); only one of the two threads runs at a time.
+    A request is answered the step its last sentence is done.
 
     Args:
         jobs: the requests.
-        run: ``run(step wrapper)``: the search, with its step function passed through the
-            wrapper; returns one result per request.
+        counts: the sentences of each request, in order (the search's sentences are theirs).
+        run: the search (:data:`BeamRun`).
+        finish: a request's result from what was found for its sentences, in order.
     """
 
     def __init__(
-        self, jobs: list[Job], run: Callable[[Callable[[StepFunction], StepFunction]], list[Any]]
+        self,
+        jobs: list[Job],
+        counts: list[int],
+        run: BeamRun,
+        finish: Callable[[Job, list[Any]], Any],
     ):
-        self.jobs = jobs
+        self.jobs, self._finish = jobs, finish
+        starts = [sum(counts[:j]) for j in range(len(counts))]
+        self._spans = [range(a, a + n) for a, n in zip(starts, counts, strict=True)]
+        self._found: dict[int, Any] = {}
+        self._open = set(range(len(jobs)))
         self._go, self._paused = threading.Semaphore(0), threading.Semaphore(0)
-        self._results: list[Any] | None = None
         self._error: BaseException | None = None
         self._finished = False
-        self._rows = sum(len(j.payload.rows) for j in jobs) * 1
+        self._rows = sum(counts)
         self._thread = threading.Thread(target=self._body, args=(run,), daemon=True)
         self._thread.start()
 
     @property
     def done(self) -> bool:
-        return self._finished
+        return self._finished and not self._open
 
     @property
     def rows(self) -> int:
@@ -306,10 +322,10 @@ class BeamGroup:
 
         return wrapped
 
-    def _body(self, run: Callable[[Callable[[StepFunction], StepFunction]], list[Any]]) -> None:
+    def _body(self, run: BeamRun) -> None:
         self._go.acquire()
         try:
-            self._results = run(self._wrap)
+            run(self._wrap, self._found.__setitem__)
         except BaseException as error:
             self._error = error
         finally:
@@ -319,16 +335,21 @@ class BeamGroup:
     def advance(self) -> tuple[list[tuple[Job, Any]], int]:
         self._go.release()
         self._paused.acquire()
-        if not self._finished:
-            return [], 0
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._results is not None
-        return list(zip(self.jobs, self._results, strict=True)), 0
+        if self._finished:
+            self._thread.join()
+            if self._error is not None:
+                self._open.clear()
+                raise self._error
+        answered = []
+        for j in sorted(self._open):
+            if all(s in self._found for s in self._spans[j]):
+                self._open.discard(j)
+                found = [self._found[s] for s in self._spans[j]]
+                answered.append((self.jobs[j], self._finish(self.jobs[j], found)))
+        return answered, 0
 
     def drop_cancelled(self) -> None:
-        """A beam search keeps its batch: a cancelled request's result is dropped at the end."""
+        """A beam search keeps its batch: a cancelled request's result is dropped when done."""
 
 
 def row_keys(counts: Sequence[int]) -> list[tuple[int, int]]:

@@ -152,7 +152,12 @@ class TranslateTask(Task):
         src = source_batch(rows, self.tokenizer).to(self.device)  # (B, S)
         state = self.step.initial_state(src, capacity=max(limits) + 1)
         if o.beam_size > 1:
-            return BeamGroup(jobs, lambda wrap: self._beam(jobs, counts, wrap, state, o, limits))
+
+            def run(wrap: Any, on_done: Any) -> Any:
+                t, device = self.tokenizer, self.device
+                return search_batch(wrap(self.search_step), state, t, o, limits, device, on_done)
+
+            return BeamGroup(jobs, counts, run, lambda job, found: self._answer(job.payload, found))
         cut = 1 if o.forced_eos else 0  # as translate: forced EOS takes the last position
         t = self.tokenizer
         search = SteppedSearch(
@@ -182,17 +187,6 @@ class TranslateTask(Task):
             return False
         into.merge(other, merge_inference_states)
         return True
-
-    def _beam(
-        self, jobs: list[Job], counts: list[int], wrap: Any, state: Any, o: DecodeOptions,
-        limits: list[int],
-    ) -> list[s.TranslateResponse]:  # fmt: skip
-        found = search_batch(wrap(self.search_step), state, self.tokenizer, o, limits, self.device)
-        out, start = [], 0
-        for job, n in zip(jobs, counts, strict=True):
-            out.append(self._answer(job.payload, found[start : start + n]))
-            start += n
-        return out
 
     def _answer(self, p: TranslateJob, found: list[list[Hypothesis]]) -> s.TranslateResponse:
         """The response: the found n-best lists put back among the empty texts, decoded."""
