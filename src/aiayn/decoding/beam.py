@@ -10,7 +10,9 @@ where |Y| counts the generated tokens *including* the final EOS (fairseq counts 
 hypothesis cut at the length limit counts its last token instead). α = 0 is plain log-probability.
 
 Batched over sentences × beams (rows ``b·K + k``); a sentence leaves the batch as soon as it is
-done, so the others run on a smaller batch. Each style fixes, in one class (:class:`_Gnmt`,
+done, so the others run on a smaller batch. The device scores the candidates and keeps the 2K
+best per sentence; the host, from one copy of those, ends hypotheses, picks the K survivors and
+keeps their token histories. Each style fixes, in one class (:class:`_Gnmt`,
 :class:`_HuggingFace`), what happens at the length limit and when a sentence is done:
 
 * "gnmt": ``max_len`` counts output tokens without EOS; at the limit EOS is forced (keeping its
@@ -99,9 +101,6 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Beam search over ``step``; returns, per sentence, its ``n_best`` hypotheses, best first.
 
-    The device scores the candidates and keeps the 2K best per sentence; the host, from one copy
-    of those, ends hypotheses, picks the K survivors and keeps their token histories.
-
     Args:
         step, state: the step function and the initial state for ``batch_size`` sentences.
         beam_size: K (1 = greedy search).
@@ -135,14 +134,12 @@ def beam_search(
         top, vocab = _top(log_probs, scores, rules.constrain, t, at_limit)
         chosen = _select(active, top, _Row(k, vocab, t, at_limit), paths, rules, finished, limits)
         _report(on_done, set(active) - set(chosen.kept), finished, n_best)
-        if not chosen.kept:
+        if not chosen.kept:  # by the last step: at its limit, every sentence is done
             break
         active, parents, survivors = chosen.kept, chosen.parents, chosen.survivors
         paths = [paths[row] + (token,) for row, (_, token) in zip(parents, survivors, strict=True)]
         scores, tokens = _next_beams(survivors, k, device)  # (b', K), (b'·K, 1)
         state = state.index_select(torch.tensor(parents, device=device))  # (b'·K,) rows
-    else:  # no step left: the sentences still searching end here
-        _report(on_done, set(active), finished, n_best)
     return [hyps[:n_best] for hyps in finished]  # each kept best first (_Rules.keep)
 
 
