@@ -176,3 +176,27 @@ def test_beam_search_answers_each_request_when_its_sentences_are_done(
         o = options_for_checkpoint(None, beam_size=2, max_new_tokens=limit, pack=False)
         found = translate_ids(model, tok.encode_batch([normalize(text)]), tok, o)
         assert answers[id(job)].translations[0].text == tok.decode_batch([found[0][0].tokens])[0]
+
+
+def test_a_translation_merge_waits_when_the_columns_would_not_fit(
+    checkpoints: dict[str, Path],
+) -> None:
+    """The served model reads 24 positions: a group 3 steps in cannot take rows that may need
+    22 more columns (3 + 22 > 24); it can take rows that need 21 at most."""
+    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+
+    async def jobs() -> list[Job]:
+        return [mt.prepare(TranslateRequest(texts=[TEXTS[0]], beam=1, max_new_tokens=m))  # type: ignore[attr-defined]
+                for m in (12, 22, 21)]  # fmt: skip
+
+    made = asyncio.run(jobs())
+    first = mt.start(made[:1])  # type: ignore[attr-defined]
+    for _ in range(3):
+        first.advance()
+    assert not first.done
+    groups = [first, mt.start(made[1:2])]  # type: ignore[attr-defined]
+    _merge_groups(groups)
+    assert len(groups) == 2
+    groups = [first, mt.start(made[2:])]  # type: ignore[attr-defined]
+    _merge_groups(groups)
+    assert groups == [first] and first.rows == 2
