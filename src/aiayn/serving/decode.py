@@ -346,6 +346,9 @@ class BeamGroup:
                 self._open.discard(j)
                 found = [self._found[s] for s in self._spans[j]]
                 answered.append((self.jobs[j], self._finish(self.jobs[j], found)))
+        if self._finished and self._open:  # never left waiting: failed instead (a bug)
+            self._open.clear()
+            raise RuntimeError("the beam search returned without giving every sentence's result")
         return answered, 0
 
     def drop_cancelled(self) -> None:
