@@ -491,7 +491,7 @@ def merge_inference_states(a: DecoderState, b: DecoderState) -> InferenceState:
     step (``aiayn serve``).
 
     The self-attention keys/values are right-aligned at L = max(L_a, L_b) columns, the shorter
-    state's rows given L_a − L_b more leading pad columns (zeros, masked: ``pads``); the source
+    state.s rows given |L_a − L_b| more leading pad columns (zeros, masked: ``pads``); the source
     keys/values are padded on the right to the longer source, the padding masked. Each row then
     attends to exactly what it attends to alone. Both states need the same G (rows per source);
     the module step's states (a model this step does not compute) do not merge: ValueError."""
