@@ -182,7 +182,8 @@ def test_a_translation_merge_waits_when_the_columns_would_not_fit(
     checkpoints: dict[str, Path],
 ) -> None:
     """The served model reads 24 positions: a group 3 steps in cannot take rows that may need
-    22 more columns (3 + 22 > 24); it can take rows that need 21 at most."""
+    22 more columns (3 + 22 > 24); it can take rows that need 21 at most, within the tokens
+    the worker's groups may hold."""
     mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
 
     async def jobs() -> list[Job]:
@@ -198,5 +199,8 @@ def test_a_translation_merge_waits_when_the_columns_would_not_fit(
     _merge_groups(groups)
     assert len(groups) == 2
     groups = [first, mt.start(made[2:])]  # type: ignore[attr-defined]
-    _merge_groups(groups)
+    budget = first.cost + groups[1].cost  # type: ignore[attr-defined]
+    _merge_groups(groups, budget - 1)  # more tokens than the worker's groups may hold
+    assert len(groups) == 2
+    _merge_groups(groups, budget)
     assert groups == [first] and first.rows == 2

@@ -82,6 +82,7 @@ class DecodeEngine(Engine):
         super().__init__(name, options, metrics)
         self._start = start
         self._max_groups = options.max_decode_groups if options.batching else 1
+        self._budget = options.max_batch_tokens * self._max_groups  # tokens of merged groups
         self.rounds, self.group_steps = 0, 0
 
     def _loop(self) -> None:
@@ -91,7 +92,7 @@ class DecodeEngine(Engine):
             if not groups:
                 return  # stopping, and nothing left
             if self.options.batching:
-                _merge_groups(groups)  # a new group joins a running one before its first step
+                _merge_groups(groups, self._budget)  # a new group joins before its first step
             started, rows, generated = time.monotonic(), 0, 0
             for group in groups:
                 group.drop_cancelled()
@@ -107,7 +108,7 @@ class DecodeEngine(Engine):
             self.metrics.step(self.name, rows, generated, started)
             groups[:] = [g for g in groups if not g.done]
             if self.options.batching:
-                _merge_groups(groups)
+                _merge_groups(groups, self._budget)
 
     def _advance(self, group: Group) -> tuple[list[tuple[Job, Any]], int]:
         try:
@@ -152,14 +153,15 @@ class DecodeEngine(Engine):
         return jobs
 
 
-def _merge_groups(groups: list[Group]) -> None:
-    """Merge the groups that can run as one batch (same options, states that merge): the
-    earlier takes in the later's rows, which leave ``groups``."""
+def _merge_groups(groups: list[Group], budget: int | None = None) -> None:
+    """Merge the groups that can run as one batch (same options, states that merge, and
+    together at most ``budget`` tokens of requests still decoding: as many as the groups they
+    were could hold): the earlier takes in the later's rows, which leave ``groups``."""
     i = 0
     while i < len(groups):
         absorb = getattr(groups[i], "absorb", None)
         if absorb is not None:
-            groups[i + 1 :] = [g for g in groups[i + 1 :] if not absorb(g)]
+            groups[i + 1 :] = [g for g in groups[i + 1 :] if not absorb(g, budget)]
         i += 1
 
 
@@ -222,11 +224,19 @@ class SteppedGroup:
             self.search.state = self._compact(self.search.state)
         return self._answered(), generated - before
 
-    def absorb(self, other: SteppedGroup) -> bool:
-        """Take in ``other``'s requests and rows (same options), where the states allow it."""
+    @property
+    def cost(self) -> int:
+        """The tokens (:attr:`Job.cost`) of the requests still decoding."""
+        return sum(self.jobs[j].cost for j in self._open)
+
+    def absorb(self, other: SteppedGroup, budget: int | None = None) -> bool:
+        """Take in ``other``'s requests and rows (same options), where the states allow it and
+        the two groups' :attr:`cost` together is at most ``budget`` (None = any)."""
         if not isinstance(other, SteppedGroup) or self._merge is None or other.done or self.done:
             return False
         if other.key != self.key:
+            return False
+        if budget is not None and self.cost + other.cost > budget:
             return False
         offset, moved = len(self.jobs), [*other.search.rows, *other._ended.values()]
         if not self._merge(self.search, other.search):
