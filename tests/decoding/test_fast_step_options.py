@@ -399,20 +399,23 @@ def _merge_batch(rows: list[int]) -> torch.Tensor:
 
 def _assert_merged_rows_agree(model: nn.Module, *, vocab: int = V) -> None:
     """Rows 0, 1 start; row 2 joins before its first step, row 3 after its own first step;
-    the oldest rows leave: the state drops their columns and goes back to the one-position
-    step with no source mask when one row is left."""
-    run = _Merged(model, vocab, steps=6)  # the most steps a row runs here
+    the oldest rows leave: the state drops the columns no row owns (rows 2 and 3 keep 0 and 1
+    pad columns), then goes back to the one-position step with no source mask when one row is
+    left."""
+    run = _Merged(model, vocab, steps=7)  # the most steps a row runs here
     run.join([0, 1], run.start([0, 1]))
     run.advance(3)  # past a capacity of 2
-    run.join([2], run.start([2]))
-    run.advance(1)
+    run.join([2], run.start([2]))  # 3 pad columns
+    run.advance(2)
     late = run.start([3])
     first, late = run.step(torch.tensor([[BOS]]), late)
     torch.testing.assert_close(first[0], run.want[3][0], atol=1e-5, rtol=1e-5)
     run.at[3] = 1
-    run.join([3], late)
+    run.join([3], late)  # 4 pad columns
     run.advance(2)
     run.drop([0, 1])
+    assert isinstance(run.state, InferenceState) and run.state.pads is not None
+    assert run.state.pads.flatten().tolist() == [0, 1]
     run.advance(1)
     run.drop([2])
     assert isinstance(run.state, InferenceState)
