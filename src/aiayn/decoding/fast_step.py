@@ -579,24 +579,24 @@ def compact_inference_state(state: DecoderState) -> DecoderState:
 
 
 def _without_pad_columns(state: InferenceState) -> InferenceState:
+    """Without the leading self-attention columns that are padding in every row (a copy)."""
     if state.pads is None or state.pads.numel() == 0:
         return state
     cut = int(state.pads.min())
-    pads: Tensor | None = state.pads - cut  # (B, 1)
     if cut == 0:
         return state
+    pads = state.pads - cut  # (B, 1)
     old = state.self_kv.buffer  # (N, 2, B, H, C, d_k)
     n, _, rows, h, capacity, d_k = old.shape
     length = state.offset - cut
     kv = _SelfKV.allocate(n, rows, h, max(capacity - cut, 1), d_k, old)
     kv.buffer[:, :, :, :, :length] = old[:, :, :, :, cut : state.offset]  # (N, 2, B, H, L', d_k)
     kv.filled = length
-    if not bool(pads.any()):  # type: ignore[union-attr]
-        pads = None
-    return replace(state, self_kv=kv, offset=length, pads=pads)
+    return replace(state, self_kv=kv, offset=length, pads=pads if bool(pads.any()) else None)
 
 
 def _without_pad_sources(state: InferenceState) -> InferenceState:
+    """Without the trailing source positions that are padding in every source row."""
     if state.src_mask is None or state.src_mask.size(0) == 0:
         return state
     real = state.src_mask[:, 0, 0, :]  # (b, S)
