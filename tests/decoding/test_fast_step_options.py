@@ -24,7 +24,13 @@ from torch import nn
 
 from aiayn.attention import CrossAttention, SelfAttention
 from aiayn.config import TransformerConfig, preset
-from aiayn.decoding import InferenceStep, encoder_decoder_step, inference_step
+from aiayn.decoding import InferenceState, InferenceStep, encoder_decoder_step, inference_step
+from aiayn.decoding.fast_step import (
+    compact_inference_state,
+    merge_inference_states,
+    own_columns,
+)
+from aiayn.decoding.step import DecoderState
 from aiayn.inference.quantize import quantize_model
 from aiayn.layers import FeedForward, GatedFeedForward, RMSNorm
 from aiayn.layers.relative_position import RelativePositionBias
@@ -265,6 +271,13 @@ def test_every_t5_option_is_enumerated() -> None:
 def test_fast_step_equals_module_step_for_every_t5_option(
     name: str, value: object, quantize: str
 ) -> None:
+    model = _t5(name, value)
+    quantize_model(model, quantize)
+    _assert_steps_agree(model, steps=6, vocab=model.config.vocab_size)
+
+
+def _t5(name: str, value: object) -> T5:
+    """The tiny T5 with ``name`` = ``value`` (random weights, norms not all ones)."""
     torch.manual_seed(0)
     base = T5Config(
         vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_heads=4, num_encoder_layers=2,
@@ -274,8 +287,7 @@ def test_fast_step_equals_module_step_for_every_t5_option(
     model = T5(base.replace(**{name: value, **needs})).eval()
     for norm in (m for m in model.modules() if isinstance(m, RMSNorm)):
         nn.init.normal_(norm.weight)  # not all ones: a misplaced norm shows
-    quantize_model(model, quantize)
-    _assert_steps_agree(model, steps=6, vocab=model.config.vocab_size)
+    return model
 
 
 class _OtherFeedForward(FeedForward):
@@ -361,3 +373,155 @@ def test_parts_the_fast_step_does_not_compute_run_the_module_step(
     assert step.fallback is not None and re.search(message, step.fallback)
     said = [r.getMessage() for r in caplog.records if r.name == "aiayn.decoding.fast_step"]
     assert len(said) == 1 and re.search(message, said[0]), said
+
+
+# Rows that started at different steps, merged into one batch (merge_inference_states), rows
+# leaving and the state compacted (compact_inference_state): every row's log-probs at every step
+# are the module step's for its source alone.
+MERGE_SOURCES = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]]
+
+
+class _Merged:
+    """One decode of MERGE_SOURCES' rows, joined and dropped as the test says, each row's
+    log-probs checked against its own feed through the module step alone."""
+
+    def __init__(self, model: nn.Module, vocab: int, steps: int):
+        g = torch.Generator().manual_seed(1)
+        self.feeds = [[BOS, *torch.randint(3, vocab, (steps,), generator=g).tolist()]
+                      for _ in MERGE_SOURCES]  # fmt: skip
+        self.want = [self._alone(model, i) for i in range(len(MERGE_SOURCES))]
+        self.step = InferenceStep(model, banned=())  # type: ignore[arg-type]
+        self.rows: list[int] = []
+        self.at: dict[int, int] = {}
+        self.state: DecoderState | None = None
+
+    def _alone(self, model: nn.Module, i: int) -> list[torch.Tensor]:
+        step, state = encoder_decoder_step(model, _merge_batch([i]), banned=())  # type: ignore[arg-type]
+        out = []
+        for token in self.feeds[i][:-1]:
+            log_probs, state = step(torch.tensor([[token]]), state)
+            out.append(log_probs[0])
+        return out
+
+    def start(self, rows: list[int]) -> DecoderState:
+        self.at.update({r: 0 for r in rows})
+        return self.step.initial_state(_merge_batch(rows), capacity=2)
+
+    def join(self, rows: list[int], state: DecoderState) -> None:
+        self.state = state if self.state is None else merge_inference_states(self.state, state)
+        self.rows += rows
+
+    def advance(self, steps: int) -> None:
+        for _ in range(steps):
+            tokens = torch.tensor([[self.feeds[r][self.at[r]]] for r in self.rows])  # (B, 1)
+            assert self.state is not None
+            got, self.state = self.step(tokens, self.state)
+            for i, r in enumerate(self.rows):
+                torch.testing.assert_close(got[i], self.want[r][self.at[r]], atol=1e-5, rtol=1e-5)
+                self.at[r] += 1
+
+    def drop(self, rows: list[int]) -> None:
+        keep = [i for i, r in enumerate(self.rows) if r not in rows]
+        assert self.state is not None
+        self.state = compact_inference_state(self.state.index_select(torch.tensor(keep)))
+        self.rows = [self.rows[i] for i in keep]
+
+
+def _merge_batch(rows: list[int]) -> torch.Tensor:
+    """(b, S) the sources ``rows`` of MERGE_SOURCES, each with EOS, right-padded."""
+    width = max(len(MERGE_SOURCES[r]) for r in rows) + 1
+    return torch.tensor([[*MERGE_SOURCES[r], EOS] + [PAD] * (width - 1 - len(MERGE_SOURCES[r]))
+                         for r in rows])  # fmt: skip
+
+
+def _assert_merged_rows_agree(model: nn.Module, *, vocab: int = V) -> None:
+    """Rows 0, 1 start; row 2 joins before its first step, row 3 after its own first step;
+    the oldest rows leave: the state drops the columns no row owns (rows 2 and 3 keep 0 and 1
+    pad columns), then goes back to the one-position step with no source mask when one row is
+    left."""
+    run = _Merged(model, vocab, steps=7)  # the most steps a row runs here
+    run.join([0, 1], run.start([0, 1]))
+    run.advance(3)  # past a capacity of 2
+    run.join([2], run.start([2]))  # 3 pad columns
+    run.advance(2)
+    late = run.start([3])
+    first, late = run.step(torch.tensor([[BOS]]), late)
+    torch.testing.assert_close(first[0], run.want[3][0], atol=1e-5, rtol=1e-5)
+    run.at[3] = 1
+    run.join([3], late)  # 4 pad columns
+    run.advance(2)
+    run.drop([0, 1])
+    assert isinstance(run.state, InferenceState) and run.state.pads is not None
+    assert run.state.pads.flatten().tolist() == [0, 1]
+    run.advance(1)
+    run.drop([2])
+    assert isinstance(run.state, InferenceState)
+    assert run.state.pads is None and run.state.src_mask is None
+    run.advance(2)
+
+
+@pytest.mark.parametrize(("name", "value"), _cases(), ids=lambda x: str(x))
+@torch.no_grad()
+def test_merged_rows_equal_the_module_step_alone_for_every_option_value(
+    name: str, value: object
+) -> None:
+    torch.manual_seed(0)
+    config = _base().replace(**{name: value, **NEEDS.get((name, value), {})})
+    model = Transformer(config).eval()
+    if model.output_proj.bias is not None:
+        torch.nn.init.normal_(model.output_proj.bias)
+    _assert_merged_rows_agree(model, vocab=config.target_vocab_size)
+
+
+@pytest.mark.parametrize("family", ["paper", "T5"])
+@torch.no_grad()
+def test_merged_rows_of_an_int8_model_equal_its_module_step_alone(family: str) -> None:
+    """Quantised (``--quantize int8``, its activations scaled per row): these two models here,
+    the other parts in both kinds below."""
+    torch.manual_seed(0)
+    model = Transformer(_base()).eval() if family == "paper" else _t5("max_len", 4)
+    quantize_model(model, "int8")
+    _assert_merged_rows_agree(model, vocab=model.config.vocab_size)
+
+
+@pytest.mark.parametrize("quantize", QUANTIZE)
+@pytest.mark.parametrize("part", list(SUPPORTED_PARTS))
+@torch.no_grad()
+def test_merged_rows_equal_the_module_step_alone_for_other_parts(part: str, quantize: str) -> None:
+    """T5's relative position bias among them: one table slice serves every row, the distance
+    from a row's query to its own columns being what it is alone."""
+    torch.manual_seed(0)
+    model = Transformer(_base()).eval()
+    SUPPORTED_PARTS[part](model)
+    quantize_model(model, quantize)
+    _assert_merged_rows_agree(model)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [(name, value) for name, values in T5_OPTION_VALUES.items() for value in values],
+    ids=lambda x: str(x),
+)
+@torch.no_grad()
+def test_merged_rows_equal_the_module_step_alone_for_every_t5_option(
+    name: str, value: object
+) -> None:
+    model = _t5(name, value)
+    _assert_merged_rows_agree(model, vocab=model.config.vocab_size)
+
+
+def test_own_columns_by_hand() -> None:
+    pads = torch.tensor([[0], [2], [3]])
+    want = [[True, True, True], [False, False, True], [False, False, False]]
+    assert own_columns(pads, 3)[:, 0, 0].tolist() == want
+
+
+def test_states_of_the_module_step_do_not_merge() -> None:
+    torch.manual_seed(0)
+    model = Transformer(_base()).eval()
+    model.decoder.layers[0].self_attn = SelfAttention(32, 4, scale=1.0)  # a part it refuses
+    step = InferenceStep(model)
+    assert step.fallback is not None
+    a, b = (step.initial_state(_merge_batch([i])) for i in (0, 1))
+    with pytest.raises(ValueError, match="InferenceState"):
+        merge_inference_states(a, b)

@@ -364,3 +364,32 @@ def test_gnmt_beam_does_not_stop_at_k_finished_when_a_live_beam_can_still_win() 
     assert found[0].score == pytest.approx(want, abs=1e-5)
     assert found[1].tokens == []  # the K best finished are kept, best first
     assert found[1].score == pytest.approx(math.log(0.4), abs=1e-5)
+
+
+@pytest.mark.parametrize("style", ["gnmt", "hf"])
+def test_beam_search_reports_each_sentence_the_step_it_is_done(
+    make_step: MakeStep, style: str
+) -> None:
+    """``on_done`` gets each sentence once, with what the search returns for it, at the step it
+    leaves: with limits 2, 5, 9 (EOS forced at them), after steps 3, 6 and 10 at the latest."""
+    model, src = _model(), _sources()
+    step, state = make_step(model, src)
+    calls, reported = [0], {}
+
+    def counted(tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState]:
+        calls[0] += 1
+        return step(tokens, state)
+
+    def on_done(sentence: int, found: list[beam.Hypothesis]) -> None:
+        assert sentence not in reported
+        reported[sentence] = (calls[0], found)
+
+    kw = {"early_stopping": False} if style == "hf" else {}
+    returned = beam_search(
+        counted, state, batch_size=3, beam_size=3, bos_id=BOS, eos_id=EOS,
+        max_len=torch.tensor([2, 5, 9]), n_best=2, length_penalty=style, on_done=on_done, **kw,
+    )  # fmt: skip
+    assert {s: found for s, (_, found) in reported.items()} == dict(enumerate(returned))
+    last = {"gnmt": [3, 6, 10], "hf": [2, 5, 9]}[style]  # "hf": the limit counts EOS
+    assert all(reported[s][0] <= last[s] for s in range(3))
+    assert reported[0][0] < calls[0]  # the first answered before the search returns

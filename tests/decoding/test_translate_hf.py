@@ -1,6 +1,7 @@
 """aiayn's translation of converted Hugging Face encoder–decoders (T5 v1.0 and v1.1, Marian)
 against transformers' own ``generate`` with the same settings: token-identical outputs, greedy
-and beam 4, batched and one sentence at a time.
+and beam 4, batched and one sentence at a time; and rows that join a running stepwise search
+(``aiayn serve``) against the library's search of each alone.
 
 The models are tiny, with every parameter drawn at random and EOS made likelier than chance, so
 that some outputs end by EOS and others at the length limit (both are asserted)."""
@@ -17,7 +18,18 @@ from transformers import MarianConfig, MarianMTModel, T5ForConditionalGeneration
 from transformers import T5Config as HFT5Config
 
 from aiayn.convert import from_hf
-from aiayn.decoding.translate import options_for_checkpoint, translate_ids
+from aiayn.decoding import InferenceState, InferenceStep
+from aiayn.decoding.fast_step import compact_inference_state, merge_inference_states
+from aiayn.decoding.greedy import greedy_search
+from aiayn.decoding.sampling import sample
+from aiayn.decoding.step import renormalized
+from aiayn.decoding.stepwise import Sampling, SteppedSearch
+from aiayn.decoding.translate import (
+    options_for_checkpoint,
+    output_limits,
+    source_batch,
+    translate_ids,
+)
 
 V = 60
 M = 9  # max_new_tokens
@@ -133,3 +145,69 @@ def test_outputs_equal_hugging_face_generate(pair: Any, beam: int) -> None:
     assert ours == batched == alone
     full = sum(len(o) >= M - int(specials.forced_eos) for o in ours)
     assert 0 < full < len(ours), "want outputs ending by EOS and at the limit"
+
+
+class _Searches:
+    """Stepwise searches of the converted model, as ``aiayn serve`` runs them: its flattened
+    step (renormalised where the model's settings say so), its limits."""
+
+    def __init__(self, model: Any, specials: Any, rows: list[list[int]], sampled: bool):
+        generation = dataclasses.asdict(specials)
+        self.o = options_for_checkpoint(generation, beam_size=1, max_new_tokens=M)
+        self.tok = SimpleNamespace(pad_id=specials.pad_id, eos_id=specials.eos_id,
+                                   bos_id=specials.decoder_start_id)  # fmt: skip
+        banned = (self.tok.pad_id, self.tok.bos_id) if self.o.banned is None else self.o.banned
+        self.step = InferenceStep(model, banned=banned)
+        self.search_step = renormalized(self.step) if self.o.renormalize else self.step
+        cut = 1 if self.o.forced_eos else 0
+        limits = output_limits(model, self.o, [len(r) for r in rows])
+        self.rows, self.limits, self.sampled = rows, [max(0, m - cut) for m in limits], sampled
+
+    def generators(self, ids: list[int]) -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(11 + i) for i in ids]
+
+    def search(self, ids: list[int]) -> SteppedSearch:
+        src = source_batch([self.rows[i] for i in ids], self.tok)  # type: ignore[arg-type]
+        state = self.step.initial_state(src, capacity=max(self.limits) + 1)
+        return SteppedSearch(
+            self.search_step, state, ids, [self.limits[i] for i in ids], bos_id=self.tok.bos_id,
+            eos_id=self.tok.eos_id, min_len=self.o.min_len,
+            sampling=Sampling(0.8) if self.sampled else None,
+            generators=self.generators(ids) if self.sampled else None,
+        )  # fmt: skip
+
+    def alone(self, i: int) -> list[int]:
+        """The library's search of row i alone (greedy_search, or sample with its generator)."""
+        state = self.step.initial_state(source_batch([self.rows[i]], self.tok))  # type: ignore[arg-type]
+        ends = {"bos_id": self.tok.bos_id, "eos_id": self.tok.eos_id, "batch_size": 1,
+                "max_len": self.limits[i], "min_len": self.o.min_len}  # fmt: skip
+        if self.sampled:
+            return sample(self.search_step, state, **ends, temperature=0.8,
+                          generator=self.generators([i]))[0]  # fmt: skip
+        return greedy_search(self.search_step, state, **ends)[0]
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampling"])
+def test_rows_that_join_a_running_search_get_what_they_get_alone(pair: Any, sampled: bool) -> None:
+    """Rows 0-3 start; rows 4-7 join before their first step, rows 8-11 after theirs (other
+    source lengths: the source keys are padded); rows leave as they end and the state drops
+    the columns no row needs: every row's output is the library's for it alone."""
+    _, model, specials = pair
+    runs = _Searches(model, specials, sources(specials.eos_id, specials.pad_id)[:12], sampled)
+    a, out = runs.search(list(range(4))), {}
+    for _ in range(3):
+        out.update({r.key: r.tokens for r in a.advance()})
+    running = len(a.rows)
+    a.merge(runs.search(list(range(4, 8))), merge_inference_states)
+    out.update({r.key: r.tokens for r in a.advance()})
+    c = runs.search(list(range(8, 12)))
+    out.update({r.key: r.tokens for r in c.advance()})
+    a.merge(c, merge_inference_states)
+    assert isinstance(a.state, InferenceState) and a.state.pads is not None
+    while not a.done:
+        out.update({r.key: r.tokens for r in a.advance()})
+        a.state = compact_inference_state(a.state)
+    assert running > 0, "want rows of the first search still running when others join"
+    assert out == {i: runs.alone(i) for i in range(12)}
+    lengths = [len(out[i]) for i in range(12)]
+    assert lengths != runs.limits, "want outputs ending by EOS"

@@ -1,21 +1,29 @@
-"""Decode groups (aiayn.serving.decode): generation groups started at different steps merge into
-one batch, and every request still gets the library's answer for its input alone."""
+"""Decode groups (aiayn.serving.decode): generation and greedy translation groups started at
+different steps merge into one batch, and every request still gets the library's answer for its
+input alone."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from aiayn.checkpoint import load_checkpoint
+import torch
+
+from aiayn.checkpoint import load_checkpoint, load_translation_tokenizer
+from aiayn.data import normalize
 from aiayn.data.text_tokenizer import load_lm_tokenizer
 from aiayn.decoding import GenerateOptions, generate
+from aiayn.decoding.translate import options_for_checkpoint, translate_ids
+from aiayn.inference.packed import pack_for_inference
 from aiayn.models.gpt2 import GPT2
 from aiayn.serving import load_served_model
-from aiayn.serving.decode import _merge_groups
+from aiayn.serving.decode import DecodeEngine, _merge_groups
 from aiayn.serving.engine import Job
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.options import ServeOptions
-from aiayn.serving.schemas import CompletionRequest
+from aiayn.serving.schemas import CompletionRequest, TranslateRequest
 
 PROMPTS = ["the cat sleeps on", "a", "two men", "hello world the cat"]
 
@@ -44,3 +52,155 @@ def test_generation_groups_merge_and_answer_as_alone(checkpoints: dict[str, Path
     for i, job in enumerate(made):
         expected = generate(c.model, tok, [PROMPTS[i]], GenerateOptions(max_new_tokens=8 + i))
         assert answers[id(job)].choices[0].text == expected[0]
+
+
+TEXTS = ["a small dog runs on the mat", "two men", "the cat sleeps", "hello"]
+
+
+def _translate_offline(folder: Path, text: str, max_new_tokens: int) -> str:
+    """The library's answer for ``text`` alone (greedy, the served model's packed copy run with
+    ``pack=False``: the same arithmetic as ``pack=True``)."""
+    c = load_checkpoint(folder)
+    tok = load_translation_tokenizer(c.path)
+    options = options_for_checkpoint(None, beam_size=1, max_new_tokens=max_new_tokens, pack=False)
+    found = translate_ids(pack_for_inference(c.model), tok.encode_batch([normalize(text)]), tok,
+                          options)  # fmt: skip
+    return tok.decode_batch([found[0][0].tokens])[0]
+
+
+def _counted(task: Any, calls: list[int], then: Callable[[int], None] = lambda n: None) -> None:
+    """Count the rows of each call of ``task``'s search step (and call ``then`` with the count
+    of calls after each)."""
+    inner = task.search_step
+
+    def step(tokens: torch.Tensor, state: Any) -> Any:
+        calls.append(tokens.size(0))
+        then(len(calls))
+        return inner(tokens, state)
+
+    task.search_step = step
+
+
+def test_translation_groups_merge_and_answer_as_alone(checkpoints: dict[str, Path]) -> None:
+    """A group started 3 steps later (other source lengths) joins the running one before its
+    first step: one model call per step from then on; the older rows leave first (the state
+    drops their columns); every answer is the library's for its text alone."""
+    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+    limits = [5, 4, 9, 8]
+
+    async def jobs() -> list[Job]:
+        return [mt.prepare(TranslateRequest(texts=[t], beam=1, max_new_tokens=m))  # type: ignore[attr-defined]
+                for t, m in zip(TEXTS, limits, strict=True)]  # fmt: skip
+
+    made, calls = asyncio.run(jobs()), []
+    _counted(mt, calls)
+    first = mt.start(made[:2])  # type: ignore[attr-defined]
+    answers = {}
+    for _ in range(3):
+        answers.update({id(j): r for j, r in first.advance()[0]})
+    second = mt.start(made[2:])  # type: ignore[attr-defined]
+    groups = [first, second]
+    _merge_groups(groups)
+    assert groups == [first] and second.done and first.rows == 4
+    while not first.done:
+        before = len(calls)
+        answers.update({id(j): r for j, r in first.advance()[0]})
+        assert len(calls) - before <= 1
+    assert calls[:4] == [2, 2, 2, 4] and len(calls) <= 3 + max(limits[2:])
+    for job, text, limit in zip(made, TEXTS, limits, strict=True):
+        want = _translate_offline(checkpoints["mt"], text, limit)
+        assert answers[id(job)].translations[0].text == want
+
+
+def test_a_translation_arriving_mid_decode_joins_the_running_batch(
+    checkpoints: dict[str, Path],
+) -> None:
+    """Through the worker: a request submitted while another decodes runs in the same model
+    call from the next step on (as many group steps as rounds); both answers are the library's
+    for each text alone."""
+    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+    engine = mt.engine
+    assert isinstance(engine, DecodeEngine)
+
+    async def run() -> list[Any]:
+        made = [mt.prepare(TranslateRequest(texts=[TEXTS[0]], beam=1, max_new_tokens=6)),  # type: ignore[attr-defined]
+                mt.prepare(TranslateRequest(texts=TEXTS[1:3], beam=1, max_new_tokens=9))]  # type: ignore[attr-defined]  # fmt: skip
+        _counted(mt, calls, lambda n: engine.submit(made[1]) if n == 3 else None)
+        engine.start()
+        engine.submit(made[0])
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*(j.future for j in made)), 60))
+        finally:
+            engine.stop()
+
+    calls: list[int] = []
+    answers = asyncio.run(run())
+    assert calls[:4] == [1, 1, 1, 3]
+    # one batch per round (a round whose rows all reached their limits makes no call)
+    assert engine.group_steps == engine.rounds >= len(calls)
+    got = [t.text for a in answers for t in a.translations]
+    limits = [6, 9, 9]
+    want = [
+        _translate_offline(checkpoints["mt"], t, m) for t, m in zip(TEXTS, limits, strict=False)
+    ]
+    assert got == want
+
+
+def test_beam_search_answers_each_request_when_its_sentences_are_done(
+    checkpoints: dict[str, Path],
+) -> None:
+    """One beam-search group of requests with other length limits: each is answered the step
+    its own sentences are done, the shortest first, while the search goes on for the others;
+    every answer is the library's for its text alone."""
+    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+    limits = [2, 9, 5]
+
+    async def jobs() -> list[Job]:
+        return [mt.prepare(TranslateRequest(texts=[t], beam=2, max_new_tokens=m))  # type: ignore[attr-defined]
+                for t, m in zip(TEXTS, limits, strict=False)]  # fmt: skip
+
+    made = asyncio.run(jobs())
+    group = mt.start(made)  # type: ignore[attr-defined]
+    answered_at, answers, steps = {}, {}, 0
+    while not group.done:
+        ended, _ = group.advance()
+        steps += 1
+        for job, result in ended:
+            answered_at[id(job)], answers[id(job)] = steps, result
+    order = [answered_at[id(j)] for j in made]
+    assert order[0] < order[2] < order[1] <= steps
+    c = load_checkpoint(checkpoints["mt"])
+    tok = load_translation_tokenizer(c.path)
+    model = pack_for_inference(c.model)
+    for job, text, limit in zip(made, TEXTS, limits, strict=False):
+        o = options_for_checkpoint(None, beam_size=2, max_new_tokens=limit, pack=False)
+        found = translate_ids(model, tok.encode_batch([normalize(text)]), tok, o)
+        assert answers[id(job)].translations[0].text == tok.decode_batch([found[0][0].tokens])[0]
+
+
+def test_a_translation_merge_waits_when_the_columns_would_not_fit(
+    checkpoints: dict[str, Path],
+) -> None:
+    """The served model reads 24 positions: a group 3 steps in cannot take rows that may need
+    22 more columns (3 + 22 > 24); it can take rows that need 21 at most, within the tokens
+    the worker's groups may hold."""
+    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+
+    async def jobs() -> list[Job]:
+        return [mt.prepare(TranslateRequest(texts=[TEXTS[0]], beam=1, max_new_tokens=m))  # type: ignore[attr-defined]
+                for m in (12, 22, 21)]  # fmt: skip
+
+    made = asyncio.run(jobs())
+    first = mt.start(made[:1])  # type: ignore[attr-defined]
+    for _ in range(3):
+        first.advance()
+    assert not first.done
+    groups = [first, mt.start(made[1:2])]  # type: ignore[attr-defined]
+    _merge_groups(groups)
+    assert len(groups) == 2
+    groups = [first, mt.start(made[2:])]  # type: ignore[attr-defined]
+    budget = first.cost + groups[1].cost  # type: ignore[attr-defined]
+    _merge_groups(groups, budget - 1)  # more tokens than the worker's groups may hold
+    assert len(groups) == 2
+    _merge_groups(groups, budget)
+    assert groups == [first] and first.rows == 2

@@ -10,7 +10,9 @@ where |Y| counts the generated tokens *including* the final EOS (fairseq counts 
 hypothesis cut at the length limit counts its last token instead). α = 0 is plain log-probability.
 
 Batched over sentences × beams (rows ``b·K + k``); a sentence leaves the batch as soon as it is
-done, so the others run on a smaller batch. Each style fixes, in one class (:class:`_Gnmt`,
+done, so the others run on a smaller batch. The device scores the candidates and keeps the 2K
+best per sentence; the host, from one copy of those, ends hypotheses, picks the K survivors and
+keeps their token histories. Each style fixes, in one class (:class:`_Gnmt`,
 :class:`_HuggingFace`), what happens at the length limit and when a sentence is done:
 
 * "gnmt": ``max_len`` counts output tokens without EOS; at the limit EOS is forced (keeping its
@@ -95,11 +97,9 @@ def beam_search(
     early_stopping: bool | str = True,
     forced_eos: bool = False,
     device: torch.device | str = "cpu",
+    on_done: Callable[[int, list[Hypothesis]], None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over ``step``; returns, per sentence, its ``n_best`` hypotheses, best first.
-
-    The device scores the candidates and keeps the 2K best per sentence; the host, from one copy
-    of those, ends hypotheses, picks the K survivors and keeps their token histories.
 
     Args:
         step, state: the step function and the initial state for ``batch_size`` sentences.
@@ -114,6 +114,8 @@ def beam_search(
         early_stopping: "hf" only: HF's ``early_stopping``, True, False or "never".
         forced_eos: "hf" only: HF's ``forced_eos_token_id`` set to ``eos_id``: the token chosen
             at the last allowed step is EOS, with log-prob 0.
+        on_done: called with (sentence, its n-best list) the step a sentence is done, with
+            what the search returns for it (``aiayn serve`` answers its request then).
     """
     rules = _rules(
         length_penalty, beam_size, n_best, alpha, eos_id, min_len, early_stopping, forced_eos
@@ -131,13 +133,26 @@ def beam_search(
         at_limit = [t >= last[s] for s in active]  # (b,) on the host
         top, vocab = _top(log_probs, scores, rules.constrain, t, at_limit)
         chosen = _select(active, top, _Row(k, vocab, t, at_limit), paths, rules, finished, limits)
-        if not chosen.kept:
+        _report(on_done, set(active) - set(chosen.kept), finished, n_best)
+        if not chosen.kept:  # by the last step: at its limit, every sentence is done
             break
         active, parents, survivors = chosen.kept, chosen.parents, chosen.survivors
         paths = [paths[row] + (token,) for row, (_, token) in zip(parents, survivors, strict=True)]
         scores, tokens = _next_beams(survivors, k, device)  # (b', K), (b'·K, 1)
         state = state.index_select(torch.tensor(parents, device=device))  # (b'·K,) rows
     return [hyps[:n_best] for hyps in finished]  # each kept best first (_Rules.keep)
+
+
+def _report(
+    on_done: Callable[[int, list[Hypothesis]], None] | None,
+    done: set[int],
+    finished: list[list[Hypothesis]],
+    n_best: int,
+) -> None:
+    """Give ``on_done`` the n-best lists of the sentences ``done`` at this step."""
+    if on_done is not None:
+        for s in sorted(done):
+            on_done(s, finished[s][:n_best])
 
 
 def _first_beams(

@@ -26,8 +26,16 @@ and says so once per model at debug level (logger ``aiayn.decoding.fast_step``).
   place one position per step (its capacity doubles when full), reordered for beam search in
   one copy; the cross-attention keys/values are computed once per source.
 
+Rows that started at different steps run in one call (``aiayn serve``):
+:func:`merge_inference_states` right-aligns their self-attention columns, the later rows'
+leading columns masked (``InferenceState.pads``), each row embedded at its own position, and
+pads the shorter sources (masked); T5's bias is a function of the query–key distance, so one
+slice serves every row. :func:`compact_inference_state` drops the columns no row needs once
+rows have left. Without pads (every row started together) the step is the one-position step.
+
 The model's modules stay the reference: tests check that both steps give the same
-log-probabilities at every position, with and without padding and beams.
+log-probabilities at every position, with and without padding and beams, and for merged rows
+against each row's module step alone.
 
 Shape legend:
     B decoder rows (sentences × beams)   G rows per source row   b source rows (B = b·G)
@@ -192,8 +200,12 @@ class InferenceState:
         src_mask: (b, 1, 1, S) source padding mask, or None when no source is padded.
         cross: per layer, the encoder output's keys/values (b, H, S, d_k), computed once.
         self_kv: the self-attention keys/values of the positions decoded so far.
-        offset: L, the number of target positions decoded so far.
+        offset: L, the self-attention key columns written so far: the number of target
+            positions decoded, when every row started at the same step (``pads`` None).
         group: G, the number of consecutive decoder rows that share one source row (beams).
+        pads: (B, 1) per row, the leading key columns that are not its own (rows that joined
+            later: :func:`merge_inference_states`; masked, and the row's position is its column
+            minus its pads), or None: every row's columns are 0 .. L - 1, the one-position step.
     """
 
     src_mask: Tensor | None
@@ -201,6 +213,7 @@ class InferenceState:
     self_kv: _SelfKV
     offset: int
     group: int = 1
+    pads: Tensor | None = None
 
     def repeat_interleave(self, repeats: int) -> InferenceState:
         """Each decoder row becomes ``repeats`` rows (the beams); the source side is not copied."""
@@ -230,7 +243,8 @@ class InferenceState:
         filled = new.buffer[:, :, :, :, : self.offset]  # (N, 2, B', H, L, d_k)
         torch.index_select(old[:, :, :, :, : self.offset], 2, index, out=filled)
         new.filled = self.offset
-        return replace(self, self_kv=new, group=group)
+        pads = None if self.pads is None else self.pads.index_select(0, index)  # (B', 1)
+        return replace(self, self_kv=new, group=group, pads=pads)
 
 
 @dataclass(frozen=True)
@@ -385,10 +399,14 @@ class InferenceStep:
         assert isinstance(state, InferenceState)
         kv = self._writable(state)
         pos = state.offset
-        x = self._embed(tokens[:, -1], pos)  # (B, D)
+        if state.pads is None:  # every row at position L: no self-attention mask
+            x, mask = self._embed(tokens[:, -1], pos), None  # (B, D)
+        else:  # rows at their own positions, their columns right-aligned
+            x = self._embed_rows(tokens[:, -1], pos - state.pads[:, 0], pos)  # (B, D)
+            mask = own_columns(state.pads, pos + 1)  # (B, 1, 1, L + 1)
         bias = self._self_bias(pos)  # (1, H, 1, L + 1) or None: the same in every layer
         for i, layer in enumerate(self.layers):
-            x = self._self_attention(layer, x, kv.buffer[i], pos, bias)
+            x = self._self_attention(layer, x, kv.buffer[i], pos, bias, mask)
             x = self._cross_attention(layer, x, state.cross[i], state.src_mask, state.group)
             x = layer.ff(x)  # the feed-forward sub-layer (§3.3)
         if self.final_norm is not None:
@@ -398,7 +416,7 @@ class InferenceStep:
         logits = self.output(x)  # (B, D) @ (D, V)
         log_probs = banned_log_probs(logits, self.banned, renormalize=self.renormalize)
         kv.filled = pos + 1
-        return log_probs, InferenceState(state.src_mask, state.cross, kv, pos + 1, state.group)
+        return log_probs, replace(state, self_kv=kv, offset=pos + 1)
 
     def _embed(self, tokens: Tensor, pos: int) -> Tensor:
         """(B,) tokens at position ``pos`` -> (B, D) embeddings × √d_model + position (§3.4–3.5)."""
@@ -406,6 +424,14 @@ class InferenceStep:
         if pos < self.positions.size(0):
             return x.add_(self.positions[pos])
         return self.positional(x[:, None], pos)[:, 0]  # (B, 1, D) -> (B, D), computed on demand
+
+    def _embed_rows(self, tokens: Tensor, positions: Tensor, highest: int) -> Tensor:
+        """(B,) tokens at their rows' (B,) ``positions`` (none above ``highest``) -> (B, D), as
+        :meth:`_embed` gives each row at its position."""
+        x = F.embedding(tokens, self.embedding).mul_(self.scale)  # (B, D)
+        if highest < self.positions.size(0):
+            return x.add_(self.positions[positions])  # (B, D) + (B, D)
+        return self.positional(x[:, None], positions=positions[:, None])[:, 0]  # (B, 1, D)
 
     def _writable(self, state: InferenceState) -> _SelfKV:
         """The buffer to write position L into: the state's own, or a copy when it is full or a
@@ -420,11 +446,12 @@ class InferenceStep:
         return new
 
     def _self_attention(
-        self, w: _Layer, x: Tensor, kv: Tensor, pos: int, bias: Tensor | None
+        self, w: _Layer, x: Tensor, kv: Tensor, pos: int, bias: Tensor | None, mask: Tensor | None
     ) -> Tensor:
         """Masked self-attention sub-layer for one new position (§3.2.3); x (B, D), kv the
-        layer's (2, B, H, C, d_k) buffer, position ``pos`` written here; ``bias`` T5's
-        position bias of the new query (1, H, 1, L + 1), or None."""
+        layer's (2, B, H, C, d_k) buffer, column ``pos`` written here; ``bias`` T5's
+        position bias of the new query (1, H, 1, L + 1), or None; ``mask`` (B, 1, 1, L + 1)
+        the columns each row may attend to (its own), or None: all of them."""
         b, h, d_k = x.size(0), self.heads, self.d_k
         qkv = w.qkv(w.self_norm(x) if self.norm_first else x)  # (B, D) @ (D, 3D) -> (B, 3D)
         new_kv = qkv[:, h * d_k :].view(b, 2, h, d_k).transpose(0, 1)  # (B, 2D) -> (2, B, H, d_k)
@@ -432,7 +459,7 @@ class InferenceStep:
         keys, values = kv.narrow(3, 0, pos + 1).unbind(0)  # 2 × (B, H, L + 1, d_k)
         query = qkv[:, : h * d_k].view(b, h, 1, d_k)  # (B, D) -> (B, H, 1, d_k)
         heads, _ = scaled_dot_product_attention(
-            query, keys, values, bias=bias, scale=self.attention_scale
+            query, keys, values, mask, bias=bias, scale=self.attention_scale
         )  # (B, H, 1, d_k)
         concat = heads.view(b, h * d_k)  # (B, H, 1, d_k) -> (B, D)
         return residual(w.self_out, w.self_norm, self.norm_first, concat, x)  # (B, D)
@@ -461,3 +488,137 @@ class InferenceStep:
             assert self.bias_table is not None
             length = self.bias_table.size(1)
         return self.bias_table[None, :, None, length - 1 - pos :]  # (H, L+1) -> (1, H, 1, L + 1)
+
+
+def own_columns(pads: Tensor, columns: int) -> Tensor:
+    """Which of ``columns`` right-aligned key columns are each row's own: (B, 1) leading pad
+    columns per row -> (B, 1, 1, columns) boolean, True = column ≥ the row's pads (may attend).
+    E.g. pads [[0], [2]], 3 columns -> [[T, T, T], [F, F, T]]."""
+    index = torch.arange(columns, device=pads.device)  # (columns,)
+    return (index >= pads)[:, None, None, :]  # (B, columns) -> (B, 1, 1, columns)
+
+
+def merge_inference_states(a: DecoderState, b: DecoderState) -> InferenceState:
+    """The rows of ``a`` then those of ``b`` in one state of :class:`InferenceStep`, each row
+    keeping its own positions: how a decoding run takes in rows that started later, at the next
+    step (``aiayn serve``).
+
+    The self-attention keys/values are right-aligned at L = max(L_a, L_b) columns, the shorter
+    state.s rows given |L_a − L_b| more leading pad columns (zeros, masked: ``pads``); the source
+    keys/values are padded on the right to the longer source, the padding masked. Each row then
+    attends to exactly what it attends to alone. Both states need the same G (rows per source);
+    the module step's states (a model this step does not compute) do not merge: ValueError."""
+    if not (isinstance(a, InferenceState) and isinstance(b, InferenceState)):
+        raise ValueError("only the flattened step's states merge (InferenceState)")
+    if a.group != b.group:
+        raise ValueError(f"states of {a.group} and {b.group} rows per source do not merge")
+    length = max(a.offset, b.offset)
+    pads = torch.cat([_pads_at(s, length) for s in (a, b)])  # (B_a + B_b, 1)
+    src_mask, cross = _merged_source(a, b)
+    return InferenceState(src_mask, cross, _merged_self_kv(a, b, length), length, a.group, pads)
+
+
+def _pads_at(state: InferenceState, length: int) -> Tensor:
+    """(B, 1) the rows' leading pad columns once right-aligned at ``length`` columns."""
+    rows = state.self_kv.buffer.size(2)
+    own = state.pads if state.pads is not None else state.self_kv.buffer.new_zeros(rows, 1)
+    return own.long() + (length - state.offset)  # (B, 1)
+
+
+def _merged_self_kv(a: InferenceState, b: InferenceState, length: int) -> _SelfKV:
+    """The two states' self-attention keys/values, right-aligned at ``length`` columns in one
+    new buffer with room for as many more as the roomier of the two had."""
+    n, _, rows_a, h, capacity_a, d_k = a.self_kv.buffer.shape
+    rows_b, capacity_b = b.self_kv.buffer.size(2), b.self_kv.buffer.size(4)
+    room = max(capacity_a - a.offset, capacity_b - b.offset, 1)
+    kv = _SelfKV.allocate(n, rows_a + rows_b, h, length + room, d_k, a.self_kv.buffer)
+    kv.buffer[:, :, :, :, :length].zero_()  # pad columns: masked, and never NaN × 0
+    for state, rows in ((a, slice(0, rows_a)), (b, slice(rows_a, rows_a + rows_b))):
+        own = state.self_kv.buffer[:, :, :, :, : state.offset]  # (N, 2, B_s, H, L_s, d_k)
+        kv.buffer[:, :, rows, :, length - state.offset : length] = own
+    kv.filled = length
+    return kv
+
+
+def _merged_source(
+    a: InferenceState, b: InferenceState
+) -> tuple[Tensor | None, tuple[KVCache, ...]]:
+    """The source masks (b_a + b_b, 1, 1, S) and per layer the source keys/values (b_a + b_b,
+    H, S, d_k), the shorter source padded on the right (masked) to S = max(S_a, S_b); no mask
+    when neither is padded."""
+    lengths = (a.cross[0].key.size(2), b.cross[0].key.size(2))
+    s = max(lengths)
+    if a.src_mask is None and b.src_mask is None and lengths[0] == lengths[1]:
+        mask = None
+    else:
+        mask = torch.cat([_right_padded(_source_real(x), s, 3) for x in (a, b)])  # (b, 1, 1, S)
+    cross = tuple(
+        KVCache(
+            torch.cat([_right_padded(ka.key, s, 2), _right_padded(kb.key, s, 2)]),  # (b, H, S, d_k)
+            torch.cat([_right_padded(ka.value, s, 2), _right_padded(kb.value, s, 2)]),
+        )
+        for ka, kb in zip(a.cross, b.cross, strict=True)
+    )
+    return mask, cross
+
+
+def _source_real(state: InferenceState) -> Tensor:
+    """(b, 1, 1, S) boolean, True = a real source token (all True where no mask is kept)."""
+    if state.src_mask is not None:
+        return state.src_mask
+    key = state.cross[0].key  # (b, H, S, d_k)
+    return torch.ones(key.size(0), 1, 1, key.size(2), dtype=torch.bool, device=key.device)
+
+
+def _right_padded(x: Tensor, length: int, dim: int) -> Tensor:
+    """``x`` with zeros (False) after its entries along ``dim``, up to ``length`` of them."""
+    missing = length - x.size(dim)
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
+def compact_inference_state(state: DecoderState) -> DecoderState:
+    """``state`` without the columns no row needs any more (after rows have left): the leading
+    self-attention columns that are padding in every row, and the trailing source columns that
+    are padding in every source row; back to the one-position step (no ``pads``) when no row has
+    pad columns left, and to no source mask when no source is padded. Each row's positions and
+    results stay. Other states are returned as they are."""
+    if not isinstance(state, InferenceState):
+        return state
+    return _without_pad_sources(_without_pad_columns(state))
+
+
+def _without_pad_columns(state: InferenceState) -> InferenceState:
+    """Without the leading self-attention columns that are padding in every row (a copy)."""
+    if state.pads is None or state.pads.numel() == 0:
+        return state
+    cut = int(state.pads.min())
+    if cut == 0:
+        return state
+    pads = state.pads - cut  # (B, 1)
+    old = state.self_kv.buffer  # (N, 2, B, H, C, d_k)
+    n, _, rows, h, capacity, d_k = old.shape
+    length = state.offset - cut
+    kv = _SelfKV.allocate(n, rows, h, max(capacity - cut, 1), d_k, old)
+    kv.buffer[:, :, :, :, :length] = old[:, :, :, :, cut : state.offset]  # (N, 2, B, H, L', d_k)
+    kv.filled = length
+    return replace(state, self_kv=kv, offset=length, pads=pads if bool(pads.any()) else None)
+
+
+def _without_pad_sources(state: InferenceState) -> InferenceState:
+    """Without the trailing source positions that are padding in every source row."""
+    if state.src_mask is None or state.src_mask.size(0) == 0:
+        return state
+    real = state.src_mask[:, 0, 0, :]  # (b, S)
+    used = real.any(dim=0).nonzero()  # (k, 1) the source columns some row reads
+    s = int(used.max()) + 1 if used.numel() else real.size(1)
+    mask: Tensor | None = state.src_mask[:, :, :, :s]  # (b, 1, 1, S')
+    if bool(real[:, :s].all()):
+        mask = None
+    if s == real.size(1) and mask is not None:
+        return state
+    cross = tuple(KVCache(kv.key[:, :, :s], kv.value[:, :, :s]) for kv in state.cross)
+    return replace(state, src_mask=mask, cross=cross)

@@ -10,7 +10,9 @@ keep a finished row in the batch, repeating EOS until every row is done, it leav
 (``state.index_select``), so the rest run on a smaller batch; the searches are batch-invariant,
 so no row's output changes. Rows that started later can join a running search
 (:meth:`SteppedSearch.merge`, where their states can be merged: a decoder-only model's,
-:func:`~aiayn.decoding.lm.merge_lm_states`); every row counts its own tokens.
+:func:`~aiayn.decoding.lm.merge_lm_states`, after its first step; the flattened encoder–decoder
+step's, :func:`~aiayn.decoding.fast_step.merge_inference_states`, at any step); every row counts
+its own tokens.
 
 Shape legend:  B rows still decoding   V vocabulary
 """
@@ -122,11 +124,9 @@ class SteppedSearch:
         return gone
 
     def merge(self, other: SteppedSearch, states: Callable[[Any, Any], DecoderState]) -> None:
-        """Take in the rows of ``other`` (same step function and options, both past their first
-        step): from now on they run in this batch; ``states`` merges the two states (rows of
-        this one first)."""
-        if not (self.stepped and other.stepped):
-            raise ValueError("merge searches after their first step")
+        """Take in the rows of ``other`` (same step function and options): from now on they run
+        in this batch; ``states`` merges the two states (rows of this one first), and refuses
+        (raises) states it cannot merge, e.g. a decoder-only model's before its first step."""
         self.state = states(self.state, other.state)
         self.rows += other.rows
         self.tokens = torch.cat([self.tokens, other.tokens])  # (B + B', 1)

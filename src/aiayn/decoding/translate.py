@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -239,8 +239,10 @@ def search_batch(
     options: DecodeOptions,
     limits: list[int],
     device: torch.device,
+    on_done: Callable[[int, list[Hypothesis]], None] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Greedy (beam 1) or beam search of one batch."""
+    """Greedy (beam 1) or beam search of one batch; ``on_done``: beam search's (see
+    :func:`~aiayn.decoding.beam.beam_search`)."""
     ends = {"bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id, "batch_size": len(limits)}
     if options.beam_size == 1:
         # Hugging Face's forced EOS takes the last position the limit allows
@@ -263,6 +265,7 @@ def search_batch(
         early_stopping=options.early_stopping,
         forced_eos=options.forced_eos,
         device=device,
+        on_done=on_done,
     )
 
 

@@ -12,15 +12,17 @@ one decoding step, then answers the requests whose outputs all ended at that ste
   it ends; a request leaves when its last sequence does (or when a stop string appears, or when
   nobody waits for it any more: the client went away or its time ran out);
 * beam search (:class:`BeamGroup`): the library's beam search runs as it is, one step per round
-  (it hands the worker back after each step), and its requests are answered when the group's
-  search returns; a sentence that is done already leaves the search's batch at once.
+  (it hands the worker back after each step); a sentence that is done leaves the search's batch
+  at once, and a request is answered the step its last sentence is done.
 
-A group's step is one model call for its rows. Generation groups with the same options merge
-after their first step (:meth:`SteppedGroup.absorb`, the later rows left-padded into the running
-batch), so a new generation request joins the running batch itself; translation and beam-search
-groups, whose states keep one target position for all rows, stay separate calls. Every result
-is the one the library gives the request alone: the searches are the library's (or held equal
-to it by tests), and aiayn's steps are batch-invariant.
+A group's step is one model call for its rows. Greedy translation groups with the same options
+merge into a running group before their first step, generation groups after it (the prompt
+pass): :meth:`SteppedGroup.absorb`, the later rows right-aligned into the running batch at
+their own positions (:func:`~aiayn.decoding.fast_step.merge_inference_states`,
+:func:`~aiayn.decoding.lm.merge_lm_states`), so a new request joins the running batch itself;
+beam-search groups stay separate calls. Every result is the one the library gives the request
+alone: the searches are the library's (or held equal to it by tests), and aiayn's steps are
+batch-invariant.
 
 Shape legend:  B rows of a group
 """
@@ -68,12 +70,20 @@ GroupStarter = Callable[[list[Job]], Group]
 
 
 class DecodeEngine(Engine):
-    """The worker loop of a decoding task (see the module docstring)."""
+    """The worker loop of a decoding task (see the module docstring).
+
+    Attributes:
+        rounds: rounds of the loop that stepped a group so far.
+        group_steps: group steps run so far, one model call each: as many as ``rounds`` while
+            every round runs one batch.
+    """
 
     def __init__(self, name: str, options: ServeOptions, metrics: Metrics, start: GroupStarter):
         super().__init__(name, options, metrics)
         self._start = start
         self._max_groups = options.max_decode_groups if options.batching else 1
+        self._budget = options.max_batch_tokens * self._max_groups  # tokens of merged groups
+        self.rounds, self.group_steps = 0, 0
 
     def _loop(self) -> None:
         groups: list[Group] = []
@@ -81,20 +91,24 @@ class DecodeEngine(Engine):
             self._admit(groups)
             if not groups:
                 return  # stopping, and nothing left
+            if self.options.batching:
+                _merge_groups(groups, self._budget)  # a new group joins before its first step
             started, rows, generated = time.monotonic(), 0, 0
             for group in groups:
                 group.drop_cancelled()
                 if group.done:
                     continue
                 rows += group.rows
+                self.group_steps += group.rows > 0
                 ended, tokens = self._advance(group)
                 generated += tokens
                 for job, result in ended:
                     job.resolve(result)
+            self.rounds += rows > 0
             self.metrics.step(self.name, rows, generated, started)
             groups[:] = [g for g in groups if not g.done]
             if self.options.batching:
-                _merge_groups(groups)
+                _merge_groups(groups, self._budget)
 
     def _advance(self, group: Group) -> tuple[list[tuple[Job, Any]], int]:
         try:
@@ -139,14 +153,15 @@ class DecodeEngine(Engine):
         return jobs
 
 
-def _merge_groups(groups: list[Group]) -> None:
-    """Merge the groups that can run as one batch (same options, states that merge): the
-    earlier takes in the later's rows, which leave ``groups``."""
+def _merge_groups(groups: list[Group], budget: int | None = None) -> None:
+    """Merge the groups that can run as one batch (same options, states that merge, and
+    together at most ``budget`` tokens of requests still decoding: as many as the groups they
+    were could hold): the earlier takes in the later's rows, which leave ``groups``."""
     i = 0
     while i < len(groups):
         absorb = getattr(groups[i], "absorb", None)
         if absorb is not None:
-            groups[i + 1 :] = [g for g in groups[i + 1 :] if not absorb(g)]
+            groups[i + 1 :] = [g for g in groups[i + 1 :] if not absorb(g, budget)]
         i += 1
 
 
@@ -166,9 +181,9 @@ leaves both as they are (False)."""
 class SteppedGroup:
     """Greedy search or sampling of a group's requests; row keys are (request, row).
 
-    With ``merge`` (a decoder-only model's states merge), a group past its first step takes in
-    another's rows (:meth:`absorb`): from then on they run in one batch; ``compact`` trims the
-    state after rows leave."""
+    With ``merge`` (the task's states merge: see the module docstring), a group takes in
+    another's rows (:meth:`absorb`) where ``merge`` agrees: from then on they run in one batch;
+    ``compact`` trims the state after rows leave."""
 
     def __init__(
         self,
@@ -209,13 +224,19 @@ class SteppedGroup:
             self.search.state = self._compact(self.search.state)
         return self._answered(), generated - before
 
-    def absorb(self, other: SteppedGroup) -> bool:
-        """Take in ``other``'s requests and rows (same options), where the states allow it."""
+    @property
+    def cost(self) -> int:
+        """The tokens (:attr:`Job.cost`) of the requests still decoding."""
+        return sum(self.jobs[j].cost for j in self._open)
+
+    def absorb(self, other: SteppedGroup, budget: int | None = None) -> bool:
+        """Take in ``other``'s requests and rows (same options), where the states allow it and
+        the two groups' :attr:`cost` together is at most ``budget`` (None = any)."""
         if not isinstance(other, SteppedGroup) or self._merge is None or other.done or self.done:
             return False
         if other.key != self.key:
             return False
-        if not (self.search.stepped and other.search.stepped):
+        if budget is not None and self.cost + other.cost > budget:
             return False
         offset, moved = len(self.jobs), [*other.search.rows, *other._ended.values()]
         if not self._merge(self.search, other.search):
@@ -253,32 +274,46 @@ class SteppedGroup:
             self._open.discard(j)
 
 
+BeamRun = Callable[[Callable[[StepFunction], StepFunction], Callable[[int, Any], None]], list[Any]]
+"""``run(step wrapper, on_done)``: the search of a group's sentences, with its step function
+passed through the wrapper, calling ``on_done(sentence, found)`` as each sentence is done."""
+
+
 class BeamGroup:
     """A beam search over the group's requests, run by the library as it is, in a helper thread
     that hands the worker back after every step: the worker's :meth:`advance` runs exactly one
     step (and the search's bookkeeping before it); only one of the two threads runs at a time.
+    A request is answered the step its last sentence is done.
 
     Args:
         jobs: the requests.
-        run: ``run(step wrapper)``: the search, with its step function passed through the
-            wrapper; returns one result per request.
+        counts: the sentences of each request, in order (the search's sentences are theirs).
+        run: the search (:data:`BeamRun`).
+        finish: a request's result from what was found for its sentences, in order.
     """
 
     def __init__(
-        self, jobs: list[Job], run: Callable[[Callable[[StepFunction], StepFunction]], list[Any]]
+        self,
+        jobs: list[Job],
+        counts: list[int],
+        run: BeamRun,
+        finish: Callable[[Job, list[Any]], Any],
     ):
-        self.jobs = jobs
+        self.jobs, self._finish = jobs, finish
+        starts = [sum(counts[:j]) for j in range(len(counts))]
+        self._spans = [range(a, a + n) for a, n in zip(starts, counts, strict=True)]
+        self._found: dict[int, Any] = {}
+        self._open = set(range(len(jobs)))
         self._go, self._paused = threading.Semaphore(0), threading.Semaphore(0)
-        self._results: list[Any] | None = None
         self._error: BaseException | None = None
         self._finished = False
-        self._rows = sum(len(j.payload.rows) for j in jobs) * 1
+        self._rows = sum(counts)
         self._thread = threading.Thread(target=self._body, args=(run,), daemon=True)
         self._thread.start()
 
     @property
     def done(self) -> bool:
-        return self._finished
+        return self._finished and not self._open
 
     @property
     def rows(self) -> int:
@@ -297,10 +332,10 @@ class BeamGroup:
 
         return wrapped
 
-    def _body(self, run: Callable[[Callable[[StepFunction], StepFunction]], list[Any]]) -> None:
+    def _body(self, run: BeamRun) -> None:
         self._go.acquire()
         try:
-            self._results = run(self._wrap)
+            run(self._wrap, self._found.__setitem__)
         except BaseException as error:
             self._error = error
         finally:
@@ -310,16 +345,24 @@ class BeamGroup:
     def advance(self) -> tuple[list[tuple[Job, Any]], int]:
         self._go.release()
         self._paused.acquire()
-        if not self._finished:
-            return [], 0
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._results is not None
-        return list(zip(self.jobs, self._results, strict=True)), 0
+        if self._finished:
+            self._thread.join()
+            if self._error is not None:
+                self._open.clear()
+                raise self._error
+        answered = []
+        for j in sorted(self._open):
+            if all(s in self._found for s in self._spans[j]):
+                self._open.discard(j)
+                found = [self._found[s] for s in self._spans[j]]
+                answered.append((self.jobs[j], self._finish(self.jobs[j], found)))
+        if self._finished and self._open:  # never left waiting: failed instead (a bug)
+            self._open.clear()
+            raise RuntimeError("the beam search returned without giving every sentence's result")
+        return answered, 0
 
     def drop_cancelled(self) -> None:
-        """A beam search keeps its batch: a cancelled request's result is dropped at the end."""
+        """A beam search keeps its batch: a cancelled request's result is dropped when done."""
 
 
 def row_keys(counts: Sequence[int]) -> list[tuple[int, int]]:

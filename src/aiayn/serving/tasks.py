@@ -22,7 +22,12 @@ from aiayn.checkpoint.load import Checkpoint
 from aiayn.data import normalize
 from aiayn.data.text_tokenizer import load_lm_tokenizer
 from aiayn.decoding.beam import Hypothesis
-from aiayn.decoding.fast_step import InferenceStep
+from aiayn.decoding.fast_step import (
+    InferenceState,
+    InferenceStep,
+    compact_inference_state,
+    merge_inference_states,
+)
 from aiayn.decoding.generate import continuation, prompt_generator
 from aiayn.decoding.lm import LMState, decoder_only_step, merge_lm_states
 from aiayn.decoding.step import StepFunction
@@ -147,7 +152,12 @@ class TranslateTask(Task):
         src = source_batch(rows, self.tokenizer).to(self.device)  # (B, S)
         state = self.step.initial_state(src, capacity=max(limits) + 1)
         if o.beam_size > 1:
-            return BeamGroup(jobs, lambda wrap: self._beam(jobs, counts, wrap, state, o, limits))
+
+            def run(wrap: Any, on_done: Any) -> Any:
+                t, device = self.tokenizer, self.device
+                return search_batch(wrap(self.search_step), state, t, o, limits, device, on_done)
+
+            return BeamGroup(jobs, counts, run, lambda job, found: self._answer(job.payload, found))
         cut = 1 if o.forced_eos else 0  # as translate: forced EOS takes the last position
         t = self.tokenizer
         search = SteppedSearch(
@@ -159,18 +169,24 @@ class TranslateTask(Task):
             hyps = [[Hypothesis(r.tokens, math.nan, math.nan)] for r in done]
             return self._answer(job.payload, hyps)
 
-        return SteppedGroup(jobs, search, finish)
+        if self.step.fallback is not None:  # the module step's states do not merge
+            return SteppedGroup(jobs, search, finish)
+        return SteppedGroup(
+            jobs, search, finish, merge=self._merge, compact=compact_inference_state
+        )
 
-    def _beam(
-        self, jobs: list[Job], counts: list[int], wrap: Any, state: Any, o: DecodeOptions,
-        limits: list[int],
-    ) -> list[s.TranslateResponse]:  # fmt: skip
-        found = search_batch(wrap(self.search_step), state, self.tokenizer, o, limits, self.device)
-        out, start = [], 0
-        for job, n in zip(jobs, counts, strict=True):
-            out.append(self._answer(job.payload, found[start : start + n]))
-            start += n
-        return out
+    def _merge(self, into: SteppedSearch, other: SteppedSearch) -> bool:
+        """Take ``other``'s rows into ``into``'s batch (each row at its own positions) when the
+        merged key columns, with the most tokens a row still needs, stay within the model's
+        ``max_len``: the padded columns a joining row attends over stay bounded."""
+        a, b = into.state, other.state
+        if not (isinstance(a, InferenceState) and isinstance(b, InferenceState)):
+            return False
+        left = max(r.limit - len(r.tokens) for r in (*into.rows, *other.rows))
+        if max(a.offset, b.offset) + left > self.model.config.max_len:
+            return False
+        into.merge(other, merge_inference_states)
+        return True
 
     def _answer(self, p: TranslateJob, found: list[list[Hypothesis]]) -> s.TranslateResponse:
         """The response: the found n-best lists put back among the empty texts, decoded."""
@@ -321,6 +337,8 @@ class GenerateTask(Task):
     def _merge(self, into: SteppedSearch, other: SteppedSearch) -> bool:
         """Take ``other``'s rows into ``into``'s batch when the merged key columns leave room for
         every row's remaining tokens within the model's positions."""
+        if not (into.stepped and other.stepped):  # the prompts' log-probs are still pending
+            return False
         a, b = into.state, other.state
         assert isinstance(a, LMState) and isinstance(b, LMState)
         left = max(r.limit - len(r.tokens) for r in (*into.rows, *other.rows))
