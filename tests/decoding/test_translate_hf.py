@@ -22,7 +22,6 @@ from aiayn.decoding import InferenceState, InferenceStep
 from aiayn.decoding.fast_step import compact_inference_state, merge_inference_states
 from aiayn.decoding.greedy import greedy_search
 from aiayn.decoding.sampling import sample
-from aiayn.decoding.step import renormalized
 from aiayn.decoding.stepwise import Sampling, SteppedSearch
 from aiayn.decoding.translate import (
     options_for_checkpoint,
@@ -157,8 +156,8 @@ class _Searches:
         self.tok = SimpleNamespace(pad_id=specials.pad_id, eos_id=specials.eos_id,
                                    bos_id=specials.decoder_start_id)  # fmt: skip
         banned = (self.tok.pad_id, self.tok.bos_id) if self.o.banned is None else self.o.banned
-        self.step = InferenceStep(model, banned=banned)
-        self.search_step = renormalized(self.step) if self.o.renormalize else self.step
+        self.step = InferenceStep(model, banned=banned, renormalize=self.o.renormalize)
+        self.search_step = self.step
         cut = 1 if self.o.forced_eos else 0
         limits = output_limits(model, self.o, [len(r) for r in rows])
         self.rows, self.limits, self.sampled = rows, [max(0, m - cut) for m in limits], sampled
