@@ -300,10 +300,19 @@ def top_candidates(candidates: Tensor, n: int, chunk: int | None = None) -> tupl
     chunks = -(-m // chunk)
     if candidates.device.type != "cpu" or m < settings.chunked_topk_min_candidates or chunks <= n:
         return candidates.topk(n, dim=1)  # short rows (topk is faster there), or not CPU
-    padded = F.pad(candidates, (0, chunks * chunk - m), value=-math.inf)  # (b, C·L)
-    blocks = padded.view(b, chunks, chunk)  # (b, C·L) -> (b, C, L)
-    best_chunks = blocks.amax(dim=2).topk(n, dim=1).indices  # (b, n) chunk ids
-    picked = blocks.gather(1, best_chunks[:, :, None].expand(b, n, chunk))  # (b, n, L)
+    full = m // chunk  # whole chunks; the rest, if any, is one chunk padded with −inf
+    blocks = candidates[:, : full * chunk].view(b, full, chunk)  # (b, C'·L) -> (b, C', L)
+    maxima = blocks.amax(dim=2)  # (b, C')
+    tail = None
+    if full < chunks:  # only the last chunk is padded, not a copy of the whole row
+        tail = F.pad(candidates[:, full * chunk :], (0, chunks * chunk - m), value=-math.inf)
+        maxima = torch.cat([maxima, tail.amax(dim=1, keepdim=True)], dim=1)  # (b, C)
+    best_chunks = maxima.topk(n, dim=1).indices  # (b, n) chunk ids
+    within = best_chunks.clamp(max=full - 1)[:, :, None].expand(b, n, chunk)  # (b, n, L)
+    picked = blocks.gather(1, within)  # (b, n, L)
+    if tail is not None:
+        is_tail = (best_chunks == full)[:, :, None]  # (b, n, 1)
+        picked = torch.where(is_tail, tail[:, None, :], picked)  # (b, n, L)
     values, where = picked.view(b, n * chunk).topk(n, dim=1)  # (b, n·L) -> (b, n)
     index = best_chunks.gather(1, where // chunk) * chunk + where % chunk  # (b, n) into M
     return values, index
