@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 import torch
-from quantize_accuracy import digits_test_split, vit_row
 
 from aiayn.checkpoint import save_checkpoint
 from aiayn.data.digits import digits_preprocessor, load_digit_images, split_digits, to_pixels
 from aiayn.data.images import ImagePreprocessor
 from aiayn.errors import UserError
 from aiayn.inference.quantize import quantize_model
-from aiayn.models.vit import ViT
+from aiayn.models.vit import ViT, ViTConfig
 from aiayn.training.config import RunConfig, run_config_from_dict
+from quantize_accuracy import digits_test_split, vit_row
 
 
 def tiny_run(split_seed: int) -> RunConfig:
@@ -38,6 +38,7 @@ def random_vit(run: RunConfig) -> ViT:
     """Weights drawn at random (std fan_in^-1/2), biases, class token and positions zero, norms
     the identity: the class token's first query is zero, so it takes the mean of the patches'
     values, and the labels follow the images."""
+    assert isinstance(run.model, ViTConfig)
     torch.manual_seed(0)
     model = ViT(run.model)
     with torch.no_grad():
