@@ -10,17 +10,25 @@ in docs/quantization.md. Each row runs when its checkpoint is given:
                             #   greedy and beam 4 (gate: at most 0.3 lower)
         --seq2seq DIR ...   # converted T5 / Marian checkpoints: share of outputs identical to
                             #   fp32 (greedy) on the source sentences
+        --vit DIR           # a ViT digits checkpoint (aiayn train --config
+                            #   configs/vit_digits.yaml): accuracy on the test split its
+                            #   training held out (gate: within 0.5 points), and the share of
+                            #   test images given the same label in int8 and fp32
         [--data ../shared/data/multi30k] [--sentences 1000] [--threads 2]
 
 Sentences: Multi30k's test_2016_flickr (English side for the BERT and seq2seq rows, with its
-German references for BLEU). Both sides load the same checkpoint: fp32 as stored, int8 quantised
-as it loads (``load_checkpoint(quantize="int8")``). Writes docs/results/quantize_accuracy.{json,md}.
+German references for BLEU). The ViT row takes the digits' test split and its accuracy from the
+training's own code (:mod:`aiayn.training.images`, as ``aiayn train`` reports it at the end), with
+the split settings the checkpoint's ``run_config`` records. Both sides load the same checkpoint:
+fp32 as stored, int8 quantised as it loads (``load_checkpoint(quantize="int8")``). Writes
+docs/results/quantize_accuracy.{json,md} (``--name``: another report name).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,14 +40,19 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, command_line, machine, write_report
 from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint, load_translation_tokenizer
+from aiayn.data.digits import ImageSet
 from aiayn.data.lm import TextBlocks, read_documents, token_stream
 from aiayn.data.text_tokenizer import load_lm_tokenizer
 from aiayn.decoding.translate import options_for_checkpoint, translate_texts
+from aiayn.errors import UserError
 from aiayn.evaluation.bleu import corpus_bleu
 from aiayn.evaluation.perplexity import block_metrics
 from aiayn.inference.encoder_tasks import sentence_embeddings
 from aiayn.models import BERT, GPT2
 from aiayn.models.transformer import EncoderDecoder
+from aiayn.models.vit import ViT
+from aiayn.training.config import run_config_from_dict
+from aiayn.training.images import ImageClassificationTask, ImageData, image_metrics
 
 MODES = ("none", "int8")
 
@@ -136,6 +149,71 @@ def seq2seq_row(folder: str, sources: list[str]) -> dict[str, Any]:
     }
 
 
+def digits_test_split(folder: str) -> tuple[ImageData, int]:
+    """The digits split a ViT checkpoint's training built (from the ``run_config`` its
+    ``state.json`` records, by :meth:`ImageClassificationTask.prepare_data`), and the batch size
+    (images) its final test ran with.
+
+    Raises:
+        UserError: the checkpoint records no run config or no test split, or its preprocessing
+            is not the one the split's training images give (not trained on this split).
+    """
+    ckpt = load_checkpoint(folder, expect=ViT, command="classify-image")
+    saved = ckpt.state.get("run_config")
+    if not isinstance(saved, dict):
+        raise UserError(f"{ckpt.path} records no run_config: not a checkpoint of aiayn train")
+    run = run_config_from_dict(saved)
+    data = ImageClassificationTask(run, log=lambda line: None).prepare_data(
+        ckpt.path, reuse_tokenizer=True
+    )
+    assert isinstance(data, ImageData)
+    if data.test is None:
+        raise UserError(f"{ckpt.path} was trained without a test split (data.test_size 0)")
+    if checkpoint_tokenizer(ckpt.path) != data.preprocessor:
+        raise UserError(f"{ckpt.path}'s preprocessing is not that of its run's training split")
+    return data, run.train.max_tokens
+
+
+def predicted_labels(model: ViT, images: ImageSet, max_tokens: int) -> torch.Tensor:
+    """(N,) the top label of each image, in the batches of ``max_tokens`` images that
+    :func:`image_metrics` runs."""
+    labels = []
+    with torch.no_grad():
+        for pixels in images.pixels.split(max_tokens):  # (B, C, H, W)
+            logits = model(pixels).logits  # (B, K)
+            assert logits is not None  # a digits model has its classifier
+            labels.append(logits.argmax(dim=-1))  # (B,)
+    return torch.cat(labels)  # (N,)
+
+
+def vit_row(folder: str) -> dict[str, Any]:
+    """Test-split accuracy (%) of a ViT digits checkpoint, fp32 and int8, by the training's
+    final test (:func:`image_metrics`), and the share of images whose label is the same in both.
+    """
+    data, max_tokens = digits_test_split(folder)
+    assert data.test is not None
+    accuracy, labels = {}, {}
+    for mode in MODES:
+        model = load_checkpoint(folder, expect=ViT, command="classify-image", quantize=mode).model
+        accuracy[mode] = image_metrics(model, data.test, max_tokens)["accuracy"]
+        labels[mode] = predicted_labels(model, data.test, max_tokens)
+        right = (labels[mode] == data.test.labels).sum().item()
+        if abs(100 * right / len(data.test) - accuracy[mode]) > 1e-9:  # the same forward twice
+            raise RuntimeError(f"{mode}: {right} right labels, accuracy {accuracy[mode]}%")
+    change = accuracy["int8"] - accuracy["none"]
+    return {
+        "row": "ViT digits test accuracy (%)",
+        "checkpoint": folder,
+        "images": len(data.test),
+        "fp32": accuracy["none"],
+        "int8": accuracy["int8"],
+        "change (points)": change,
+        "same label": (labels["none"] == labels["int8"]).float().mean().item(),
+        "gate": "abs(change) <= 0.5 points",
+        "met": bool(abs(change) <= 0.5),
+    }
+
+
 def _markdown(rows: list[dict[str, Any]], info: dict[str, Any]) -> list[str]:
     def cell(row: dict[str, Any]) -> str:
         shown = {k: v for k, v in row.items() if k not in ("row", "checkpoint", "gate", "met")}
@@ -147,7 +225,8 @@ def _markdown(rows: list[dict[str, Any]], info: dict[str, Any]) -> list[str]:
         "# Int8 quantisation: accuracy against fp32",
         "",
         f"`{command_line()}` — {info['cpu']}, {info['torch_threads']} threads, torch "
-        f"{info['torch']}",
+        f"{info['torch']}; load average (1 min) {info['load'][0]:.2f} at the start, "
+        f"{info['load'][1]:.2f} at the end",
         "",
         "| gate | checkpoint | measured | goal | met |",
         "|---|---|---|---|---|",
@@ -166,6 +245,7 @@ def main() -> None:
     parser.add_argument("--lm-text")
     parser.add_argument("--translation")
     parser.add_argument("--seq2seq", nargs="*", default=[])
+    parser.add_argument("--vit")
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"))
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=2)
@@ -175,7 +255,7 @@ def main() -> None:
     data = Path(args.data)
     english = _lines(data / "test_2016_flickr.en.gz", args.sentences)
     rows: list[dict[str, Any]] = []
-    start = time.perf_counter()
+    start, load_start = time.perf_counter(), os.getloadavg()[0]
     if args.bert:
         rows.append(bert_row(args.bert, english))
     if args.lm:
@@ -186,9 +266,11 @@ def main() -> None:
         german = _lines(data / "test_2016_flickr.de.gz", args.sentences)
         rows.extend(translation_rows(args.translation, english, german))
     rows.extend(seq2seq_row(folder, english) for folder in args.seq2seq)
+    if args.vit:
+        rows.append(vit_row(args.vit))
     for row in rows:
         print(row, flush=True)
-    info = machine()
+    info = {**machine(), "load": [load_start, os.getloadavg()[0]]}
     data_out = {"machine": info, "seconds": time.perf_counter() - start, "rows": rows}
     print(write_report(args.name, data_out, _markdown(rows, info)))
 
