@@ -15,7 +15,8 @@ next request as soon as it has its answer), `--requests` requests go to a fresh 
 process, with batching and with `--no-batching` (one request at a time). Reported: throughput
 (sentences/s and output tokens/s), p50 and p99 latency, errors, and mismatches against the
 offline answer of each input; and the offline throughput of the same inputs (`translate_ids` /
-`generate_ids` in this process, all inputs at once: the ceiling). Writes
+`generate_ids` in this process, all inputs at once: the ceiling; and, for each number of
+clients N, N consecutive inputs per call: the ceiling with N requests in flight). Writes
 docs/results/NAME.{json,md}.
 """
 
@@ -75,8 +76,14 @@ def _build(folder: Path) -> tuple[Path, Path]:
     )
 
 
-def _offline(kind: str, ckpt: Path, inputs: list[str], cap: int) -> tuple[list[str], float, int]:
-    """(each input's answer, seconds for all at once, output tokens)."""
+def _offline(
+    kind: str, ckpt: Path, inputs: list[str], cap: int, at_a_time: int | None = None
+) -> tuple[list[str], float, int]:
+    """(each input's answer, seconds, output tokens): all inputs at once (the library's own
+    batching), or ``at_a_time`` consecutive inputs per call (what that many clients can have in
+    flight)."""
+    chunk = at_a_time or len(inputs)
+    calls = [slice(i, i + chunk) for i in range(0, len(inputs), chunk)]
     if kind == "generate":
         c = load_checkpoint(ckpt, expect=GPT2)
         tok = load_lm_tokenizer(c.tokenizer_path)
@@ -84,7 +91,7 @@ def _offline(kind: str, ckpt: Path, inputs: list[str], cap: int) -> tuple[list[s
         options = GenerateOptions(max_new_tokens=cap, batch_size=64)
         generate_ids(c.model, ids[:8], options)  # warm-up: first-call costs are not throughput
         start = time.perf_counter()
-        found = generate_ids(c.model, ids, options)
+        found = [h for part in calls for h in generate_ids(c.model, ids[part], options)]
         seconds = time.perf_counter() - start
         news = [h[0].tokens for h in found]
         texts = [continuation(tok, p, n) for p, n in zip(ids, news, strict=True)]
@@ -96,7 +103,7 @@ def _offline(kind: str, ckpt: Path, inputs: list[str], cap: int) -> tuple[list[s
     ids = tok.encode_batch([normalize(t) for t in inputs])
     translate_ids(c.model, ids[:8], tok, o)  # warm-up
     start = time.perf_counter()
-    found = translate_ids(c.model, ids, tok, o)
+    found = [h for part in calls for h in translate_ids(c.model, ids[part], tok, o)]
     seconds = time.perf_counter() - start
     best = [h[0].tokens for h in found]
     return tok.decode_batch(best), seconds, sum(map(len, best))
@@ -204,6 +211,7 @@ def main() -> None:
     p.add_argument("--scenarios", default="greedy,beam4,generate")
     p.add_argument("--name", default="serve_load")
     args = p.parse_args()
+    args.load_start = os.getloadavg()[0]
     clients = [int(c) for c in args.clients.split(",")]
     inputs = _lines("test_2016_flickr.en.gz")
     inputs = (inputs * (args.requests // len(inputs) + 1))[: args.requests]
@@ -222,9 +230,11 @@ def _measure(args: argparse.Namespace, clients: list[int], inputs: list[str],
     for kind in args.scenarios.split(","):
         prompts = [" ".join(t.split()[:4]) for t in inputs] if kind == "generate" else inputs
         expected, seconds, tokens = _offline(kind, ckpts[kind], prompts, args.max_new_tokens)
-        rows.append({"scenario": kind, "clients": 0, "mode": "offline", "requests": len(prompts),
-                     "sentences_per_s": len(prompts) / seconds, "tokens_per_s": tokens / seconds,
-                     "p50_ms": None, "p99_ms": None, "errors": 0, "mismatches": 0})  # fmt: skip
+        rows.append(_offline_row(kind, 0, len(prompts), seconds, tokens))
+        for n in clients:  # the ceiling at n requests in flight: n inputs per call
+            found, at_n, n_tokens = _offline(kind, ckpts[kind], prompts, args.max_new_tokens, n)
+            assert found == expected, "offline answers depend on the batch"
+            rows.append(_offline_row(kind, n, len(prompts), at_n, n_tokens))
         for batching in (True, False):
             proc, base = _serve(ckpts[kind], batching)
             try:
@@ -238,14 +248,21 @@ def _measure(args: argparse.Namespace, clients: list[int], inputs: list[str],
     return rows
 
 
+def _offline_row(kind: str, at_a_time: int, n: int, seconds: float, tokens: int) -> dict[str, Any]:
+    mode = f"offline, {at_a_time} at a time" if at_a_time else "offline"
+    return {"scenario": kind, "clients": 0, "mode": mode, "requests": n,
+            "sentences_per_s": n / seconds, "tokens_per_s": tokens / seconds,
+            "p50_ms": None, "p99_ms": None, "errors": 0, "mismatches": 0}  # fmt: skip
+
+
 def _report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     md = [
         "# aiayn serve under load",
         "",
         f"Command: `{command_line()}`",
         "",
-        f"Machine: {machine()['cpu']}, {os.cpu_count()} cores; load average at the end "
-        f"{os.getloadavg()[0]:.1f}.",
+        f"Machine: {machine()['cpu']}, {os.cpu_count()} cores; load average (1 min) at the "
+        f"start {args.load_start:.1f}, at the end {os.getloadavg()[0]:.1f}.",
         "",
         "| scenario | clients | mode | sentences/s | tokens/s | p50 ms | p99 ms | errors "
         "| mismatches |",
@@ -257,6 +274,10 @@ def _report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
         md.append(f"| {r['scenario']} | {r['clients'] or ''} | {r['mode']} | "
                   f"{r['sentences_per_s']:.1f} | {r['tokens_per_s']:.0f} | {p50} | {p99} | "
                   f"{r['errors']} | {r['mismatches']} |")  # fmt: skip
+    served = [r for r in rows if not r["mode"].startswith("offline")]
+    total = {k: sum(r[k] for r in served) for k in ("requests", "errors", "mismatches")}
+    md += ["", f"Requests served in this run: {total['requests']:,}; errors {total['errors']}, "
+           f"mismatches {total['mismatches']}."]  # fmt: skip
     data = {"command": command_line(), "machine": machine(), "rows": rows}
     print(write_report(args.name, data, md))
 

@@ -105,7 +105,8 @@ def _load() -> Any | None:
             cpp_extension.load(
                 name="aiayn_int8_v1",
                 sources=[str(SOURCE)],
-                extra_cflags=["-O3", "-ffp-contract=off"],
+                extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
                 is_python_module=False,
                 verbose=False,
             )
