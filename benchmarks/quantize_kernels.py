@@ -38,7 +38,6 @@ from _common import command_line, machine, time_interleaved, write_report
 from aiayn.inference import PackedLinear
 from aiayn.layers.int8_native import native_int8
 from aiayn.layers.quantized import QuantizedLinear
-from aiayn.settings import performance_settings
 
 SHAPES = {  # (D_in, D_out)
     "opus-mt": [(512, 1536), (512, 512), (512, 2048), (2048, 512), (512, 58101)],
@@ -62,23 +61,15 @@ def _kernels(d_in: int, d_out: int, rows: int) -> dict[str, Callable[[], object]
         qw = torch.quantize_per_channel(linear.weight, scales.double(), zero, 0, torch.qint8)
     fbgemm = torch.ops.quantized.linear_prepack(qw, bias)
 
-    def w8a8(native_rows: int, onednn_rows: int) -> Callable[[], object]:
-        def run() -> object:
-            with performance_settings(
-                int8_native_max_rows=native_rows, int8_onednn_max_rows=onednn_rows
-            ):
-                return quantized(x)
-
-        return run
-
-    native = {"W8A8 aiayn VNNI": w8a8(1 << 30, 0)} if native_int8() is not None else {}
+    kernel = quantized.kernel()  # each of its CPU kernels called directly
+    native = {"W8A8 aiayn VNNI": lambda: kernel.native(x)} if native_int8() is not None else {}
     return {
         "fp32 F.linear": lambda: F.linear(x, linear.weight, linear.bias),
         "fp32 oneDNN": lambda: packed(x),
         "W8A16 _weight_int8pack_mm": lambda: torch.ops.aten._weight_int8pack_mm(x, w, scales),
         **native,
-        "W8A8 oneDNN": w8a8(0, 1 << 30),
-        "W8A8 _int_mm": w8a8(0, 0),
+        "W8A8 oneDNN": lambda: kernel.onednn(x),
+        "W8A8 _int_mm": lambda: kernel.int_mm(x),
         "fbgemm dynamic": lambda: torch.ops.quantized.linear_dynamic(x, fbgemm, False),
     }
 

@@ -49,8 +49,9 @@ class PerformanceSettings:
             run products of up to this many rows on aiayn's own kernel
             (:mod:`aiayn.layers.int8_native`) where it runs, larger ones on the library kernels
             below.
-        int8_onednn_max_rows: int8 products of more rows than the above and up to this many run
-            on oneDNN's ``qlinear_pointwise``, larger ones on ``torch._int_mm``. All three sum
+        int8_onednn_max_rows: int8 products of more rows than the above (or all, where aiayn's
+            kernel does not run) and up to this many run on oneDNN's ``qlinear_pointwise``,
+            larger ones (or all, without oneDNN) on ``torch._int_mm``. All three sum
             exactly in int32 and scale in one order, so the choice changes no output.
     """
 
@@ -62,8 +63,8 @@ class PerformanceSettings:
     default_last_level_cache_bytes: int = 32 << 20
     topk_chunk: int = 128
     chunked_topk_min_candidates: int = 1 << 14
-    int8_native_max_rows: int = 256
-    int8_onednn_max_rows: int = 256
+    int8_native_max_rows: int = 1024
+    int8_onednn_max_rows: int = 1 << 20
 
 
 _current = PerformanceSettings()

@@ -64,25 +64,22 @@ def test_the_layer_is_close_to_fp32_on_its_dequantised_weight(bias: bool) -> Non
     torch.testing.assert_close(y, on_dequantised, atol=0.05, rtol=0.05)
 
 
-KERNELS = {  # (int8_native_max_rows, int8_onednn_max_rows, aiayn's kernel allowed)
-    "aiayn VNNI": (1 << 20, 0, True),
-    "oneDNN, rows quantised by aiayn's kernel": (0, 1 << 20, True),
-    "oneDNN, rows quantised in PyTorch": (0, 1 << 20, False),
-    "_int_mm": (0, 0, False),
-}
+KERNELS = ("native", "onednn", "onednn, rows quantised in PyTorch", "int_mm")
 
 
-@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("rows", [1, 3, 40])
 def test_every_cpu_kernel_and_the_reference_agree(
     kernel: str, rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every CPU kernel sums the same exact integers and scales them in one order: the same bits
+    """Every CPU kernel (aiayn's, oneDNN with the rows quantised by aiayn's kernel or by
+    PyTorch, _int_mm) sums the same exact integers and scales them in one order: the same bits
     as the reference, which sums the same integers exactly in fp32 at these sizes."""
-    native_rows, onednn_rows, native = KERNELS[kernel]
-    if native and quantized.native_int8() is None:
+    if kernel.startswith(("native", "onednn,")) and quantized.native_int8() is None:
         pytest.skip(f"aiayn's int8 kernel: {native_int8_unavailable()}")
-    if not native:
+    if kernel.startswith("onednn") and not quantized.onednn_int8_available():
+        pytest.skip("this PyTorch has no oneDNN int8 kernel")
+    if kernel.endswith("PyTorch"):
         monkeypatch.setattr(quantized, "native_int8", lambda: None)
     torch.manual_seed(1)
     linear = nn.Linear(66, 50)  # neither a whole number of the native kernel's blocks
@@ -90,9 +87,22 @@ def test_every_cpu_kernel_and_the_reference_agree(
     x = torch.randn(rows, 66) * 3
     x[0] = 0.0  # a row of zeros: scale 1
     want = int8_linear_reference(x, layer.weight, layer.scales, layer.bias)
-    with performance_settings(int8_native_max_rows=native_rows, int8_onednn_max_rows=onednn_rows):
-        got = layer(x)
+    got = getattr(layer.kernel(), kernel.split(",")[0])(x)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("native_rows", [0, 2, 1 << 20])
+@pytest.mark.parametrize("onednn_rows", [0, 2, 1 << 20])
+def test_the_settings_choose_the_kernel_and_change_no_bit(
+    native_rows: int, onednn_rows: int
+) -> None:
+    torch.manual_seed(4)
+    layer = QuantizedLinear.of(nn.Linear(40, 24))
+    x = torch.randn(5, 40)
+    want = int8_linear_reference(x, layer.weight, layer.scales, layer.bias)
+    with performance_settings(int8_native_max_rows=native_rows, int8_onednn_max_rows=onednn_rows):
+        for rows in (1, 2, 5):
+            torch.testing.assert_close(layer(x[:rows]), want[:rows], atol=0, rtol=0)
 
 
 def test_a_row_does_not_depend_on_the_others() -> None:

@@ -40,7 +40,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from aiayn.layers.int8_native import native_int8, padded_to_blocks, vnni_blocks
+from aiayn.layers.int8_native import (
+    native_int8,
+    native_int8_unavailable,
+    padded_to_blocks,
+    vnni_blocks,
+)
 from aiayn.settings import performance
 
 QMAX = 127
@@ -129,7 +134,7 @@ class Int8Kernel:
         self._native: tuple[Tensor, Tensor, Tensor, Tensor | None] | None = None
 
     def __call__(self, x: Tensor) -> Tensor:
-        """(N, D_in) -> (N, D_out)."""
+        """(N, D_in) -> (N, D_out), on the kernel chosen for N rows."""
         if not self.cpu or x.device.type != "cpu":
             return int8_linear_reference(x, self.weight, self.scales, self.bias)
         settings, rows = performance(), x.size(0)
@@ -137,7 +142,19 @@ class Int8Kernel:
         if native is not None:
             return self._run_native(native, x.float().contiguous())
         if rows <= settings.int8_onednn_max_rows and onednn_int8_available():
-            return self._run_onednn(x)
+            return self.onednn(x)
+        return self.int_mm(x)
+
+    def native(self, x: Tensor) -> Tensor:
+        """aiayn's kernel (where it runs here: :func:`~aiayn.layers.int8_native.native_int8`)."""
+        native = native_int8()
+        if native is None:
+            why = native_int8_unavailable()
+            raise RuntimeError(f"aiayn's int8 kernel does not run here: {why}")
+        return self._run_native(native, x.float().contiguous())
+
+    def int_mm(self, x: Tensor) -> Tensor:
+        """PyTorch's ``torch._int_mm`` on the activations quantised by PyTorch operations."""
         x_scales = absmax_scales(x)  # (N,)
         if self._columns is None:
             self._columns = self.weight.t().contiguous()  # (D_out, D_in) -> (D_in, D_out)
@@ -154,8 +171,9 @@ class Int8Kernel:
         blocks, compensation, scales, bias = self._native
         return native.linear(x, blocks, compensation, scales, bias, self.weight.size(0))
 
-    def _run_onednn(self, x: Tensor) -> Tensor:
-        """oneDNN's u8 × s8 product on the activations shifted by 128 (zero point 128)."""
+    def onednn(self, x: Tensor) -> Tensor:
+        """oneDNN's u8 × s8 product on the activations shifted by 128 (zero point 128),
+        quantised by aiayn's kernel where it runs, else by PyTorch operations."""
         if self._packed is None:
             self._packed = (
                 torch.ops.onednn.qlinear_prepack(self.weight, None),
