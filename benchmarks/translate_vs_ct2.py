@@ -21,7 +21,9 @@ warm-up call of each; medians): aiayn fp32 (`translate_ids` over oneDNN-packed l
 `aiayn translate` runs on CPU), aiayn int8 (`aiayn.inference.quantize.quantize_model(model,
 mode="int8")` on a copy, packed as `aiayn translate --quantize int8` runs it), and CTranslate2
 `Translator(compute_type=T, inter_threads=1, intra_threads=--threads)` for each `--ct2-types`
-T, `translate_batch(max_batch_size=batch, beam_size=K, max_decoding_length=M)` on token strings
+T, in a child process of its own (:class:`Ct2Process`: one OpenMP runtime per engine, as each
+runs for its users; the call's pipe round trip is inside its timing),
+`translate_batch(max_batch_size=batch, beam_size=K, max_decoding_length=M)` on token strings
 (each source followed by `</s>`, as the Marian tokenizer encodes it); a compute type that
 CTranslate2 runs as an earlier one (on a CPU, `int8` runs as `int8_float32`) is timed once, and
 the report records what each asked type ran as. PyTorch runs
@@ -51,6 +53,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -240,18 +243,69 @@ def aiayn_runner(
     return lambda: [h[0].tokens for h in translate_ids(model, srcs, tokenizer, options)]  # type: ignore[arg-type]
 
 
+class Ct2Process:
+    """CTranslate2's translators in a process of their own, one per compute type, called over a
+    pipe: each engine keeps its own OpenMP runtime. In one process, once a CTranslate2 call has
+    run, PyTorch's parallel regions start several times slower for the rest of the process
+    (aiayn's int8 kernel on a 512→2048 product at one row: 17 µs before, 60–106 µs after, in a
+    probe on this machine), which would time aiayn in a state no user of it runs in."""
+
+    def __init__(self, ct2_dir: Path, types: list[str], threads: int):
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.proc = context.Process(
+            target=_ct2_serve, args=(child, str(ct2_dir), types, threads), daemon=True
+        )
+        self.proc.start()
+        self.resolved: dict[str, str] = self.conn.recv()  # asked compute type -> what runs
+
+    def translate(
+        self, ct: str, tokens: list[list[str]], batch: int, beam: int, m: int
+    ) -> list[list[str]]:
+        """The best hypothesis of each source, by the translator of compute type ``ct``."""
+        self.conn.send((ct, tokens, batch, beam, m))
+        result: list[list[str]] = self.conn.recv()
+        return result
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.proc.join(60)
+
+
+def _ct2_serve(conn: Any, ct2_dir: str, types: list[str], threads: int) -> None:
+    """The child's loop: load a translator per compute type, then translate until told to stop."""
+    import ctranslate2
+
+    translators = {
+        ct: ctranslate2.Translator(
+            ct2_dir, device="cpu", compute_type=ct, inter_threads=1, intra_threads=threads
+        )
+        for ct in types
+    }
+    conn.send({ct: t.compute_type for ct, t in translators.items()})
+    while (message := conn.recv()) is not None:
+        ct, tokens, batch, beam, m = message
+        results = translators[ct].translate_batch(
+            tokens, max_batch_size=batch, beam_size=beam, max_decoding_length=m
+        )
+        conn.send([r.hypotheses[0] for r in results])
+
+
 def ct2_runner(
-    translator: Any, pieces: list[str], srcs: list[list[int]], batch: int, beam: int, m: int
+    engine: Ct2Process,
+    ct: str,
+    pieces: list[str],
+    srcs: list[list[int]],
+    batch: int,
+    beam: int,
+    m: int,
 ) -> Callable[[], list[list[int]]]:
     """One call: translate every source with CTranslate2 (token strings in and out)."""
     ids = {p: i for i, p in enumerate(pieces)}
     tokens = [[pieces[i] for i in s] + ["</s>"] for s in srcs]
 
     def run() -> list[list[int]]:
-        results = translator.translate_batch(
-            tokens, max_batch_size=batch, beam_size=beam, max_decoding_length=m
-        )
-        return [[ids[t] for t in r.hypotheses[0]] for r in results]
+        return [[ids[t] for t in hyp] for hyp in engine.translate(ct, tokens, batch, beam, m)]
 
     return run
 
@@ -463,8 +517,6 @@ def contenders(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The contenders' factories (srcs, batch, beam, M) -> call, and what the report needs of
     the models: aiayn's unpacked model, its specials, the quantised model, the packing time."""
-    import ctranslate2
-
     ours, specials = convert(folder)
     start = time.perf_counter()
     packed = pack_for_inference(ours)
@@ -482,16 +534,13 @@ def contenders(
         info["quantise_s"] = time.perf_counter() - start
         info["quantised"] = quantised
         made[AIAYN_INT8] = lambda s, b, k, m: aiayn_runner(quantised, specials, s, b, k, m)
-    info["ct2_resolved"] = {}
+    engine = info["ct2"] = Ct2Process(ct2_dir, args.ct2_types, args.threads)
+    info["ct2_resolved"] = engine.resolved
+    first: dict[str, str] = {}  # what each compute type runs as -> the first type asked for it
     for ct in args.ct2_types:
-        t = ctranslate2.Translator(
-            str(ct2_dir), device="cpu", compute_type=ct, inter_threads=1,
-            intra_threads=args.threads,
-        )  # fmt: skip
-        seen = t.compute_type in info["ct2_resolved"].values()  # CPU: int8 is int8_float32
-        info["ct2_resolved"][ct] = t.compute_type
-        if not seen:
-            made[CT2 + ct] = lambda s, b, k, m, t=t: ct2_runner(t, pieces, s, b, k, m)
+        first.setdefault(engine.resolved[ct], ct)
+    for ct in first.values():  # a type that runs as an earlier one (CPU: int8) is timed once
+        made[CT2 + ct] = lambda s, b, k, m, ct=ct: ct2_runner(engine, ct, pieces, s, b, k, m)
     return made, info
 
 
@@ -525,6 +574,7 @@ def main() -> None:
         if read is not None:
             add_floor(rows[-1], floor)
         print({k: v for k, v in rows[-1].items() if k != "seconds"}, flush=True)
+    info["ct2"].close()
     report = {
         "command": command_line(),
         "machine": machine(),
