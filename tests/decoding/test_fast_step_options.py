@@ -256,17 +256,16 @@ T5_OPTION_VALUES: dict[str, list[object]] = {
 }
 
 
+T5_CASES = [(name, value) for name, values in T5_OPTION_VALUES.items() for value in values]
+
+
 def test_every_t5_option_is_enumerated() -> None:
     fields = {f.name for f in dataclasses.fields(T5Config) if f.init}
     assert fields == set(T5_OPTION_VALUES)
 
 
 @pytest.mark.parametrize("quantize", QUANTIZE)
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [(name, value) for name, values in T5_OPTION_VALUES.items() for value in values],
-    ids=lambda x: str(x),
-)
+@pytest.mark.parametrize(("name", "value"), T5_CASES, ids=lambda x: str(x))
 @torch.no_grad()
 def test_fast_step_equals_module_step_for_every_t5_option(
     name: str, value: object, quantize: str
@@ -497,11 +496,7 @@ def test_merged_rows_equal_the_module_step_alone_for_other_parts(part: str, quan
     _assert_merged_rows_agree(model)
 
 
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [(name, value) for name, values in T5_OPTION_VALUES.items() for value in values],
-    ids=lambda x: str(x),
-)
+@pytest.mark.parametrize(("name", "value"), T5_CASES, ids=lambda x: str(x))
 @torch.no_grad()
 def test_merged_rows_equal_the_module_step_alone_for_every_t5_option(
     name: str, value: object
