@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import platform
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -96,6 +97,9 @@ def _ninja_on_path() -> Iterator[None]:
 def _load() -> Any | None:
     if os.environ.get("AIAYN_NATIVE_INT8", "1") == "0":
         _why_not.append("turned off by AIAYN_NATIVE_INT8=0")
+        return None
+    if platform.machine().lower() not in ("x86_64", "amd64"):  # not built where it cannot run
+        _why_not.append(f"an x86-64 kernel; this machine is {platform.machine() or 'unknown'}")
         return None
     try:
         with _ninja_on_path():
