@@ -385,7 +385,12 @@ class InferenceStep:
             return _ModuleStepState(state, step)
         memory, src_mask, padded = encode_source(self.model, src, self.encoder)  # (b, S, D), ...
         mask = src_mask if padded else None
-        cross = tuple(layer.cross_attn.project_key_value(memory) for layer in self.decoder_layers)
+        # contiguous once here: as the projection's head views, every step's products would
+        # copy them (per layer, per step)
+        cross = tuple(
+            KVCache(kv.key.contiguous(), kv.value.contiguous())  # 2 × (b, H, S, d_k)
+            for kv in (layer.cross_attn.project_key_value(memory) for layer in self.decoder_layers)
+        )
         n = len(self.layers)
         kv = _SelfKV.allocate(n, src.size(0), self.heads, capacity, self.d_k, memory)
         return InferenceState(mask, cross, kv, 0)
