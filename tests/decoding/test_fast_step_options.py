@@ -81,17 +81,25 @@ def _base() -> TransformerConfig:
     return preset("tiny", vocab_size=V, d_model=32, d_ff=64, num_heads=4, dropout=0.0)
 
 
+def _option_model(name: str, value: object) -> Transformer:
+    """The tiny model with option ``name`` set to ``value`` (and what it needs), eval mode, its
+    output bias drawn at random where it has one (it starts at zero)."""
+    torch.manual_seed(0)
+    config = _base().replace(**{name: value, **NEEDS.get((name, value), {})})
+    model = Transformer(config).eval()
+    if model.output_proj.bias is not None:
+        torch.nn.init.normal_(model.output_proj.bias)
+    return model
+
+
 @pytest.mark.parametrize("quantize", QUANTIZE)
 @pytest.mark.parametrize(("name", "value"), _cases(), ids=lambda x: str(x))
 @torch.no_grad()
 def test_fast_step_equals_module_step_for_every_option_value(
     name: str, value: object, quantize: str
 ) -> None:
-    torch.manual_seed(0)
-    config = _base().replace(**{name: value, **NEEDS.get((name, value), {})})
-    model = Transformer(config).eval()
-    if model.output_proj.bias is not None:
-        torch.nn.init.normal_(model.output_proj.bias)
+    model = _option_model(name, value)
+    config = model.config
     quantize_model(model, quantize)
     src = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
     module_step, module_state = encoder_decoder_step(model, src)
@@ -464,12 +472,8 @@ def _assert_merged_rows_agree(model: nn.Module, *, vocab: int = V) -> None:
 def test_merged_rows_equal_the_module_step_alone_for_every_option_value(
     name: str, value: object
 ) -> None:
-    torch.manual_seed(0)
-    config = _base().replace(**{name: value, **NEEDS.get((name, value), {})})
-    model = Transformer(config).eval()
-    if model.output_proj.bias is not None:
-        torch.nn.init.normal_(model.output_proj.bias)
-    _assert_merged_rows_agree(model, vocab=config.target_vocab_size)
+    model = _option_model(name, value)
+    _assert_merged_rows_agree(model, vocab=model.config.target_vocab_size)
 
 
 @pytest.mark.parametrize("family", ["paper", "T5"])
