@@ -80,6 +80,7 @@ from aiayn.convert.generation import Seq2SeqSpecials
 from aiayn.data import demo_corpus_path, read_parallel
 from aiayn.decoding.translate import options_for_checkpoint, translate_ids
 from aiayn.inference import pack_for_inference
+from aiayn.inference.quantize import quantize_model
 from aiayn.performance import keep_freed_memory
 from translate_vs_hf import build_marian, convert, decoder_weights, sources
 
@@ -207,16 +208,6 @@ def ct2_convert(folder: Path, out: Path) -> None:
 
 
 # --------------------------------------------------------------------------- the contenders
-
-
-def quantizer() -> Callable[[nn.Module], nn.Module] | None:
-    """aiayn's int8 quantisation (``quantize_model(model, mode="int8")``), or None where this
-    checkout does not have it yet."""
-    try:
-        from aiayn.inference.quantize import quantize_model
-    except ImportError:
-        return None
-    return lambda model: quantize_model(model, mode="int8")
 
 
 def aiayn_runner(
@@ -525,15 +516,13 @@ def contenders(
     made: dict[str, Any] = {
         AIAYN_FP32: lambda s, b, k, m: aiayn_runner(packed, specials, s, b, k, m),
     }
-    quantize = quantizer()
-    if quantize is not None:
-        start = time.perf_counter()
-        # quantize_model swaps the layers in place: a copy, then packed as `aiayn translate
-        # --quantize int8` packs it (the layers kept in fp32 and the embeddings' neighbours)
-        quantised = pack_for_inference(quantize(copy.deepcopy(ours)))
-        info["quantise_s"] = time.perf_counter() - start
-        info["quantised"] = quantised
-        made[AIAYN_INT8] = lambda s, b, k, m: aiayn_runner(quantised, specials, s, b, k, m)
+    start = time.perf_counter()
+    # quantize_model swaps the layers in place: a copy, then packed as `aiayn translate
+    # --quantize int8` packs it (the layers kept in fp32 and the embeddings' neighbours)
+    quantised = pack_for_inference(quantize_model(copy.deepcopy(ours), mode="int8"))
+    info["quantise_s"] = time.perf_counter() - start
+    info["quantised"] = quantised
+    made[AIAYN_INT8] = lambda s, b, k, m: aiayn_runner(quantised, specials, s, b, k, m)
     engine = info["ct2"] = Ct2Process(ct2_dir, args.ct2_types, args.threads)
     info["ct2_resolved"] = engine.resolved
     first: dict[str, str] = {}  # what each compute type runs as -> the first type asked for it

@@ -157,7 +157,6 @@ class _Searches:
                                    bos_id=specials.decoder_start_id)  # fmt: skip
         banned = (self.tok.pad_id, self.tok.bos_id) if self.o.banned is None else self.o.banned
         self.step = InferenceStep(model, banned=banned, renormalize=self.o.renormalize)
-        self.search_step = self.step
         cut = 1 if self.o.forced_eos else 0
         limits = output_limits(model, self.o, [len(r) for r in rows])
         self.rows, self.limits, self.sampled = rows, [max(0, m - cut) for m in limits], sampled
@@ -169,7 +168,7 @@ class _Searches:
         src = source_batch([self.rows[i] for i in ids], self.tok)  # type: ignore[arg-type]
         state = self.step.initial_state(src, capacity=max(self.limits) + 1)
         return SteppedSearch(
-            self.search_step, state, ids, [self.limits[i] for i in ids], bos_id=self.tok.bos_id,
+            self.step, state, ids, [self.limits[i] for i in ids], bos_id=self.tok.bos_id,
             eos_id=self.tok.eos_id, min_len=self.o.min_len,
             sampling=Sampling(0.8) if self.sampled else None,
             generators=self.generators(ids) if self.sampled else None,
@@ -181,9 +180,9 @@ class _Searches:
         ends = {"bos_id": self.tok.bos_id, "eos_id": self.tok.eos_id, "batch_size": 1,
                 "max_len": self.limits[i], "min_len": self.o.min_len}  # fmt: skip
         if self.sampled:
-            return sample(self.search_step, state, **ends, temperature=0.8,
+            return sample(self.step, state, **ends, temperature=0.8,
                           generator=self.generators([i]))[0]  # fmt: skip
-        return greedy_search(self.search_step, state, **ends)[0]
+        return greedy_search(self.step, state, **ends)[0]
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampling"])

@@ -35,7 +35,6 @@ Shape legend:  N rows (leading dimensions flattened)   D_in input size   D_out o
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -138,9 +137,8 @@ class Int8Kernel:
         if not self.cpu or x.device.type != "cpu":
             return int8_linear_reference(x, self.weight, self.scales, self.bias)
         settings, rows = performance(), x.size(0)
-        native = native_int8() if rows <= settings.int8_native_max_rows else None
-        if native is not None:
-            return self._run_native(native, x.float().contiguous())
+        if rows <= settings.int8_native_max_rows and native_int8() is not None:
+            return self.native(x)
         if rows <= settings.int8_onednn_max_rows and onednn_int8_available():
             return self.onednn(x)
         return self.int_mm(x)
@@ -151,7 +149,14 @@ class Int8Kernel:
         if native is None:
             why = native_int8_unavailable()
             raise RuntimeError(f"aiayn's int8 kernel does not run here: {why}")
-        return self._run_native(native, x.float().contiguous())
+        if self._native is None:  # its layout, made when it first runs
+            blocks, compensation = vnni_blocks(self.weight)
+            n = self.weight.size(0)
+            bias = None if self.bias is None else padded_to_blocks(self.bias, n)
+            self._native = (blocks, compensation, padded_to_blocks(self.scales, n), bias)
+        blocks, compensation, scales, bias = self._native
+        x = x.float().contiguous()
+        return native.linear(x, blocks, compensation, scales, bias, self.weight.size(0))
 
     def int_mm(self, x: Tensor) -> Tensor:
         """PyTorch's ``torch._int_mm`` on the activations quantised by PyTorch operations."""
@@ -160,16 +165,6 @@ class Int8Kernel:
             self._columns = self.weight.t().contiguous()  # (D_out, D_in) -> (D_in, D_out)
         acc = torch._int_mm(quantize_rows(x, x_scales), self._columns)  # (N, D_in) @ (D_in, D_out)
         return _epilogue(acc, self.scales, x_scales, self.bias)
-
-    def _run_native(self, native: Any, x: Tensor) -> Tensor:
-        """aiayn's kernel: quantisation, int32 sums and scaling in one call."""
-        if self._native is None:
-            blocks, compensation = vnni_blocks(self.weight)
-            n = self.weight.size(0)
-            bias = None if self.bias is None else padded_to_blocks(self.bias, n)
-            self._native = (blocks, compensation, padded_to_blocks(self.scales, n), bias)
-        blocks, compensation, scales, bias = self._native
-        return native.linear(x, blocks, compensation, scales, bias, self.weight.size(0))
 
     def onednn(self, x: Tensor) -> Tensor:
         """oneDNN's u8 × s8 product on the activations shifted by 128 (zero point 128),
