@@ -199,6 +199,38 @@ def _weights_of(weights: Sequence[Tensor] | None) -> Tensor:
     return weights[0][0].detach()  # layer 1, row 0: (H, T, T)
 
 
+def _text_inputs(
+    stack: str,
+    embedder: Embedder,
+    layers: Sequence[nn.Module],
+    tokens: Tensor,
+    labels: tuple[str, ...],
+    *,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    model_weights: Tensor,
+) -> FirstLayerInputs:
+    """The first layer's inputs for a text stack: ``tokens`` (1, T) through ``embedder``
+    explicitly and as the model runs it, and the first of ``layers``' norm and attention."""
+    parts, x, combine = _text_parts(embedder, tokens[0])
+    norm, attention = _block(layers[0])
+    return FirstLayerInputs(
+        stack=stack,
+        num_layers=len(layers),
+        labels=labels,
+        ids=tuple(tokens[0].tolist()),
+        parts=tuple(parts),
+        combine=combine,
+        x=x,
+        model_x=embedder(tokens)[0],
+        norm=norm,
+        attention=attention,
+        mask=mask,
+        bias=bias,
+        model_weights=model_weights,
+    )
+
+
 @torch.no_grad()
 def encoder_decoder_first_layer(model: Any, folder: Path, text: str) -> FirstLayerInputs:
     """The encoder's first layer of an encoder–decoder (the paper's model, Marian, T5) on
@@ -219,21 +251,14 @@ def encoder_decoder_first_layer(model: Any, folder: Path, text: str) -> FirstLay
 
     src = torch.tensor([ids])  # (1, T)
     encoder = model.encoder
-    parts, x, combine = _text_parts(encoder.embedder, src[0])
-    norm, attention = _block(encoder.layers[0])
     t = len(ids)
     bias = None if encoder.position_bias is None else encoder.position_bias(t, t)[0]  # (H, T, T)
-    return FirstLayerInputs(
-        stack="encoder",
-        num_layers=len(encoder.layers),
-        labels=tuple(_label(decode, i, specials) for i in ids),
-        ids=tuple(ids),
-        parts=tuple(parts),
-        combine=combine,
-        x=x,
-        model_x=encoder.embedder(src)[0],
-        norm=norm,
-        attention=attention,
+    return _text_inputs(
+        "encoder",
+        encoder.embedder,
+        encoder.layers,
+        src,
+        tuple(_label(decode, i, specials) for i in ids),
         mask=None,
         bias=None if bias is None else bias.to(_DTYPE),
         model_weights=_weights_of(model.encode(src, need_weights=True).self_weights),
@@ -251,20 +276,13 @@ def decoder_only_first_layer(model: Any, folder: Path, text: str) -> FirstLayerI
     ids = tokenizer.encode(text) or [model.config.bos_id]
     _check_tokens(len(ids))
     tokens = torch.tensor([ids])  # (1, T)
-    parts, x, combine = _text_parts(model.embedder, tokens[0])
-    norm, attention = _block(model.layers[0])
     specials = {model.config.bos_id: "<s>", model.config.eos_id: "</s>"}
-    return FirstLayerInputs(
-        stack="decoder-only stack",
-        num_layers=len(model.layers),
-        labels=tuple(_label(tokenizer.decode, i, specials) for i in ids),
-        ids=tuple(ids),
-        parts=tuple(parts),
-        combine=combine,
-        x=x,
-        model_x=model.embedder(tokens)[0],
-        norm=norm,
-        attention=attention,
+    return _text_inputs(
+        "decoder-only stack",
+        model.embedder,
+        model.layers,
+        tokens,
+        tuple(_label(tokenizer.decode, i, specials) for i in ids),
         mask=causal_mask(len(ids))[0, 0],  # (T, T)
         bias=None,
         model_weights=_weights_of(model(tokens, need_weights=True).weights),
@@ -285,20 +303,12 @@ def bert_first_layer(model: Any, folder: Path, text: str) -> FirstLayerInputs:
     ids = tokenizer.encode(text).ids
     _check_tokens(len(ids))
     tokens = torch.tensor([ids])  # (1, T)
-    encoder = model.encoder
-    parts, x, combine = _text_parts(encoder.embedder, tokens[0])
-    norm, attention = _block(encoder.layers[0])
-    return FirstLayerInputs(
-        stack="encoder",
-        num_layers=len(encoder.layers),
-        labels=tuple(tokenizer.convert_ids_to_tokens(ids)),
-        ids=tuple(ids),
-        parts=tuple(parts),
-        combine=combine,
-        x=x,
-        model_x=encoder.embedder(tokens)[0],
-        norm=norm,
-        attention=attention,
+    return _text_inputs(
+        "encoder",
+        model.encoder.embedder,
+        model.encoder.layers,
+        tokens,
+        tuple(tokenizer.convert_ids_to_tokens(ids)),
         mask=None,
         bias=None,
         model_weights=_weights_of(model(tokens, need_weights=True).weights),

@@ -306,9 +306,15 @@ def head_view(attention: TokenAttention | AttentionMaps, *, title: str | None = 
     """The head view of ``attention`` (from a family's capture, e.g.
     :func:`aiayn.visualization.capture_attention`, or :func:`~aiayn.visualization.attention_maps.
     collect_attention`) as a page of its own, for a notebook cell or a file."""
-    from aiayn.visualization.html_report import page_head, page_lines, report_data, script_json
+    from aiayn.visualization.html_report import (
+        as_token_attention,
+        page_head,
+        page_lines,
+        report_data,
+        script_json,
+    )
 
-    attention = _as_token_attention(attention)
+    attention = as_token_attention(attention)
     heading = title or attention.title
     page = f"""<!DOCTYPE html>
 <html lang="en">
@@ -323,9 +329,3 @@ def head_view(attention: TokenAttention | AttentionMaps, *, title: str | None = 
 </html>
 """
     return HeadView(page)
-
-
-def _as_token_attention(attention: TokenAttention | AttentionMaps) -> TokenAttention:
-    from aiayn.visualization.attention_maps import AttentionMaps
-
-    return attention.token_attention() if isinstance(attention, AttentionMaps) else attention

@@ -40,7 +40,8 @@ __all__ = ["attention_html", "report_data", "write_attention_html"]
 _DECIMALS = 4  # weights are rounded to this many decimals in the page (exact zeros stay zero)
 
 
-def _as_token_attention(attention: TokenAttention | AttentionMaps) -> TokenAttention:
+def as_token_attention(attention: TokenAttention | AttentionMaps) -> TokenAttention:
+    """``attention`` as a :class:`TokenAttention` (an :class:`AttentionMaps` converted)."""
     return attention.token_attention() if isinstance(attention, AttentionMaps) else attention
 
 
@@ -50,7 +51,7 @@ def report_data(attention: TokenAttention | AttentionMaps) -> dict[str, Any]:
     ``kinds[k]["layers"]`` is nested N × H × R × C (lists of floats, rounded to 4 decimals);
     ``threshold`` is the head view's (weights at or below it are not drawn there).
     """
-    attention = _as_token_attention(attention)
+    attention = as_token_attention(attention)
     kinds = []
     for view in attention.views:
         layers = [
@@ -248,7 +249,7 @@ def attention_html(
     attention: TokenAttention | AttentionMaps, *, title: str = "Attention maps"
 ) -> str:
     """The complete page as a string (inline data, scripts and style; no external resources)."""
-    attention = _as_token_attention(attention)
+    attention = as_token_attention(attention)
     return f"""<!DOCTYPE html>
 <html lang="en">
 {page_head(title, _STYLE + HEAD_VIEW_STYLE)}
