@@ -458,10 +458,6 @@ class MarianTokenizer(_SpecialIds):
             self._source_id_to_token = {i: t for t, i in self._vocab.items()}
         return self._source_id_to_token.get(token_id)
 
-    def target_id_to_token(self, token_id: int) -> str | None:
-        """The target vocabulary's piece of an id, or None."""
-        return self.id_to_token(token_id, target=True)
-
     def encode(self, text: str) -> list[int]:
         """Source ids of ``text``, no EOS added."""
         return self.encode_batch([text])[0]
