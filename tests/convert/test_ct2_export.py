@@ -491,18 +491,18 @@ def test_separate_vocabularies_read_each_side_and_must_spell_the_specials_alike(
 
     from aiayn.convert.to_ct2 import _set_seq2seq_config, token_strings
 
-    source, target = ["</s>", "<unk>", "a", "<pad>"], ["</s>", "<unk>", "<pad>", "x"]
+    source, targets = ["</s>", "<unk>", "a", "<pad>"], ["</s>", "<unk>", "<pad>", "x"]
     tokenizer = SimpleNamespace(
-        id_to_token=lambda i: source[i], target_id_to_token=lambda i: target[i],
-        eos_id=0, unk_id=1, pad_id=3, bos_id=3,
+        id_to_token=lambda i, target=False: (targets if target else source)[i],
+        separate_vocabs=True, eos_id=0, unk_id=1, pad_id=3, bos_id=3,
     )  # fmt: skip
     assert token_strings(tokenizer, 4) == source
-    assert token_strings(tokenizer, 4, target=True) == target
+    assert token_strings(tokenizer, 4, target=True) == targets
     config = SimpleNamespace()
     with pytest.raises(UserError, match="spell bos_id 3 differently \\('<pad>', 'x'\\)"):
-        _set_seq2seq_config(config, tokenizer, source, target, 1e-5)
+        _set_seq2seq_config(config, tokenizer, source, targets, 1e-5)
     tokenizer.bos_id = 0
-    _set_seq2seq_config(config, tokenizer, source, target, 1e-5)
+    _set_seq2seq_config(config, tokenizer, source, targets, 1e-5)
     specials = (config.decoder_start_token, config.eos_token, config.unk_token)
     assert specials == ("</s>", "</s>", "<unk>")
     assert config.add_source_eos and config.layer_norm_epsilon == 1e-5

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-import sentencepiece as spm
 import torch
 from safetensors.torch import load_file
 
@@ -48,6 +47,7 @@ from aiayn.models.transformer import EncoderDecoder
 from aiayn.training.averaging import WINDOW_DIR
 from aiayn.training.config import RunConfig, load_run_config, run_config_from_dict
 from aiayn.training.trainer import Trainer, TrainResult
+from data_builders import data_conftest
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
@@ -57,6 +57,7 @@ MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 PREFIX = "translate English to German: "
 MAX_LENGTH = 24  # the generation configs' max_length: greedy validation stays short
 EXTRA_IDS, T5_VOCAB = 100, 512  # 400 pieces + 100 sentinels, padded up as Google's are
+_sentencepiece = data_conftest()._train_sentencepiece  # tests/data/conftest.py's trainer
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -124,14 +125,6 @@ def _convert(hf_folder: Path, out: Path) -> Path:
         code = main(["convert", "--from-hf", str(hf_folder), "--to", str(out)])
     assert code == 0, stderr.getvalue()
     return out
-
-
-def _sentencepiece(lines: list[str], prefix: Path, vocab_size: int, **ids: Any) -> Path:
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_prefix=str(prefix), vocab_size=vocab_size,
-        model_type="unigram", character_coverage=1.0, num_threads=1, minloglevel=2, **ids,
-    )  # fmt: skip
-    return prefix.with_suffix(".model")
 
 
 @pytest.fixture(scope="module")

@@ -454,11 +454,19 @@ def marian_from_hf_tensors(
         UserError: an unsupported option, or an unexpected, missing or mis-shaped tensor, named.
     """
     state, mapped = marian_state_dict_from_hf(hf_config, hf_tensors)
-    config, state = aiayn_layout(marian_config_from_hf(hf_config), hf_config, state)
+    return marian_model(marian_config_from_hf(hf_config), hf_config, state), mapped
+
+
+def marian_model(
+    config: TransformerConfig, hf_config: Mapping[str, Any], state: Mapping[str, Tensor]
+) -> Transformer:
+    """The Transformer (eval mode) of ``config`` holding ``state`` (aiayn's names), both put
+    back in aiayn's layout where ``hf_config`` records it (:func:`aiayn_layout`)."""
+    config, state = aiayn_layout(config, hf_config, state)
     with torch.device("meta"):  # no random draws or memory for weights the checkpoint gives
         model = Transformer(config)
     load_marian_state(model, state)
-    return model.eval(), mapped
+    return model.eval()
 
 
 def aiayn_layout(

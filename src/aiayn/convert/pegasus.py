@@ -25,14 +25,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from aiayn.convert.generation import Seq2SeqSpecials, generation_defaults
 from aiayn.convert.marian import (
-    aiayn_layout,
-    load_marian_state,
     marian_config_from_hf,
+    marian_model,
     marian_state_dict_from_hf,
 )
 from aiayn.data.pretrained_tokenizer import T5_SPM, TOKENIZER_JSON
@@ -102,10 +100,10 @@ def pegasus_from_hf_tensors(
     Raises:
         UserError: an unsupported option, or an unexpected, missing or mis-shaped tensor, named.
     """
-    marian = as_marian_config(hf_config)
+    config = pegasus_config_from_hf(hf_config)
     layers = {k: t for k, t in hf_tensors.items() if k not in FINAL_NORMS}
-    state, mapped = marian_state_dict_from_hf(marian, layers)
-    d_model = marian_config_from_hf(marian).d_model
+    state, mapped = marian_state_dict_from_hf(as_marian_config(hf_config), layers)
+    d_model = config.d_model
     for hf_name, name in FINAL_NORMS.items():
         tensor = hf_tensors.get(hf_name)
         if tensor is None:
@@ -116,11 +114,7 @@ def pegasus_from_hf_tensors(
             )
         state[name] = tensor.float().contiguous()
         mapped += 1
-    config, state = aiayn_layout(pegasus_config_from_hf(hf_config), hf_config, state)
-    with torch.device("meta"):  # no random draws or memory for weights the checkpoint gives
-        model = Transformer(config)
-    load_marian_state(model, state)
-    return model.eval(), mapped
+    return marian_model(config, hf_config, state), mapped
 
 
 def pegasus_generation_defaults(

@@ -41,6 +41,7 @@ Shape legend:  D d_model   I heads × head size   H heads   V vocabulary   P pos
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -176,8 +177,8 @@ def token_strings(tokenizer: Any, size: int, target: bool = False) -> list[str]:
     Raises:
         UserError: two ids with one string (CTranslate2 maps strings back to ids).
     """
-    lookup = getattr(tokenizer, "target_id_to_token", None) if target else None
-    lookup = lookup or tokenizer.id_to_token
+    separate = target and getattr(tokenizer, "separate_vocabs", False)
+    lookup = partial(tokenizer.id_to_token, target=True) if separate else tokenizer.id_to_token
     tokens: list[str | None] = [lookup(i) for i in range(size)]
     taken = {t for t in tokens if t is not None}
     out: list[str] = []

@@ -429,7 +429,7 @@ class MarianTokenizer(_SpecialIds):
         self._special_re = _alternation(self._special_tokens)
         decoding_vocab = self._vocab if self._target_vocab is None else self._target_vocab
         self._id_to_token = {i: t for t, i in decoding_vocab.items()}
-        self._tokens_by_id: dict[str, dict[int, str]] = {}  # id_to_token's tables, when asked
+        self._source_id_to_token: dict[int, str] | None = None  # separate vocabularies: on use
         # Hugging Face turns target pieces into text with the source model when the vocabulary
         # is joint (its default use_source_tokenizer), with the target model otherwise.
         self._decoder_spm = source if self._target_vocab is None else target
@@ -452,15 +452,11 @@ class MarianTokenizer(_SpecialIds):
     def id_to_token(self, token_id: int, *, target: bool = False) -> str | None:
         """The piece (``▁`` marks a word start) or special token of a source id, or with
         ``target`` of a target id (the vocabularies may be separate), or None outside it."""
-        vocab = self._target_vocab if target and self._target_vocab is not None else self._vocab
-        key = "target" if vocab is not self._vocab else "source"
-        if key not in self._tokens_by_id:
-            self._tokens_by_id[key] = {i: t for t, i in vocab.items()}
-        return self._tokens_by_id[key].get(token_id)
-
-    def target_id_to_token(self, token_id: int) -> str | None:
-        """The target vocabulary's piece of an id, or None."""
-        return self.id_to_token(token_id, target=True)
+        if target or self._target_vocab is None:
+            return self._id_to_token.get(token_id)  # the target's table (the joint one)
+        if self._source_id_to_token is None:
+            self._source_id_to_token = {i: t for t, i in self._vocab.items()}
+        return self._source_id_to_token.get(token_id)
 
     def encode(self, text: str) -> list[int]:
         """Source ids of ``text``, no EOS added."""
