@@ -6,7 +6,7 @@ scaling in one call instead of about ten PyTorch operations around a library GEM
 It is compiled once per machine on first use, by PyTorch's extension builder (a C++ compiler
 and ninja are needed; the build is cached in ``$TORCH_EXTENSIONS_DIR``, by default under
 ``~/.cache/torch_extensions``). Where it cannot be built or the CPU lacks VNNI, :func:`native_int8`
-is None and the layers run the library kernels; ``AIAYN_NATIVE_INT8=0`` turns it off. Every
+is None and the layers run the library kernels; ``AIAYN_NATIVE=0`` turns it off. Every
 kernel computes the same bits (tests hold them to the reference), so which one runs changes
 speed only.
 
@@ -16,13 +16,6 @@ Shape legend:  N output channels (D_out)   K inputs (D_in)   NB = ceil(N / 16)  
 from __future__ import annotations
 
 import functools
-import logging
-import os
-import platform
-import shutil
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from aiayn.native_build import build_extension
+
 SOURCE = Path(__file__).with_name("csrc") / "int8_linear.cpp"
 BLOCK = 16  # output channels per block: one 512-bit vector of int32 sums
 GROUP = 4  # inputs per VNNI lane (u8 × s8 products summed in fours)
 OFFSET = 128  # the activations' shift to unsigned (VNNI's u8 × s8)
 
-_log = logging.getLogger(__name__)
 _why_not: list[str] = []
 
 
@@ -72,51 +66,11 @@ def native_int8_unavailable() -> str | None:
     return None if _load() is not None else _why_not[-1]
 
 
-@contextmanager
-def _ninja_on_path() -> Iterator[None]:
-    """PyTorch's builder runs ``ninja`` from PATH: where it is not there, the one the ``ninja``
-    package installed (a dependency) is put on PATH for the build, as an unactivated virtual
-    environment leaves it off."""
-    if shutil.which("ninja") is not None:
-        yield
-        return
-    try:
-        import ninja
-    except ImportError:
-        yield
-        return
-    before = os.environ.get("PATH", "")
-    os.environ["PATH"] = os.pathsep.join([str(ninja.BIN_DIR), before])
-    try:
-        yield
-    finally:
-        os.environ["PATH"] = before
-
-
 @functools.cache
 def _load() -> Any | None:
-    if os.environ.get("AIAYN_NATIVE_INT8", "1") == "0":
-        _why_not.append("turned off by AIAYN_NATIVE_INT8=0")
-        return None
-    if platform.machine().lower() not in ("x86_64", "amd64"):  # not built where it cannot run
-        _why_not.append(f"an x86-64 kernel; this machine is {platform.machine() or 'unknown'}")
-        return None
-    try:
-        with _ninja_on_path():
-            from torch.utils import cpp_extension
-
-            _log.info("building aiayn's int8 kernel (once per machine)")
-            cpp_extension.load(
-                name="aiayn_int8_v1",
-                sources=[str(SOURCE)],
-                extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
-                extra_ldflags=["-fopenmp"],
-                is_python_module=False,
-                verbose=False,
-            )
-    except (ImportError, OSError, RuntimeError, subprocess.CalledProcessError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        _why_not.append(f"could not be built: {first}")
+    why = build_extension("aiayn_int8_v1", (SOURCE,))
+    if why is not None:
+        _why_not.append(why)
         return None
     ops = torch.ops.aiayn_int8
     if not ops.supported():
