@@ -47,12 +47,17 @@ class PerformanceSettings:
             ``topk``.
         int8_native_max_rows: int8 linear layers (:class:`aiayn.layers.quantized.Int8Kernel`)
             run products of up to this many rows on aiayn's own kernel
-            (:mod:`aiayn.layers.int8_native`) where it runs, larger ones on the library kernels
+            (:mod:`aiayn.layers.native`) where it runs, larger ones on the library kernels
             below.
         int8_onednn_max_rows: int8 products of more rows than the above (or all, where aiayn's
             kernel does not run) and up to this many run on oneDNN's ``qlinear_pointwise``,
             larger ones (or all, without oneDNN) on ``torch._int_mm``. All three sum
             exactly in int32 and scale in one order, so the choice changes no output.
+        fp32_native_max_rows: fp32 products of up to this many rows on a packed linear
+            (:class:`aiayn.inference.kernels.LinearKernel`) run on aiayn's fp32 kernel
+            (:mod:`aiayn.layers.native`) where it runs, more rows on oneDNN's; 0: never (and
+            :class:`~aiayn.inference.kernels.PackedLinear` then keeps no copy of the weight in
+            its layout).
     """
 
     explicit_attention_max_queries: int = 8
@@ -65,6 +70,7 @@ class PerformanceSettings:
     chunked_topk_min_candidates: int = 1 << 14
     int8_native_max_rows: int = 1024
     int8_onednn_max_rows: int = 1 << 20
+    fp32_native_max_rows: int = 4
 
 
 _current = PerformanceSettings()

@@ -13,8 +13,12 @@ import aiayn.inference.packed as packed_module
 from aiayn.config import preset
 from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search
 from aiayn.inference import PackedLinear, pack_for_inference, packing_available
+from aiayn.inference.kernels import POST_OPS
 from aiayn.inference.packed import step_weight_bytes
+from aiayn.layers import ACTIVATIONS
+from aiayn.layers.native import native_fp32, native_fp32_unavailable
 from aiayn.models import Transformer
+from aiayn.settings import performance_settings
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="PyTorch built without oneDNN")
 PAD, BOS, EOS = 0, 1, 2
@@ -150,7 +154,8 @@ def test_small_products_take_pytorchs_kernel_up_to_2_to_the_18(
 
     monkeypatch.setattr(kernels_module, "F", SimpleNamespace(linear=counting_linear))
     layer = nn.Linear(64, 64)
-    dense, packed = PackedLinear(layer), PackedLinear(layer, dense_small=False)
+    with performance_settings(fp32_native_max_rows=0):  # no fp32 kernel of aiayn's first
+        dense, packed = PackedLinear(layer), PackedLinear(layer, dense_small=False)
     with torch.no_grad():
         for rows in (1, 64, 65):  # 64 · 64 · 64 = 2^18 multiply–adds: the last dense product
             x = torch.randn(rows, 64)
@@ -158,3 +163,49 @@ def test_small_products_take_pytorchs_kernel_up_to_2_to_the_18(
             torch.testing.assert_close(packed(x), layer(x), atol=1e-5, rtol=1e-5)
     assert calls == [1, 64]
     assert not PackedLinear(nn.Linear(512, 513)).has_dense  # over 2^18 at any row count
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 9])
+def test_aiayns_fp32_kernel_takes_a_few_rows_with_every_epilogue(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to ``fp32_native_max_rows`` rows (4 here) run on aiayn's fp32 kernel, more on
+    oneDNN's: both give F.linear's values (summation order only) for the whole weight and a
+    block of its rows, with every activation and with the residual addition."""
+    if native_fp32() is None:
+        pytest.skip(f"aiayn's fp32 kernel: {native_fp32_unavailable()}")
+    calls: list[int] = []
+    real = kernels_module.NativeFp32.__call__
+
+    def counting(
+        self: kernels_module.NativeFp32, x: torch.Tensor, *rest: torch.Tensor
+    ) -> torch.Tensor:
+        calls.append(x.size(0))
+        return real(self, x, *rest)
+
+    monkeypatch.setattr(kernels_module.NativeFp32, "__call__", counting)
+    layer = nn.Linear(40, 72)
+    with performance_settings(fp32_native_max_rows=4):
+        packed = PackedLinear(layer, (slice(0, 24),), dense_small=False)
+        x, residual = torch.randn(rows, 40), torch.randn(rows, 72)
+        with torch.no_grad():
+            for block in (None, slice(0, 24)):
+                part = slice(None) if block is None else block
+                kernel = packed.kernel(block)
+                want = nn.functional.linear(x, layer.weight[part], layer.bias[part])
+                close = {"atol": 1e-5, "rtol": 1e-5}
+                torch.testing.assert_close(kernel(x), want, **close)
+                for name in POST_OPS:
+                    torch.testing.assert_close(
+                        kernel.activated(x, name), ACTIVATIONS[name](want), **close
+                    )
+                got = kernel.add(x, residual[:, part])
+                torch.testing.assert_close(got, want + residual[:, part], **close)
+            three = packed(x[None])  # (1, N, D_in): leading dimensions flattened
+            torch.testing.assert_close(three[0], layer(x), atol=1e-5, rtol=1e-5)
+    assert len(calls) == (2 * (2 + len(POST_OPS)) + 1 if rows <= 4 else 0)
+
+
+def test_without_aiayns_fp32_kernel_no_copy_of_the_weight_is_kept() -> None:
+    with performance_settings(fp32_native_max_rows=0):
+        assert PackedLinear(nn.Linear(8, 8)).kernel().native is None

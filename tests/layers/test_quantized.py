@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn.layers import quantized
-from aiayn.layers.int8_native import native_int8_unavailable
+from aiayn.layers.native import native_int8_unavailable
 from aiayn.layers.quantized import (
     QuantizedLinear,
     absmax_scales,
@@ -100,9 +100,13 @@ def test_the_settings_choose_the_kernel_and_change_no_bit(
     layer = QuantizedLinear.of(nn.Linear(40, 24))
     x = torch.randn(5, 40)
     want = int8_linear_reference(x, layer.weight, layer.scales, layer.bias)
+    residual = torch.randn(5, 24)
     with performance_settings(int8_native_max_rows=native_rows, int8_onednn_max_rows=onednn_rows):
         for rows in (1, 2, 5):
             torch.testing.assert_close(layer(x[:rows]), want[:rows], atol=0, rtol=0)
+            kernel = layer.kernel()  # the residual connection, added after the bias
+            got = kernel(x[:rows], residual[:rows])
+            torch.testing.assert_close(got, want[:rows] + residual[:rows], atol=0, rtol=0)
 
 
 def test_a_row_does_not_depend_on_the_others() -> None:

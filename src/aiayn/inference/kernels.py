@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.layers import ACTIVATIONS, FeedForward, GatedFeedForward, RMSNorm
+from aiayn.layers.native import fp32_blocks, native_fp32, padded_to_blocks
 from aiayn.layers.quantized import Int8Kernel, QuantizedLinear
 from aiayn.settings import performance
 
@@ -67,20 +68,60 @@ def small_product(x: Tensor, d_out: int) -> bool:
     return x.numel() * d_out <= performance().small_product_max_macs  # (N · D_in) · D_out
 
 
+class NativeFp32(NamedTuple):
+    """A weight in the layout of aiayn's fp32 kernel for a few rows
+    (:func:`~aiayn.layers.native.fp32_blocks`), its bias padded to whole blocks, and D_out."""
+
+    blocks: Tensor  # (NB, D_in, 16)
+    bias: Tensor | None  # (NB·16,)
+    d_out: int
+
+    @staticmethod
+    def of(weight: Tensor, bias: Tensor | None) -> NativeFp32 | None:
+        """The layout of a (D_out, D_in) fp32 CPU weight, or None where the kernel does not run
+        here or is set never to run (``fp32_native_max_rows`` 0)."""
+        if native_fp32() is None or performance().fp32_native_max_rows < 1:
+            return None
+        n = weight.size(0)
+        padded = None if bias is None else padded_to_blocks(bias.detach(), n)
+        return NativeFp32(fp32_blocks(weight), padded, n)
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """(..., D_in) -> (..., D_out): x Wᵀ + b (+ residual, added after the bias)."""
+        rows = x.reshape(-1, x.size(-1)).contiguous()  # (N, D_in), leading dimensions flattened
+        if residual is not None:
+            residual = residual.reshape(rows.size(0), self.d_out).contiguous()  # (N, D_out)
+        ops = native_fp32()
+        assert ops is not None  # kept only where it runs
+        y = ops.linear_fp32(rows, self.blocks, self.bias, residual, self.d_out)  # (N, D_out)
+        return y.view(*x.shape[:-1], self.d_out)
+
+
+def _native_rows(native: NativeFp32 | None, x: Tensor) -> bool:
+    """Whether ``x``'s product runs on aiayn's fp32 kernel: it is kept and x has at most
+    :attr:`~aiayn.settings.PerformanceSettings.fp32_native_max_rows` rows (fp32)."""
+    if native is None or x.dtype != torch.float32:
+        return False
+    return x.numel() <= performance().fp32_native_max_rows * x.size(-1)  # rows · D_in
+
+
 class LinearKernel(NamedTuple):
     """y = x Wᵀ + b for one weight (or one block of its rows), on the kernel chosen for it, with
     the epilogues a flattened path fuses into the product (an activation, a residual addition).
 
     ``packed`` set: oneDNN, with small products on PyTorch's kernel when ``dense`` is kept too
-    (see :func:`small_product`); ``packed`` None: PyTorch's ``F.linear`` on ``dense``; ``int8``
-    set: the int8 layer's kernel (:class:`~aiayn.layers.quantized.Int8Kernel`, its bias
-    inside), the activation and the residual addition after it in fp32.
+    (see :func:`small_product`), and products of a few rows on aiayn's fp32 kernel when
+    ``native`` is kept (:class:`NativeFp32`: ``fp32_native_max_rows``); ``packed`` None:
+    PyTorch's ``F.linear`` on ``dense``; ``int8`` set: the int8 layer's kernel
+    (:class:`~aiayn.layers.quantized.Int8Kernel`, its bias inside), the activation and the
+    residual addition after it in fp32.
     """
 
     packed: Tensor | None  # (D_out, D_in) in oneDNN's blocked layout
     bias: Tensor | None  # (D_out,)
     dense: Tensor | None  # (D_out, D_in) as is
     int8: Int8Kernel | None = None
+    native: NativeFp32 | None = None
 
     @staticmethod
     def of_dense(weight: Tensor, bias: Tensor | None) -> LinearKernel:
@@ -97,6 +138,9 @@ class LinearKernel(NamedTuple):
         """(N, D_in) -> (N, D_out)."""
         if self.int8 is not None:
             return self.int8(x)
+        if _native_rows(self.native, x):
+            assert self.native is not None
+            return self.native(x)
         dense = self._pytorch_weight(x)
         if dense is not None:
             return F.linear(x, dense, self.bias)
@@ -107,6 +151,9 @@ class LinearKernel(NamedTuple):
         oneDNN's product, or after PyTorch's where that kernel runs."""
         if self.int8 is not None:
             return ACTIVATIONS[activation](self.int8(x))
+        if _native_rows(self.native, x):
+            assert self.native is not None
+            return ACTIVATIONS[activation](self.native(x))
         dense = self._pytorch_weight(x)
         if dense is not None:
             return ACTIVATIONS[activation](F.linear(x, dense, self.bias))
@@ -117,7 +164,10 @@ class LinearKernel(NamedTuple):
         """residual + x Wᵀ + b: (N, D_in), (N, D_out) -> (N, D_out), the addition fused into
         oneDNN's product."""
         if self.int8 is not None:
-            return self.int8(x).add_(residual)
+            return self.int8(x, residual)
+        if _native_rows(self.native, x):
+            assert self.native is not None
+            return self.native(x, residual)
         dense = self._pytorch_weight(x)
         if dense is not None:
             return F.linear(x, dense, self.bias).add_(residual)
@@ -175,10 +225,12 @@ class PackedLinear(nn.Module):
         self._blocks: dict[tuple[int, int] | None, LinearKernel] = {}
         for rows in (None, *row_blocks):
             part = slice(None) if rows is None else rows
+            part_bias = None if bias is None else bias[part]
             self._blocks[_key(rows)] = LinearKernel(
                 _pack(weight[part]),
-                None if bias is None else bias[part],
+                part_bias,
                 None if dense is None else dense[part],
+                native=NativeFp32.of(weight[part], part_bias),
             )
 
     def forward(self, x: Tensor, rows: slice | None = None) -> Tensor:

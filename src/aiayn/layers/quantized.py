@@ -16,7 +16,7 @@ the batch or the order of summation: the decoding step with a key/value cache co
 as the full forward does. Only the final scaling is fp32 arithmetic, done in one order by every
 kernel.
 
-Kernels, on CPU: aiayn's own (:mod:`aiayn.layers.int8_native`: AVX-512 VNNI, the row
+Kernels, on CPU: aiayn's own (:mod:`aiayn.layers.native`: AVX-512 VNNI, the row
 quantisation, the sum and the scaling in one call; where it builds and the CPU has VNNI), oneDNN's
 ``qlinear_pointwise`` on a weight packed once for it (unsigned activations x_q + 128 with zero
 point 128, as VNNI's u8 × s8 products want; the same exact sum), or PyTorch's ``torch._int_mm``
@@ -39,7 +39,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from aiayn.layers.int8_native import (
+from aiayn.layers.native import (
     native_int8,
     native_int8_unavailable,
     padded_to_blocks,
@@ -109,7 +109,7 @@ class Int8Kernel:
     module docstring: (N, D_in) -> (N, D_out).
 
     Three CPU kernels compute the same bits, chosen by the number of rows N at call time
-    (:class:`~aiayn.settings.PerformanceSettings`): aiayn's own (:mod:`aiayn.layers.int8_native`,
+    (:class:`~aiayn.settings.PerformanceSettings`): aiayn's own (:mod:`aiayn.layers.native`,
     where it builds and the CPU has VNNI) up to ``int8_native_max_rows``, then oneDNN's
     ``qlinear_pointwise`` up to ``int8_onednn_max_rows``, then ``torch._int_mm``. Each one's
     weight layout is made when it first runs.
@@ -132,19 +132,24 @@ class Int8Kernel:
         # aiayn's kernel: VNNI blocks, compensation, scales and bias padded to whole blocks
         self._native: tuple[Tensor, Tensor, Tensor, Tensor | None] | None = None
 
-    def __call__(self, x: Tensor) -> Tensor:
-        """(N, D_in) -> (N, D_out), on the kernel chosen for N rows."""
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """(N, D_in) -> (N, D_out), on the kernel chosen for N rows; plus ``residual`` (N, D_out)
+        where given, added after the bias (by aiayn's kernel inside its call)."""
         if not self.cpu or x.device.type != "cpu":
-            return int8_linear_reference(x, self.weight, self.scales, self.bias)
-        settings, rows = performance(), x.size(0)
-        if rows <= settings.int8_native_max_rows and native_int8() is not None:
-            return self.native(x)
-        if rows <= settings.int8_onednn_max_rows and onednn_int8_available():
-            return self.onednn(x)
-        return self.int_mm(x)
+            y = int8_linear_reference(x, self.weight, self.scales, self.bias)
+        else:
+            settings, rows = performance(), x.size(0)
+            if rows <= settings.int8_native_max_rows and native_int8() is not None:
+                return self.native(x, residual)
+            if rows <= settings.int8_onednn_max_rows and onednn_int8_available():
+                y = self.onednn(x)
+            else:
+                y = self.int_mm(x)
+        return y if residual is None else y.add_(residual)
 
-    def native(self, x: Tensor) -> Tensor:
-        """aiayn's kernel (where it runs here: :func:`~aiayn.layers.int8_native.native_int8`)."""
+    def native(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """aiayn's kernel (where it runs here: :func:`~aiayn.layers.native.native_int8`), with
+        ``residual`` added after the bias where given."""
         native = native_int8()
         if native is None:
             why = native_int8_unavailable()
@@ -156,7 +161,9 @@ class Int8Kernel:
             self._native = (blocks, compensation, padded_to_blocks(self.scales, n), bias)
         blocks, compensation, scales, bias = self._native
         x = x.float().contiguous()
-        return native.linear(x, blocks, compensation, scales, bias, self.weight.size(0))
+        if residual is not None:
+            residual = residual.float().contiguous()
+        return native.linear(x, blocks, compensation, scales, bias, residual, self.weight.size(0))
 
     def int_mm(self, x: Tensor) -> Tensor:
         """PyTorch's ``torch._int_mm`` on the activations quantised by PyTorch operations."""
