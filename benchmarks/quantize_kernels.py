@@ -6,7 +6,9 @@ For the linear layers of an OPUS-MT-shaped decoder (d_model 512, d_ff 2048, voca
 and BERT-base (768, 3072), at 1 to 256 rows (greedy and beam decoding of 1 and 32 sentences,
 encoders), times, interleaved round by round (``_common.time_interleaved``):
 
-- fp32: PyTorch's ``F.linear`` (MKL) and aiayn's oneDNN-packed ``PackedLinear``;
+- fp32: PyTorch's ``F.linear`` (MKL), oneDNN's packed kernel (``PackedLinear``'s for many rows)
+  and aiayn's own fp32 kernel for a few rows (:class:`~aiayn.inference.kernels.NativeFp32`,
+  AVX-512F; left out where it does not run);
 - W8A16: ``torch.ops.aten._weight_int8pack_mm`` (int8 weights, fp32 activations);
 - W8A8, rows quantised on the fly (aiayn's :class:`~aiayn.layers.quantized.Int8Kernel`, each
   of its kernels forced): aiayn's own VNNI kernel (:mod:`aiayn.layers.native`, quantisation
@@ -16,7 +18,8 @@ encoders), times, interleaved round by round (``_common.time_interleaved``):
   activation scale per call, not per row).
 
 The fastest W8A8 kernel per row count sets
-:attr:`~aiayn.settings.PerformanceSettings.int8_native_max_rows` and ``int8_onednn_max_rows``.
+:attr:`~aiayn.settings.PerformanceSettings.int8_native_max_rows` and ``int8_onednn_max_rows``;
+the fastest fp32 kernel, ``fp32_native_max_rows``.
 Medians in µs. Writes docs/results/quantize_kernels.{json,md}.
 """
 
@@ -36,24 +39,30 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, machine, time_interleaved, write_report
 from aiayn.inference import PackedLinear
+from aiayn.inference.kernels import NativeFp32
 from aiayn.layers.native import native_int8
 from aiayn.layers.quantized import QuantizedLinear
+from aiayn.settings import performance_settings
 
 SHAPES = {  # (D_in, D_out)
     "opus-mt": [(512, 1536), (512, 512), (512, 2048), (2048, 512), (512, 58101)],
     "bert-base": [(768, 2304), (768, 3072), (3072, 768)],
 }
-ROWS = (1, 4, 16, 32, 128, 256, 1024)
+ROWS = (1, 2, 4, 8, 16, 32, 128, 256, 1024)
 W8A8 = ("W8A8 aiayn VNNI", "W8A8 oneDNN", "W8A8 _int_mm")
+FP32 = ("fp32 F.linear", "fp32 oneDNN", "fp32 aiayn")
 
 
 def _kernels(d_in: int, d_out: int, rows: int) -> dict[str, Callable[[], object]]:
     """The callables timed for one shape and row count."""
     torch.manual_seed(0)
     linear = nn.Linear(d_in, d_out).requires_grad_(False)
-    packed = PackedLinear(linear, dense_small=False)
-    quantized = QuantizedLinear.of(linear)
+    with performance_settings(fp32_native_max_rows=0):  # oneDNN's kernel at every row count
+        packed = PackedLinear(linear, dense_small=False)
     x = torch.randn(rows, d_in)
+    ours = NativeFp32.of(linear.weight, linear.bias)
+    fp32 = {} if ours is None else {"fp32 aiayn": lambda: ours(x)}
+    quantized = QuantizedLinear.of(linear)
     w, scales, bias = quantized.weight, quantized.scales, quantized.bias
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the quantized-tensor API's deprecation notice
@@ -66,6 +75,7 @@ def _kernels(d_in: int, d_out: int, rows: int) -> dict[str, Callable[[], object]
     return {
         "fp32 F.linear": lambda: F.linear(x, linear.weight, linear.bias),
         "fp32 oneDNN": lambda: packed(x),
+        **fp32,
         "W8A16 _weight_int8pack_mm": lambda: torch.ops.aten._weight_int8pack_mm(x, w, scales),
         **native,
         "W8A8 oneDNN": lambda: kernel.onednn(x),
@@ -92,18 +102,20 @@ def main() -> None:
                 med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
                 results.append({"model": model, "d_in": d_in, "d_out": d_out, "rows": rows, **med})
                 best = min((k for k in W8A8 if k in med), key=med.__getitem__)
+                best32 = min((k for k in FP32 if k in med), key=med.__getitem__)
                 cells = " | ".join(f"{med[k]:,.0f}" for k in names)
-                rows_out.append(f"| {model} | {d_in}→{d_out} | {rows} | {cells} | {best} |")
+                line = f"| {model} | {d_in}→{d_out} | {rows} | {cells} | {best32} | {best} |"
+                rows_out.append(line)
                 print(rows_out[-1], flush=True)
     info = machine()
     md = [
-        "# Int8 linear kernels against fp32 (µs per call, median)",
+        "# Linear kernels, int8 and fp32 (µs per call, median)",
         "",
         f"`{command_line()}` — {info['cpu']}, {info['torch_threads']} threads, torch "
         f"{info['torch']}",
         "",
-        f"| model | shape | rows | {' | '.join(names)} | fastest W8A8 |",
-        "|---|---|---:|" + "---:|" * len(names) + "---|",
+        f"| model | shape | rows | {' | '.join(names)} | fastest fp32 | fastest W8A8 |",
+        "|---|---|---:|" + "---:|" * len(names) + "---|---|",
         *rows_out,
     ]
     print(write_report("quantize_kernels", {"machine": info, "results": results}, md))
