@@ -421,7 +421,9 @@ class InferenceStep:
         logits = self.output(x)  # (B, D) @ (D, V)
         log_probs = banned_log_probs(logits, self.banned, renormalize=self.renormalize)
         kv.filled = pos + 1
-        return log_probs, replace(state, self_kv=kv, offset=pos + 1)
+        # built directly: dataclasses.replace goes through every field by name, each step
+        advanced = InferenceState(state.src_mask, state.cross, kv, pos + 1, state.group, state.pads)
+        return log_probs, advanced
 
     def _embed(self, tokens: Tensor, pos: int) -> Tensor:
         """(B,) tokens at position ``pos`` -> (B, D) embeddings × √d_model + position (§3.4–3.5)."""
