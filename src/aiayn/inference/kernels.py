@@ -194,7 +194,8 @@ class NormKernel:
         if self.rms:
             normed = F.rms_norm(x.float(), self.shape, None, self.eps)  # (N, D), fp32 statistics
             return self.weight * normed.to(self.weight.dtype)
-        return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+        # torch.layer_norm: F.layer_norm without its Python wrapper, called per sub-layer per step
+        return torch.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
 
 
 class PackedLinear(nn.Module):
