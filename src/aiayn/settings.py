@@ -53,6 +53,12 @@ class PerformanceSettings:
             kernel does not run) and up to this many run on oneDNN's ``qlinear_pointwise``,
             larger ones (or all, without oneDNN) on ``torch._int_mm``. All three sum
             exactly in int32 and scale in one order, so the choice changes no output.
+        argmax_chunk: greedy search's choice of the next token on CPU
+            (:func:`aiayn.decoding.argmax.first_argmax`) takes the maxima of windows of about
+            this many elements (a stride between half of it and all of it), then ``argmax``
+            within the first window holding the row's maximum.
+        chunked_argmax_min_elements: inputs (rows × vocabulary) of fewer elements, or rows
+            shorter than ``argmax_chunk``, take one ``torch.argmax``.
     """
 
     explicit_attention_max_queries: int = 8
@@ -65,6 +71,8 @@ class PerformanceSettings:
     chunked_topk_min_candidates: int = 1 << 14
     int8_native_max_rows: int = 1024
     int8_onednn_max_rows: int = 1 << 20
+    argmax_chunk: int = 512
+    chunked_argmax_min_elements: int = 1 << 14
 
 
 _current = PerformanceSettings()
