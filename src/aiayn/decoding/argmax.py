@@ -53,31 +53,38 @@ def windows(vocab: int, chunk: int) -> tuple[int, int]:
 
 def first_argmax(x: Tensor) -> Tensor:
     """``torch.argmax(x, dim=-1)``, exactly, on every input: among equal maxima the first index;
-    a row holding NaN gives its first NaN's index (``argmax`` counts NaN above everything, and
-    so do ``amax`` and ``argmax`` here); a row of −inf gives 0.
-
-    Why the chunked search is exact: the windows cover the row in order, so the first window
-    whose maximum is the row's (the ``argmax`` of the window maxima: the first of equals, or
-    the first NaN) holds the row's first maximal element p. Every element before that window's
-    start lies in an earlier window, whose maximum is smaller, so p lies at or after its start;
-    the window holds a maximal element q ≥ p, so it holds p too, and ``argmax`` within the
-    window finds p.
+    a row holding NaN gives its first NaN's index (``argmax`` counts NaN above everything); a
+    row of −inf gives 0.
 
     On CPU, fp32 inputs of at least
     :attr:`~aiayn.settings.PerformanceSettings.chunked_argmax_min_elements` elements whose rows
-    are at least :attr:`~aiayn.settings.PerformanceSettings.argmax_chunk` long take the chunked
-    search; others (and other devices and dtypes, not measured) one ``torch.argmax``.
+    are at least :attr:`~aiayn.settings.PerformanceSettings.argmax_chunk` long take
+    :func:`chunked_argmax`; others (and other devices and dtypes, not measured) one
+    ``torch.argmax``.
     """
     settings = performance()
-    chunk = settings.argmax_chunk
     if (
         x.device.type != "cpu"
         or x.dtype != torch.float32
         or x.dim() == 0
-        or x.size(-1) < chunk
+        or x.size(-1) < settings.argmax_chunk
         or x.numel() < settings.chunked_argmax_min_elements
     ):
         return torch.argmax(x, dim=-1)
+    return chunked_argmax(x, settings.argmax_chunk)
+
+
+def chunked_argmax(x: Tensor, chunk: int) -> Tensor:
+    """``torch.argmax(x, dim=-1)`` of ``x`` (..., V), V ≥ ``chunk``, through the maxima of the
+    :func:`windows` of about ``chunk`` elements that cover each row.
+
+    Why it is exact: the windows cover the row in order, so the first window whose maximum is
+    the row's (the ``argmax`` of the window maxima: the first of equals, or the first NaN, as
+    ``amax`` passes NaN on) holds the row's first maximal element p. Every element before that
+    window's start lies in an earlier window, whose maximum is smaller, so p lies at or after
+    its start; the window holds a maximal element q ≥ p, so it holds p too, and ``argmax``
+    within the window finds p.
+    """
     vocab = x.size(-1)
     stride, width = windows(vocab, chunk)
     rows = x.reshape(-1, vocab)  # (..., V) -> (B, V); a view where the strides allow
