@@ -47,11 +47,11 @@ def _log_probs(rows: int, vocab: int) -> Tensor:
     return torch.randn(rows, vocab).log_softmax(dim=-1)
 
 
-def _argmaxes(x: Tensor, chunks: list[int]) -> dict[str, Callable[[], Tensor]]:
+def _argmaxes(x: Tensor, chunks: list[int]) -> dict[str, Callable[[], object]]:
     """The calls timed on one input: argmax, amax, first_argmax, chunked_argmax per chunk."""
     from aiayn.decoding.argmax import chunked_argmax, first_argmax
 
-    def chunked(c: int) -> Callable[[], Tensor]:
+    def chunked(c: int) -> Callable[[], object]:
         return lambda: chunked_argmax(x, c)
 
     return {
@@ -69,7 +69,7 @@ def step_shapes(chunks: list[int], repeats: int) -> tuple[list[dict[str, Any]], 
         x = _log_probs(rows, vocab)
         fns = _argmaxes(x, chunks)
         for name, fn in fns.items():
-            assert name == "torch.amax" or torch.equal(fn(), x.argmax(-1)), name
+            assert name == "torch.amax" or torch.equal(fn(), x.argmax(-1)), name  # type: ignore[arg-type]
         n = max(20, repeats // max(1, rows // 8))
         with torch.inference_mode():  # as greedy search runs
             stats = {k: spread(v) for k, v in time_interleaved(fns, n).items()}
@@ -109,7 +109,8 @@ def _greedy(rows: int, steps: int) -> Callable[[], list[list[int]]]:
     def step(tokens: Tensor, state: Any) -> tuple[Tensor, Any]:
         return log_probs, state
 
-    return lambda: greedy_search(step, None, bos_id=1, eos_id=2, max_len=steps, batch_size=rows)
+    state: Any = None  # never looked at
+    return lambda: greedy_search(step, state, bos_id=1, eos_id=2, max_len=steps, batch_size=rows)
 
 
 def loop_cost(steps: int, repeats: int) -> tuple[list[dict[str, Any]], list[str]]:
