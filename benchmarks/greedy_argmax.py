@@ -10,8 +10,8 @@ Times, interleaved round by round (``_common.time_interleaved``), on rows of log
   pass over the same elements, the floor), :func:`~aiayn.decoding.argmax.first_argmax` with the
   settings in force and :func:`~aiayn.decoding.argmax.chunked_argmax` at each of ``--chunks``:
   what sets :attr:`~aiayn.settings.PerformanceSettings.argmax_chunk`;
-- smaller inputs, ``torch.argmax`` against ``chunked_argmax``: where the chunked search starts
-  to win sets :attr:`~aiayn.settings.PerformanceSettings.chunked_argmax_min_elements`;
+- shorter rows, ``torch.argmax`` against ``chunked_argmax``: the row length from which the
+  chunked search wins sets :attr:`~aiayn.settings.PerformanceSettings.chunked_argmax_min_vocab`;
 - :func:`~aiayn.decoding.greedy.greedy_search` over a step function that returns the same
   (B, 16) log-probabilities each time (no sentence ends before its limit of ``--steps``
   tokens), so that only the loop's own work is timed: µs per step. ``--loop-only`` times this
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, fmt, machine, spread, time_interleaved, write_report
 
 STEP_SHAPES = ((1, 58101), (4, 58101), (32, 58101), (128, 58101), (1, 32128), (1, 50257))
-SMALL_SHAPES = ((1, 1024), (1, 4096), (1, 8192), (1, 16384), (4, 2048), (4, 4096), (16, 1024))
+SMALL_SHAPES = tuple((b, v) for v in (2048, 4096, 8192, 16384, 24576) for b in (1, 4, 32))
 LOOP_ROWS = (1, 32)
 
 
@@ -82,7 +82,7 @@ def step_shapes(chunks: list[int], repeats: int) -> tuple[list[dict[str, Any]], 
 
 
 def small_shapes(chunk: int, repeats: int) -> tuple[list[dict[str, Any]], list[str]]:
-    """torch.argmax against chunked_argmax on inputs of a few thousand elements."""
+    """torch.argmax against chunked_argmax on rows of a few thousand elements."""
     results, lines = [], []
     for rows, vocab in SMALL_SHAPES:
         every = _argmaxes(_log_probs(rows, vocab), [chunk])
@@ -152,13 +152,13 @@ def main() -> None:
         "",
         f"`{command_line()}` — {info['cpu']}, {info['torch_threads']} threads, torch "
         f"{info['torch']}; first_argmax with argmax_chunk={settings.argmax_chunk}, "
-        f"chunked_argmax_min_elements={settings.chunked_argmax_min_elements:,}",
+        f"chunked_argmax_min_vocab={settings.chunked_argmax_min_vocab:,}",
         "",
         f"| shape | {' | '.join(names)} | argmax ÷ first_argmax |",
         "|---|" + "---:|" * (len(names) + 1),
         *step_lines,
         "",
-        f"Smaller inputs (medians), chunked_argmax at chunk {settings.argmax_chunk}:",
+        f"Shorter rows (medians), chunked_argmax at chunk {settings.argmax_chunk}:",
         "",
         "| shape | elements | torch.argmax | chunked | argmax ÷ chunked |",
         "|---|---:|---:|---:|---:|",

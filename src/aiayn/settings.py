@@ -57,8 +57,7 @@ class PerformanceSettings:
             (:func:`aiayn.decoding.argmax.first_argmax`) takes the maxima of windows of about
             this many elements (a stride between half of it and all of it), then ``argmax``
             within the first window holding the row's maximum.
-        chunked_argmax_min_elements: inputs (rows × vocabulary) of fewer elements, or rows
-            shorter than ``argmax_chunk``, take one ``torch.argmax``.
+        chunked_argmax_min_vocab: shorter rows (vocabularies) take one ``torch.argmax``.
     """
 
     explicit_attention_max_queries: int = 8
@@ -72,7 +71,7 @@ class PerformanceSettings:
     int8_native_max_rows: int = 1024
     int8_onednn_max_rows: int = 1 << 20
     argmax_chunk: int = 512
-    chunked_argmax_min_elements: int = 1 << 14
+    chunked_argmax_min_vocab: int = 1 << 14
 
 
 _current = PerformanceSettings()

@@ -20,7 +20,7 @@ CHUNKS = (8, performance().argmax_chunk)  # a small chunk: many windows; the def
 def same(x: Tensor, chunk: int) -> Tensor:
     """first_argmax of x on the chunked path (windows of about ``chunk``), checked against
     torch.argmax; returns it."""
-    with performance_settings(argmax_chunk=chunk, chunked_argmax_min_elements=0):
+    with performance_settings(argmax_chunk=chunk, chunked_argmax_min_vocab=0):
         got = first_argmax(x)
     want = torch.argmax(x, dim=-1)
     assert got.dtype == want.dtype and got.shape == want.shape
@@ -40,7 +40,7 @@ def test_small_rows_by_hand() -> None:
         ]
     )
     assert windows(11, 4) == (2, 3)  # windows [0, 3), [2, 5), [4, 7), [6, 9), [8, 11)
-    with performance_settings(argmax_chunk=4, chunked_argmax_min_elements=0):
+    with performance_settings(argmax_chunk=4, chunked_argmax_min_vocab=0):
         assert first_argmax(x).tolist() == [1, 0, 2, 7, 10, 0]
         assert first_argmax(x[3]).item() == 7  # one row, no batch dimension
     assert same(x, 4).tolist() == [1, 0, 2, 7, 10, 0]
@@ -129,11 +129,11 @@ def test_rows_shorter_than_a_chunk_and_other_inputs_take_torch_argmax() -> None:
     torch.manual_seed(0)
     for vocab in (1, 2, 7):
         x = torch.randn(3, vocab)
-        with performance_settings(argmax_chunk=8, chunked_argmax_min_elements=0):
+        with performance_settings(argmax_chunk=8, chunked_argmax_min_vocab=0):
             assert torch.equal(first_argmax(x), x.argmax(-1))
     for dtype in (torch.float64, torch.bfloat16, torch.float16, torch.int64):
         x = (torch.randn(3, 300) * 10).to(dtype)
-        with performance_settings(argmax_chunk=8, chunked_argmax_min_elements=0):
+        with performance_settings(argmax_chunk=8, chunked_argmax_min_vocab=0):
             assert torch.equal(first_argmax(x), x.argmax(-1))
     scalar = torch.tensor(3.0)
     assert torch.equal(first_argmax(scalar), torch.argmax(scalar, dim=-1))
@@ -158,8 +158,8 @@ def test_the_same_either_side_of_the_thresholds() -> None:
     torch.manual_seed(0)
     x = torch.randn(4, 58101).log_softmax(-1)
     x[1, 3] = x[1, 40000] = 1.0
-    whole = {"chunked_argmax_min_elements": 1 << 40}
-    for settings in (whole, {"chunked_argmax_min_elements": 0}, {}):
+    whole = {"chunked_argmax_min_vocab": 1 << 40}
+    for settings in (whole, {"chunked_argmax_min_vocab": 0}, {}):
         with performance_settings(**settings):
             assert first_argmax(x).tolist() == x.argmax(-1).tolist()
             assert first_argmax(x)[1].item() == 3

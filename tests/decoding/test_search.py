@@ -214,7 +214,7 @@ def test_greedy_search_by_hand(least: int) -> None:
 
     def greedy(choices: list[list[int]], **kw: object) -> tuple[list[list[int]], int]:
         replay = _Replay(choices, vocab=700)  # longer than a chunk of the chunked argmax
-        with performance_settings(chunked_argmax_min_elements=least):
+        with performance_settings(chunked_argmax_min_vocab=least):
             out = greedy_search(replay, None, bos_id=BOS, eos_id=EOS, batch_size=3, **kw)  # type: ignore[arg-type]
         return out, replay.steps
 

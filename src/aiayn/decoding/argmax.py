@@ -56,19 +56,17 @@ def first_argmax(x: Tensor) -> Tensor:
     a row holding NaN gives its first NaN's index (``argmax`` counts NaN above everything); a
     row of −inf gives 0.
 
-    On CPU, fp32 inputs of at least
-    :attr:`~aiayn.settings.PerformanceSettings.chunked_argmax_min_elements` elements whose rows
-    are at least :attr:`~aiayn.settings.PerformanceSettings.argmax_chunk` long take
-    :func:`chunked_argmax`; others (and other devices and dtypes, not measured) one
-    ``torch.argmax``.
+    On CPU, fp32 rows of at least
+    :attr:`~aiayn.settings.PerformanceSettings.chunked_argmax_min_vocab` elements (and at least
+    :attr:`~aiayn.settings.PerformanceSettings.argmax_chunk`) take :func:`chunked_argmax`;
+    shorter rows, other devices and other dtypes (not measured) one ``torch.argmax``.
     """
     settings = performance()
     if (
-        x.device.type != "cpu"
+        not x.is_cpu
         or x.dtype != torch.float32
         or x.dim() == 0
-        or x.size(-1) < settings.argmax_chunk
-        or x.numel() < settings.chunked_argmax_min_elements
+        or x.size(-1) < max(settings.argmax_chunk, settings.chunked_argmax_min_vocab)
     ):
         return torch.argmax(x, dim=-1)
     return chunked_argmax(x, settings.argmax_chunk)
@@ -87,7 +85,8 @@ def chunked_argmax(x: Tensor, chunk: int) -> Tensor:
     """
     vocab = x.size(-1)
     stride, width = windows(vocab, chunk)
-    rows = x.reshape(-1, vocab)  # (..., V) -> (B, V); a view where the strides allow
+    flat = x.dim() == 2  # (B, V) already, as a step gives it
+    rows = x if flat else x.reshape(-1, vocab)  # (..., V) -> (B, V); a view where it can be
     b = rows.size(0)
     spans = rows.unfold(1, width, stride)  # (B, V) -> (B, N, W), overlapping views
     best = spans.amax(dim=2).argmax(dim=1)  # (B, N) -> (B,) first window with the row's max
@@ -97,4 +96,4 @@ def chunked_argmax(x: Tensor, chunk: int) -> Tensor:
     else:
         picked = spans.gather(1, best.view(b, 1, 1).expand(b, 1, width))  # (B, 1, W)
         found = picked.argmax(dim=2).squeeze(1).add_(best, alpha=stride)  # (B, 1, W) -> (B,)
-    return found.view(x.shape[:-1])  # (B,) -> (...)
+    return found if flat else found.view(x.shape[:-1])  # (B,) -> (...)
