@@ -1,7 +1,7 @@
 """Benchmark: greedy search's choice of the next token on CPU, and its loop's own cost.
 
     python benchmarks/greedy_argmax.py [--threads 2] [--repeats 300] [--chunks 128,256,512,1024]
-    python benchmarks/greedy_argmax.py --loop-only [--steps 64]
+    python benchmarks/greedy_argmax.py --loop-only [--steps 64] [--loop-baseline PATH]
 
 Times, interleaved round by round (``_common.time_interleaved``), on rows of log-probabilities:
 
@@ -14,9 +14,10 @@ Times, interleaved round by round (``_common.time_interleaved``), on rows of log
   chunked search wins sets :attr:`~aiayn.settings.PerformanceSettings.chunked_argmax_min_vocab`;
 - :func:`~aiayn.decoding.greedy.greedy_search` over a step function that returns the same
   (B, 16) log-probabilities each time (no sentence ends before its limit of ``--steps``
-  tokens), so that only the loop's own work is timed: µs per step. ``--loop-only`` times this
-  part alone and imports nothing else from aiayn, so that the same command under another
-  checkout's ``PYTHONPATH`` times that checkout's loop.
+  tokens), so that only the loop's own work is timed: µs per step; with ``--loop-baseline
+  PATH``, also (interleaved) the ``greedy_search`` of another checkout's
+  ``src/aiayn/decoding/greedy.py`` at PATH, loaded as a module of its own (it imports the rest
+  of aiayn from this checkout). ``--loop-only`` times this part alone.
 
 Medians in µs (min–max in brackets for the step shapes). Writes
 docs/results/greedy_argmax.{json,md} (not with ``--loop-only``, which only prints).
@@ -25,6 +26,7 @@ docs/results/greedy_argmax.{json,md} (not with ``--loop-only``, which only print
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 from collections.abc import Callable
@@ -98,11 +100,25 @@ def small_shapes(chunk: int, repeats: int) -> tuple[list[dict[str, Any]], list[s
     return results, lines
 
 
-def _greedy(rows: int, steps: int) -> Callable[[], list[list[int]]]:
-    """greedy_search of ``rows`` sentences over a step function that returns the same
-    log-probabilities every time: token 7, never EOS, so every sentence runs to ``steps``."""
-    from aiayn.decoding import greedy_search
+def _load_greedy(path: str | None) -> Callable[..., list[list[int]]]:
+    """greedy_search of this checkout, or of the greedy.py at ``path``."""
+    if path is None:
+        from aiayn.decoding import greedy_search
 
+        return greedy_search
+    spec = importlib.util.spec_from_file_location("baseline_greedy", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    greedy: Callable[..., list[list[int]]] = module.greedy_search
+    return greedy
+
+
+def _greedy(rows: int, steps: int, path: str | None) -> Callable[[], list[list[int]]]:
+    """greedy_search (this checkout's, or the greedy.py at ``path``) of ``rows`` sentences over a
+    step function that returns the same log-probabilities every time: token 7, never EOS, so
+    every sentence runs to ``steps``."""
+    greedy_search = _load_greedy(path)
     log_probs = torch.full((rows, 16), -5.0)  # (B, V)
     log_probs[:, 7] = -0.1
 
@@ -113,16 +129,24 @@ def _greedy(rows: int, steps: int) -> Callable[[], list[list[int]]]:
     return lambda: greedy_search(step, state, bos_id=1, eos_id=2, max_len=steps, batch_size=rows)
 
 
-def loop_cost(steps: int, repeats: int) -> tuple[list[dict[str, Any]], list[str]]:
-    """µs per step of greedy_search's loop over a step function that does nothing."""
+def loop_cost(
+    steps: int, repeats: int, baseline: str | None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """µs per step of greedy_search's loop (and the baseline's) over a step that does nothing."""
     results, lines = [], []
     for rows in LOOP_ROWS:
-        run = _greedy(rows, steps)
-        assert run() == [[7] * steps] * rows
-        times = time_interleaved({"loop": run}, repeats)["loop"]
-        per_step = statistics.median(times) / steps * 1e6
+        fns = {"this checkout": _greedy(rows, steps, None)}
+        if baseline is not None:
+            fns["baseline"] = _greedy(rows, steps, baseline)
+        for run in fns.values():
+            assert run() == [[7] * steps] * rows
+        per_step = {
+            k: statistics.median(v) / steps * 1e6
+            for k, v in time_interleaved(fns, repeats).items()  # type: ignore[arg-type]
+        }
         results.append({"rows": rows, "steps": steps, "us_per_step": per_step})
-        lines.append(f"| {rows} | {steps} | {per_step:.2f} |")
+        cells = " | ".join(f"{v:.2f}" for v in per_step.values())
+        lines.append(f"| {rows} | {steps} | {cells} |")
         print(lines[-1], flush=True)
     return results, lines
 
@@ -134,9 +158,10 @@ def main() -> None:
     parser.add_argument("--chunks", default="128,256,512,1024")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--loop-only", action="store_true")
+    parser.add_argument("--loop-baseline", help="another checkout's decoding/greedy.py")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loop, loop_lines = loop_cost(args.steps, max(20, args.repeats // 10))
+    loop, loop_lines = loop_cost(args.steps, max(20, args.repeats // 10), args.loop_baseline)
     if args.loop_only:
         return
     from aiayn.settings import performance
@@ -164,10 +189,11 @@ def main() -> None:
         "|---|---:|---:|---:|---:|",
         *small_lines,
         "",
-        "greedy_search's loop over a step that does nothing (µs per step):",
+        "greedy_search's loop over a step that does nothing (µs per step; baseline: "
+        f"{args.loop_baseline or 'none'}):",
         "",
-        "| rows | steps | µs per step |",
-        "|---:|---:|---:|",
+        "| rows | steps | µs per step |" + (" baseline |" if args.loop_baseline else ""),
+        "|---:|---:|---:|" + ("---:|" if args.loop_baseline else ""),
         *loop_lines,
     ]
     data = {"machine": info, "steps": steps, "small": small, "loop": loop}

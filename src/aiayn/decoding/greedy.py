@@ -41,6 +41,7 @@ def greedy_search(
     all_eos = torch.full((batch_size,), eos_id, dtype=torch.long, device=device)  # (B,)
     ends = set(limit.tolist())  # the steps at which some sentence reaches its limit
     last = max(ends)
+    several = batch_size > 1  # one sentence is never finished while it runs: nothing to mask
     for t in range(last + 1):  # every sentence has ended by step `last` (at its limit or before)
         if t in ends:  # these sentences are at their length limit: they end here
             finished |= limit == t
@@ -51,11 +52,13 @@ def greedy_search(
         if t < min_len:
             log_probs.select(1, eos_id).fill_(-torch.inf)  # (B,) column of EOS
         next_token = first_argmax(log_probs)  # (B,)
-        next_token.masked_fill_(finished, eos_id)  # finished sentences only repeat EOS
+        if several:
+            next_token.masked_fill_(finished, eos_id)  # finished sentences only repeat EOS
         outputs.append(next_token)
         if torch.equal(next_token, all_eos):  # every sentence has ended
             break
-        torch.eq(next_token, eos_id, out=finished)  # those ended before and those ending now
+        if several:
+            torch.eq(next_token, eos_id, out=finished)  # those ended before and ending now
         tokens = next_token.unsqueeze(1)  # (B,) -> (B, 1)
     rows = torch.stack(outputs, dim=1).tolist()  # (B, t)
     return [row[: row.index(eos_id)] if eos_id in row else row for row in rows]
