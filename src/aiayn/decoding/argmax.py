@@ -1,12 +1,12 @@
 """The index of the largest log-probability of each row, as ``torch.argmax(x, dim=-1)`` gives it,
-found in fewer passes on CPU: greedy search's choice of the next token.
+found mostly by vectorised passes on CPU: greedy search's choice of the next token.
 
-PyTorch's CPU ``argmax`` compares one element at a time (about 0.9 ns per element here), while
-its ``amax`` is vectorised (about 0.1 ns); over a vocabulary of tens of thousands, ``argmax`` is
-the dearest op of a greedy step outside the model (docs/performance.md, "Greedy search's
-argmax"). :func:`first_argmax` takes the maxima of windows that cover the row with ``amax``,
-the first window holding the largest of them with an ``argmax`` over the window maxima, and the
-index within that window with an ``argmax`` over its few hundred elements.
+PyTorch's CPU ``argmax`` compares one element at a time, while its ``amax`` is vectorised; over
+a vocabulary of tens of thousands, ``argmax`` takes several times as long as ``amax``
+(docs/performance.md, "Greedy search's argmax"). :func:`first_argmax` takes the maxima of
+windows that cover the row with ``amax``, the first window holding the largest of them with an
+``argmax`` over the window maxima, and the index within that window with an ``argmax`` over its
+few hundred elements.
 
 Shape legend:  B rows (all leading dimensions together)   V vocabulary
                N windows per row   W elements per window
