@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -151,6 +152,10 @@ def loop_cost(
     return results, lines
 
 
+def _loads(loads: tuple[float, float, float]) -> str:
+    return " ".join(f"{v:.2f}" for v in loads)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -161,6 +166,7 @@ def main() -> None:
     parser.add_argument("--loop-baseline", help="another checkout's decoding/greedy.py")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()  # the machine may be shared: what else ran
     loop, loop_lines = loop_cost(args.steps, max(20, args.repeats // 10), args.loop_baseline)
     if args.loop_only:
         return
@@ -171,13 +177,15 @@ def main() -> None:
     steps, step_lines = step_shapes(chunks, args.repeats)
     small, small_lines = small_shapes(settings.argmax_chunk, args.repeats)
     info = machine()
+    load = {"before": load_before, "after": os.getloadavg()}
     names = ["torch.argmax", "torch.amax", "first_argmax", *(f"chunk {c}" for c in chunks)]
     md = [
         "# Greedy search's argmax on CPU (µs per call: median (min–max))",
         "",
         f"`{command_line()}` — {info['cpu']}, {info['torch_threads']} threads, torch "
         f"{info['torch']}; first_argmax with argmax_chunk={settings.argmax_chunk}, "
-        f"chunked_argmax_min_vocab={settings.chunked_argmax_min_vocab:,}",
+        f"chunked_argmax_min_vocab={settings.chunked_argmax_min_vocab:,}; load average (1, 5, "
+        f"15 min) {_loads(load['before'])} before, {_loads(load['after'])} after",
         "",
         f"| shape | {' | '.join(names)} | argmax ÷ first_argmax |",
         "|---|" + "---:|" * (len(names) + 1),
@@ -196,7 +204,7 @@ def main() -> None:
         "|---:|---:|---:|" + ("---:|" if args.loop_baseline else ""),
         *loop_lines,
     ]
-    data = {"machine": info, "steps": steps, "small": small, "loop": loop}
+    data = {"machine": info, "load_average": load, "steps": steps, "small": small, "loop": loop}
     print(write_report("greedy_argmax", data, md))
 
 

@@ -150,7 +150,9 @@ def test_non_contiguous_and_many_leading_dimensions(chunk: int) -> None:
     assert same(wide.t()[:3000].t(), chunk).tolist() == [1500] * 6  # transposed twice
     cols = torch.randn(3000, 5).t()  # (5, 3000), elements 5 apart
     same(cols, chunk)
+    same(torch.randn(1, 3000).expand(4, 3000), chunk)  # one row seen 4 times (stride 0)
     same(torch.randn(2, 3, 1500), chunk)  # (2, 3, V) -> (2, 3)
+    same(torch.randn(3, 2, 1500).transpose(0, 1), chunk)  # leading dimensions not a view
     same(torch.randn(1500), chunk)  # (V,) -> ()
 
 
