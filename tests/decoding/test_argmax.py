@@ -165,3 +165,12 @@ def test_the_same_either_side_of_the_thresholds() -> None:
         with performance_settings(**settings):
             assert first_argmax(x).tolist() == x.argmax(-1).tolist()
             assert first_argmax(x)[1].item() == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_off_cpu_it_is_torch_argmax() -> None:
+    x = torch.randn(4, 58101, device="cuda")
+    x[:, 7] = x[:, 40000] = 9.0  # tied maxima: the first
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        got = first_argmax(x.to(dtype))
+        assert got.device == x.device and got.tolist() == [7] * 4
