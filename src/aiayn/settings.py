@@ -58,6 +58,11 @@ class PerformanceSettings:
             (:mod:`aiayn.layers.native`) where it runs, more rows on oneDNN's; 0: never (and
             :class:`~aiayn.inference.kernels.PackedLinear` then keeps no copy of the weight in
             its layout).
+        argmax_chunk: greedy search's choice of the next token on CPU
+            (:func:`aiayn.decoding.argmax.first_argmax`) takes the maxima of windows of about
+            this many elements (a stride between half of it and all of it), then ``argmax``
+            within the first window holding the row's maximum.
+        chunked_argmax_min_vocab: shorter rows (vocabularies) take one ``torch.argmax``.
     """
 
     explicit_attention_max_queries: int = 8
@@ -71,6 +76,8 @@ class PerformanceSettings:
     int8_native_max_rows: int = 1024
     int8_onednn_max_rows: int = 1 << 20
     fp32_native_max_rows: int = 4
+    argmax_chunk: int = 512
+    chunked_argmax_min_vocab: int = 1 << 14
 
 
 _current = PerformanceSettings()

@@ -29,6 +29,7 @@ from aiayn.decoding import (
 from aiayn.decoding.beam import top_candidates
 from aiayn.decoding.step import DecoderState, banned_log_probs
 from aiayn.models import Transformer
+from aiayn.settings import performance_settings
 
 PAD, BOS, EOS = 0, 1, 2
 MakeStep = Callable[[Transformer, torch.Tensor], tuple[StepFunction, DecoderState]]
@@ -184,6 +185,45 @@ def test_min_len_and_max_len_are_respected(make_step: MakeStep) -> None:
     step, state = make_step(model, src)
     out = greedy_search(step, state, bos_id=BOS, eos_id=EOS, max_len=6, min_len=6, batch_size=3)
     assert [len(o) for o in out] == [6, 6, 6]
+
+
+class _Replay:
+    """A step function replaying scripted choices: at step t, row b's most probable token is
+    ``choices[t][b]`` (ties with it at every larger id, so that the first must win), EOS the
+    second best; it counts the steps it ran. Its state is never looked at."""
+
+    def __init__(self, choices: list[list[int]], vocab: int) -> None:
+        self.choices, self.vocab, self.steps = choices, vocab, 0
+
+    def __call__(
+        self, tokens: torch.Tensor, state: DecoderState
+    ) -> tuple[torch.Tensor, DecoderState]:
+        best = torch.tensor(self.choices[self.steps])  # (B,)
+        ids = torch.arange(self.vocab)  # (V,)
+        log_probs = torch.where(ids >= best[:, None], -1.0, -9.0)  # (B, V): ties from best on
+        log_probs[:, EOS] = torch.where(best == EOS, -1.0, -5.0)  # EOS second unless chosen
+        self.steps += 1
+        return log_probs, state
+
+
+@pytest.mark.parametrize("least", [1 << 40, 0], ids=["torch.argmax", "chunked argmax"])
+def test_greedy_search_by_hand(least: int) -> None:
+    """Scripted choices: rows 0 and 1 say EOS at step 1, row 2 runs into its limit of 3 tokens,
+    where the search stops without a fourth step; min_len=1 bans EOS at step 0, so the first id
+    tied with it after it wins; ties go to the first id."""
+
+    def greedy(choices: list[list[int]], **kw: object) -> tuple[list[list[int]], int]:
+        replay = _Replay(choices, vocab=700)  # longer than a chunk of the chunked argmax
+        with performance_settings(chunked_argmax_min_vocab=least):
+            out = greedy_search(replay, None, bos_id=BOS, eos_id=EOS, batch_size=3, **kw)  # type: ignore[arg-type]
+        return out, replay.steps
+
+    limits = torch.tensor([9, 9, 3])
+    choices = [[4, 3, 5], [2, 2, 3], [3, 3, 5], [4, 4, 4]]
+    assert greedy(choices, max_len=limits) == ([[4], [3], [5, 3, 5]], 3)
+    choices = [[2, 2, 2], [4, 2, 2], [2, 5, 5]]  # EOS chosen at step 0, where it is banned
+    assert greedy(choices, max_len=5, min_len=1) == ([[3, 4], [3], [3]], 3)
+    assert greedy([[5, 5, 5]] * 4, max_len=4) == ([[5] * 4] * 3, 4)  # no fifth step
 
 
 @pytest.mark.parametrize("rows", [3, 1], ids=["padded", "unpadded: no source mask applied"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from aiayn.decoding.argmax import first_argmax
 from aiayn.decoding.step import DecoderState, StepFunction
 
 
@@ -37,23 +38,27 @@ def greedy_search(
     tokens = torch.full((batch_size, 1), bos_id, dtype=torch.long, device=device)  # (B, 1)
     outputs = []
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
+    all_eos = torch.full((batch_size,), eos_id, dtype=torch.long, device=device)  # (B,)
     ends = set(limit.tolist())  # the steps at which some sentence reaches its limit
     last = max(ends)
-    for t in range(last + 1):
-        if t == last:  # every sentence ends here (at its limit or before): EOS, no step run
-            outputs.append(torch.full_like(finished, eos_id, dtype=torch.long))
-            break
+    several = batch_size > 1  # one sentence is never finished while it runs: nothing to mask
+    for t in range(last + 1):  # every sentence has ended by step `last` (at its limit or before)
+        if t in ends:  # these sentences are at their length limit: they end here
+            finished |= limit == t
+            if bool(finished.all()):  # every sentence has ended: EOS, no step run
+                outputs.append(all_eos)
+                break
         log_probs, state = step(tokens, state)  # (B, V)
         if t < min_len:
             log_probs.select(1, eos_id).fill_(-torch.inf)  # (B,) column of EOS
-        next_token = log_probs.argmax(dim=-1)  # (B,)
-        if t in ends:  # these sentences are at their length limit: they end here
-            finished |= limit == t
-        next_token.masked_fill_(finished, eos_id)  # finished sentences only repeat EOS
+        next_token = first_argmax(log_probs)  # (B,)
+        if several:
+            next_token.masked_fill_(finished, eos_id)  # finished sentences only repeat EOS
         outputs.append(next_token)
-        finished |= next_token == eos_id
-        if bool(finished.all()):
+        if torch.equal(next_token, all_eos):  # every sentence has ended
             break
-        tokens = next_token[:, None]  # (B, 1)
+        if several:
+            torch.eq(next_token, eos_id, out=finished)  # those ended before and ending now
+        tokens = next_token.unsqueeze(1)  # (B,) -> (B, 1)
     rows = torch.stack(outputs, dim=1).tolist()  # (B, t)
     return [row[: row.index(eos_id)] if eos_id in row else row for row in rows]

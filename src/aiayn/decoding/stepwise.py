@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from aiayn.decoding.argmax import first_argmax
 from aiayn.decoding.sampling import filter_logits
 from aiayn.decoding.step import DecoderState, StepFunction
 
@@ -140,7 +141,7 @@ class SteppedSearch:
             if any(early):
                 ban = torch.tensor(early, device=log_probs.device)  # (B,)
                 log_probs[:, self.eos_id].masked_fill_(ban, -torch.inf)
-            return log_probs.argmax(dim=-1)
+            return first_argmax(log_probs)  # (B,)
         s = self.sampling
         logits = log_probs.float() / s.temperature
         if any(early):
