@@ -38,6 +38,14 @@ def native_attention() -> Any | None:
     return _load()
 
 
+@functools.cache
+def native_attend() -> Any | None:
+    """The ``attend`` operation itself (its one overload, resolved once), or None where the
+    kernel does not run here."""
+    ops = _load()
+    return None if ops is None else ops.attend.default
+
+
 def native_attention_unavailable() -> str | None:
     """Why the native kernel does not run here, or None when it does."""
     return None if _load() is not None else _why_not[-1]

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.attention.masks import Causal, Mask, mask_fill_value
-from aiayn.attention.native import native_attention
+from aiayn.attention.native import native_attend
 from aiayn.settings import performance
 
 
@@ -100,12 +100,14 @@ def _native(
     without gradients, T at most ``native_attention_max_queries``, a boolean mask, CAUSAL with
     one query (it sees every key) or none, and a float32 bias or none. Fully blocked rows come
     out as zeros from the kernel itself."""
-    cut = performance()
-    if query.dim() != 4 or query.size(2) > cut.native_attention_max_queries:
+    attend, cut = native_attend(), performance()
+    if attend is None or query.ndim != 4 or query.dtype is not torch.float32 or not query.is_cpu:
         return None
-    if not (query.dtype is key.dtype is value.dtype is torch.float32):
+    if query.size(2) > cut.native_attention_max_queries:
         return None
-    if not (query.is_cpu and key.is_cpu and value.is_cpu):
+    if key.dtype is not torch.float32 or value.dtype is not torch.float32:
+        return None
+    if not (key.is_cpu and value.is_cpu):
         return None
     if torch.is_grad_enabled() and (
         query.requires_grad
@@ -122,10 +124,7 @@ def _native(
         return None
     if bias is not None and (bias.dtype is not torch.float32 or not bias.is_cpu):
         return None
-    ops = native_attention()
-    if ops is None:
-        return None
-    return ops.attend.default(  # (B, H, T, d_v)
+    return attend(  # (B, H, T, d_v)
         query, key, value, mask, bias, scale, cut.native_attention_min_parallel_macs
     )
 

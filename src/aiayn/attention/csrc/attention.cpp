@@ -41,7 +41,7 @@ bool cpu_supported() {
   return __builtin_cpu_supports("avx512f");
 }
 
-#define AVX512 __attribute__((target("avx512f")))
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
 
 // The lanes of a vector that hold the `left` elements still to do: all 16 when 16 or more
 // are left, none when none is.
@@ -87,24 +87,32 @@ struct Problem {
   bool divide;  // scores / scale (the paper's √d) rather than scores · scale
 };
 
-// raw[j] = q · k_j for the S keys, four keys at a time (independent sums).
+// The sums of the 16 lanes of each of a[0..8): (Σ a[0], ..., Σ a[7]) by a tree of adds.
+AVX512 inline __m256 sums_of_eight(const __m512 (&a)[8]) {
+  __m256 half[8];
+  for (int i = 0; i < 8; ++i)  // 16 lanes -> 8: low half + high half
+    half[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]),
+                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[i]), 1)));
+  const __m256 h01 = _mm256_hadd_ps(half[0], half[1]), h23 = _mm256_hadd_ps(half[2], half[3]);
+  const __m256 h45 = _mm256_hadd_ps(half[4], half[5]), h67 = _mm256_hadd_ps(half[6], half[7]);
+  const __m256 lo = _mm256_hadd_ps(h01, h23), hi = _mm256_hadd_ps(h45, h67);  // 4 sums per 128
+  return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
+// raw[j] = q · k_j for the S keys (stride ks), eight keys at a time (independent sums).
 AVX512 void dots(const float* q, const float* k, int64_t ks, int64_t s, int64_t d, float* raw) {
   int64_t j = 0;
-  for (; j + 4 <= s; j += 4) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (; j + 8 <= s; j += 8) {
+    __m512 a[8];
+    for (int r = 0; r < 8; ++r) a[r] = _mm512_setzero_ps();
     const float* kj = k + j * ks;
     for (int64_t i = 0; i < d; i += kLanes) {
       const __mmask16 m = lanes(d - i);
       const __m512 qv = _mm512_maskz_loadu_ps(m, q + i);
-      a0 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kj + i), a0);
-      a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kj + ks + i), a1);
-      a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kj + 2 * ks + i), a2);
-      a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kj + 3 * ks + i), a3);
+      for (int r = 0; r < 8; ++r)
+        a[r] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kj + r * ks + i), a[r]);
     }
-    raw[j] = _mm512_reduce_add_ps(a0);
-    raw[j + 1] = _mm512_reduce_add_ps(a1);
-    raw[j + 2] = _mm512_reduce_add_ps(a2);
-    raw[j + 3] = _mm512_reduce_add_ps(a3);
+    _mm256_storeu_ps(raw + j, sums_of_eight(a));
   }
   for (; j < s; ++j) {
     __m512 a = _mm512_setzero_ps();
@@ -156,26 +164,31 @@ AVX512 void softmax(float* x, int64_t s) {
   }
 }
 
-// out = Σ_j w[j] v_j over the S values (stride vs), 64 columns at a time; zero weights skipped.
+// acc[c] += w · v[c · 16 ..] for the `live` columns' vectors (masks m).
+AVX512 inline void add_weighted(__m512 (&acc)[4], float w, const float* v,
+                                const __mmask16 (&m)[4]) {
+  const __m512 wv = _mm512_set1_ps(w);
+  for (int c = 0; c < 4; ++c)
+    if (m[c]) acc[c] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m[c], v + c * kLanes), acc[c]);
+}
+
+// out = Σ_j w[j] v_j over the S values (stride vs), 64 columns at a time, even and odd keys in
+// separate sums (two independent chains), added at the end; zero weights skipped.
 AVX512 void weighted_sum(const float* w, const float* v, int64_t vs, int64_t s, int64_t dv,
                          float* out) {
   for (int64_t c = 0; c < dv; c += 4 * kLanes) {
-    const __mmask16 m0 = lanes(dv - c), m1 = lanes(dv - c - kLanes);
-    const __mmask16 m2 = lanes(dv - c - 2 * kLanes), m3 = lanes(dv - c - 3 * kLanes);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t j = 0; j < s; ++j) {
-      if (w[j] == 0.0f) continue;
-      const __m512 wj = _mm512_set1_ps(w[j]);
-      const float* vj = v + j * vs + c;
-      a0 = _mm512_fmadd_ps(wj, _mm512_maskz_loadu_ps(m0, vj), a0);
-      if (m1) a1 = _mm512_fmadd_ps(wj, _mm512_maskz_loadu_ps(m1, vj + kLanes), a1);
-      if (m2) a2 = _mm512_fmadd_ps(wj, _mm512_maskz_loadu_ps(m2, vj + 2 * kLanes), a2);
-      if (m3) a3 = _mm512_fmadd_ps(wj, _mm512_maskz_loadu_ps(m3, vj + 3 * kLanes), a3);
+    const __mmask16 m[4] = {lanes(dv - c), lanes(dv - c - kLanes), lanes(dv - c - 2 * kLanes),
+                            lanes(dv - c - 3 * kLanes)};
+    __m512 even[4], odd[4];
+    for (int i = 0; i < 4; ++i) even[i] = odd[i] = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 2 <= s; j += 2) {
+      if (w[j] != 0.0f) add_weighted(even, w[j], v + j * vs + c, m);
+      if (w[j + 1] != 0.0f) add_weighted(odd, w[j + 1], v + (j + 1) * vs + c, m);
     }
-    _mm512_mask_storeu_ps(out + c, m0, a0);
-    if (m1) _mm512_mask_storeu_ps(out + c + kLanes, m1, a1);
-    if (m2) _mm512_mask_storeu_ps(out + c + 2 * kLanes, m2, a2);
-    if (m3) _mm512_mask_storeu_ps(out + c + 3 * kLanes, m3, a3);
+    if (j < s && w[j] != 0.0f) add_weighted(even, w[j], v + j * vs + c, m);
+    for (int i = 0; i < 4; ++i)
+      if (m[i]) _mm512_mask_storeu_ps(out + c + i * kLanes, m[i], _mm512_add_ps(even[i], odd[i]));
   }
 }
 
