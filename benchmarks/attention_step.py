@@ -1,12 +1,15 @@
 """Benchmark: attention at the shapes of a decoding step, aiayn's kernel against PyTorch's.
 
-    python benchmarks/attention_step.py [--threads 2] [--rounds 300] [--inner 20]
+    python benchmarks/attention_step.py [--threads 2] [--rounds 100] [--batch-us 500]
+                                        [--decode-repeats 9] [--vocab-size 58101]
 
 Shapes (B, H, T, S, d_k = d_v) of a Marian-shaped decoder (8 heads of 64): one sentence
 greedy, self-attention over 8, 32 and 64 cached positions; its 4 beams folded into 4 queries
-over a 20-token source; batches of 32 and 128 sentences over 40 keys; 8 sentences' beams folded.
-Each shape is timed, interleaved round by round (one batch of ``--inner`` calls per kernel per
-round, median over ``--rounds``):
+over a 20-token source; batches of 32 and 128 sentences over 40 keys; 8 sentences' beams
+folded; then longer queries (8 to 128), where the query-length cut-off
+(:attr:`~aiayn.settings.PerformanceSettings.native_attention_max_queries`) is chosen. Each shape
+is timed, interleaved round by round (one batch of calls per kernel per round, as many as take
+about ``--batch-us`` µs; median over ``--rounds``):
 
 - aiayn's kernel (:mod:`aiayn.attention.native`) on the calling thread, and with the heads
   shared over the threads (a ``min_parallel_macs`` of 0);
@@ -16,13 +19,20 @@ round, median over ``--rounds``):
   are (aiayn's kernel where it runs) and with ``native_attention_max_queries=0`` (the fused or
   explicit choice it made before the kernel existed).
 
-No mask, no bias (the decode step of one sentence). Medians in µs per call. Writes
-docs/results/attention_step.{json,md}.
+No mask, no bias (the decode step of one sentence). Medians in µs per call.
+
+Then whole decodes, to see the kernel's share of a token: greedy decoding of one 24-token
+source to exactly 64 tokens by a Marian-shaped model (the ``base`` preset: 6 + 6 layers,
+d_model 512, 8 heads of 64; OPUS-MT's vocabulary size; random weights), as ``aiayn translate``
+runs it on CPU (``pack_for_inference``), in fp32 and in int8 (``quantize_model``), with the
+settings as they are and with ``native_attention_max_queries=0``, interleaved; ms per token
+(``--decode-repeats 0``: skipped). Writes docs/results/attention_step.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -38,6 +48,12 @@ from _common import command_line, machine, write_report
 from aiayn.attention import scaled_dot_product_attention
 from aiayn.attention.native import native_attention, native_attention_unavailable
 from aiayn.attention.scaled_dot_product import _explicit_attention
+from aiayn.config import preset
+from aiayn.decoding import greedy_search, inference_step
+from aiayn.inference import pack_for_inference
+from aiayn.inference.quantize import quantize_model
+from aiayn.models import Transformer
+from aiayn.performance import keep_freed_memory
 from aiayn.settings import performance_settings
 
 SHAPES = [  # (B, H, T, S, d)
@@ -48,7 +64,16 @@ SHAPES = [  # (B, H, T, S, d)
     (32, 8, 1, 40, 64),
     (128, 8, 1, 40, 64),
     (8, 8, 4, 20, 64),
+    (1, 8, 8, 64, 64),
+    (1, 8, 16, 64, 64),
+    (1, 8, 32, 64, 64),
+    (8, 8, 16, 64, 64),
+    (8, 8, 32, 32, 64),
+    (1, 8, 64, 64, 64),
+    (1, 8, 128, 128, 64),
 ]
+BOS, EOS = 1, 2
+SRC_LEN, OUT_LEN = 24, 64
 SERIAL = 1 << 62  # a min_parallel_macs no call reaches
 OFF = {"native_attention_max_queries": 0}  # the paths aiayn had before its kernel
 
@@ -82,35 +107,76 @@ def _time(kernel: Kernel, inner: int) -> float:
         return (time.perf_counter() - start) / inner
 
 
-def interleaved(kernels: dict[str, Kernel], rounds: int, inner: int) -> dict[str, float]:
-    """Median µs per call of each kernel, timed in rounds (one batch of each per round)."""
-    for kernel in kernels.values():
-        _time(kernel, inner)  # warm-up
+def interleaved(kernels: dict[str, Kernel], rounds: int, batch_s: float) -> dict[str, float]:
+    """Median µs per call of each kernel, timed in rounds (one batch of each per round, of as
+    many calls as take about ``batch_s`` seconds by a warm-up batch of 3)."""
+    inner = {name: max(1, round(batch_s / _time(kernel, 3))) for name, kernel in kernels.items()}
     times: dict[str, list[float]] = {name: [] for name in kernels}
     for _ in range(rounds):
         for name, kernel in kernels.items():
-            times[name].append(_time(kernel, inner))
+            times[name].append(_time(kernel, inner[name]))
     return {name: statistics.median(ts) * 1e6 for name, ts in times.items()}
+
+
+def decodes(repeats: int, vocab_size: int) -> dict[str, float]:
+    """Median ms per token of greedy decoding by a Marian-shaped model, fp32 and int8, with
+    aiayn's attention kernel and without, interleaved."""
+    torch.manual_seed(0)
+    plain = Transformer(preset("base", vocab_size=vocab_size, dropout=0.0)).eval()
+    models = {
+        "fp32": pack_for_inference(plain),
+        "int8": pack_for_inference(quantize_model(copy.deepcopy(plain), mode="int8")),
+    }
+    src = torch.randint(3, vocab_size, (1, SRC_LEN))
+    src[:, -1] = EOS
+
+    def run(model: Transformer) -> object:
+        step, state = inference_step(model, src)
+        return greedy_search(
+            step, state, bos_id=BOS, eos_id=EOS, max_len=OUT_LEN, min_len=OUT_LEN, batch_size=1
+        )
+
+    kernels: dict[str, Kernel] = {}
+    for name, model in models.items():
+        kernels[f"{name}, kernel"] = ((lambda m=model: run(m)), {})
+        kernels[f"{name}, kernel off"] = ((lambda m=model: run(m)), OFF)
+    med = interleaved(kernels, repeats, 0.0)  # one decode per batch
+    return {name: us / 1e3 / OUT_LEN for name, us in med.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=300)
-    parser.add_argument("--inner", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--batch-us", type=float, default=500.0)
+    parser.add_argument("--decode-repeats", type=int, default=9)
+    parser.add_argument("--vocab-size", type=int, default=58101)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
+    keep_freed_memory()  # as `aiayn translate` sets it on CPU
     why = native_attention_unavailable()
     rows, results, names = [], [], []
     for shape in SHAPES:
-        med = interleaved(_kernels(*shape), args.rounds, args.inner)
+        med = interleaved(_kernels(*shape), args.rounds, args.batch_us * 1e-6)
         names = list(med)
         results.append({"shape": list(shape), **med})
         speedup = med["aiayn SDPA, kernel off"] / med["aiayn SDPA"]
         cells = " | ".join(f"{med[n]:,.1f}" for n in names)
         rows.append(f"| {', '.join(map(str, shape))} | {cells} | {speedup:.2f}× |")
         print(rows[-1], flush=True)
+    per_token = decodes(args.decode_repeats, args.vocab_size) if args.decode_repeats else {}
+    decode_md = [
+        "",
+        f"Greedy decoding, batch 1, {SRC_LEN} → {OUT_LEN} tokens, `base` preset, vocabulary "
+        f"{args.vocab_size:,} (ms per token, median of {args.decode_repeats}):",
+        "",
+        "| model | kernel | kernel off | speed-up |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in ("fp32", "int8") if per_token else ():
+        on, off = per_token[f"{name}, kernel"], per_token[f"{name}, kernel off"]
+        decode_md.append(f"| {name} | {on:.3f} | {off:.3f} | {off / on:.3f}× |")
     info = machine()
     md = [
         "# Attention at decoding-step shapes (µs per call, median)",
@@ -121,8 +187,10 @@ def main() -> None:
         f"| B, H, T, S, d | {' | '.join(names)} | SDPA speed-up |",
         "|---|" + "---:|" * len(names) + "---:|",
         *rows,
+        *(decode_md if per_token else []),
     ]
-    print(write_report("attention_step", {"machine": info, "results": results}, md))
+    report = {"machine": info, "results": results, "decode_ms_per_token": per_token}
+    print(write_report("attention_step", report, md))
 
 
 if __name__ == "__main__":

@@ -53,14 +53,14 @@ class PerformanceSettings:
             kernel does not run) and up to this many run on oneDNN's ``qlinear_pointwise``,
             larger ones (or all, without oneDNN) on ``torch._int_mm``. All three sum
             exactly in int32 and scale in one order, so the choice changes no output.
-        native_attention_max_queries: attention without gradients on CPU in float32 with at
-            most this many queries T (decoding steps: T = 1, or a sentence's beams folded into
-            T queries) runs on aiayn's own kernel (:mod:`aiayn.attention.native`) where it
-            runs; 0 turns it off. Longer queries keep the choice between the fused kernel and
-            the plain ops above.
+        native_attention_max_queries: attention without gradients on CPU in float32 with
+            one query, or at most this many over more keys (T < S: a sentence's beams folded
+            into T queries over its source), runs on aiayn's own kernel
+            (:mod:`aiayn.attention.native`) where it runs; 0 turns it off. Other calls keep
+            the choice between the fused kernel and the plain ops above.
         native_attention_min_parallel_macs: that kernel shares the heads (B·H) out over threads
-            only when each thread gets at least this many multiply–adds (T·S·(d_k + d_v) per
-            head); smaller calls run on the calling thread.
+            from this many multiply–adds in a call (B·H·T·S·(d_k + d_v)), each thread getting
+            at least half of them; smaller calls run on the calling thread.
     """
 
     explicit_attention_max_queries: int = 8
@@ -73,7 +73,7 @@ class PerformanceSettings:
     chunked_topk_min_candidates: int = 1 << 14
     int8_native_max_rows: int = 1024
     int8_onednn_max_rows: int = 1 << 20
-    native_attention_max_queries: int = 8
+    native_attention_max_queries: int = 32
     native_attention_min_parallel_macs: int = 1 << 16
 
 

@@ -90,12 +90,13 @@ def _distance(x: torch.Tensor, exact: torch.Tensor) -> float:
 
 
 def _cases() -> Iterator[tuple[int, int, int, int, float | None]]:
-    """(T, S, d_k, d_v, scale): every query length taken by keys of 1, 2, 17 and 64 (one
-    vector, remainders of 8 keys and of 16 lanes), each with one of the nine pairs of a head
-    size (8, 64, and a d_v other than d_k) and a scale (None, 1, 0.3), in turn."""
+    """(T, S, d_k, d_v, scale): query lengths 1 to 8 and the longest ones taken, by keys of 1,
+    2, 17 and 64 (one vector, remainders of 8 keys and of 16 lanes), each with one of the nine
+    pairs of a head size (8, 64, and a d_v other than d_k) and a scale (None, 1, 0.3), in turn."""
     sizes = [(8, 8), (64, 64), (64, 24)]
     pairs = [(d, d_v, scale) for d, d_v in sizes for scale in (None, 1.0, 0.3)]
-    grid = [(t, s) for t in range(1, MAX_T + 1) for s in (1, 2, 17, 64)]
+    lengths = sorted({*range(1, min(8, MAX_T) + 1), MAX_T - 1, MAX_T} - {0})
+    grid = [(t, s) for t in lengths for s in (1, 2, 17, 64)]
     for i, (t, s) in enumerate(grid):
         d, d_v, scale = pairs[i % len(pairs)]
         yield t, s, d, d_v, scale
@@ -205,19 +206,21 @@ def test_decoding_calls_take_the_kernel_and_equal_the_reference(calls: list[int]
             assert weights is None and torch.isfinite(got).all()
             torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
     assert len(calls) == 4
-    grad_free = q.requires_grad_(False)  # grad mode on, but no operand needs a gradient
-    scaled_dot_product_attention(grad_free, k, v)
+    beams = torch.randn(2, 4, 3, 8)  # three queries over more keys: a sentence's beams
+    grad_free, _ = scaled_dot_product_attention(beams, k, v, mask)  # grad mode on, none needed
     assert len(calls) == 5
+    torch.testing.assert_close(grad_free, _reference(beams, k, v, mask), atol=1e-6, rtol=1e-5)
 
 
 def test_other_options_keep_the_other_paths(calls: list[int]) -> None:
     torch.manual_seed(4)
     q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8)
-    long_q = torch.randn(2, 4, MAX_T + 1, 8)
+    long_q, long_k = torch.randn(2, 4, MAX_T + 1, 8), torch.randn(2, 4, MAX_T + 8, 8)
     with torch.no_grad():
         scaled_dot_product_attention(q, k, v, need_weights=True)
         scaled_dot_product_attention(q, k, v, dropout_p=0.1)
-        scaled_dot_product_attention(long_q, k, v)
+        scaled_dot_product_attention(long_q, long_k, long_k)  # more queries than it takes
+        scaled_dot_product_attention(q, q, q)  # T = S: a whole sequence
         scaled_dot_product_attention(q.double(), k.double(), v.double())
         scaled_dot_product_attention(q, k, v, CAUSAL)  # T > 1: built or the causal kernel
         scaled_dot_product_attention(q, k, v, bias=torch.randn(1, 4, 3, 6).double())

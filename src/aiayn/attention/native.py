@@ -13,8 +13,9 @@ built or the CPU lacks AVX-512, :func:`native_attention` is None and attention r
 Shape legend:  B batch   H heads   T queries   S keys   d_k query/key size   d_v value size
 The operation ``attend(query (B, H, T, d_k), key (B, H, S, d_k), value (B, H, S, d_v), mask,
 bias, scale, min_parallel_macs) -> (B, H, T, d_v)``: mask bool and bias float32, each
-broadcastable to (B, H, T, S) or None; scale None = 1/√d_k; heads run on several threads when
-each thread gets at least ``min_parallel_macs`` multiply-adds.
+broadcastable to (B, H, T, S) or None; scale None = 1/√d_k; the heads run on several threads
+from ``min_parallel_macs`` multiply-adds in the call (B·H·T·S·(d_k + d_v)), each thread getting
+at least half of them.
 """
 
 from __future__ import annotations

@@ -96,14 +96,21 @@ def _native(
     query: Tensor, key: Tensor, value: Tensor, mask: Mask, bias: Tensor | None, scale: float | None
 ) -> Tensor | None:
     """Attention on aiayn's kernel (:mod:`aiayn.attention.native`), (B, H, T, d_v), for the
-    options it takes, else None (the caller's other paths run): float32 CPU operands (B, H, ·, ·)
-    without gradients, T at most ``native_attention_max_queries``, a boolean mask, CAUSAL with
-    one query (it sees every key) or none, and a float32 bias or none. Fully blocked rows come
-    out as zeros from the kernel itself."""
+    calls it takes, else None (the caller's other paths run): float32 CPU operands (B, H, ·, ·)
+    without gradients, the queries of a decoding step (one, or up to
+    ``native_attention_max_queries`` over more keys: a sentence's beams over its source, new
+    positions over a cache), a boolean mask, CAUSAL with one query (it sees every key) or none,
+    and a float32 bias or none. Fully blocked rows come out as zeros from the kernel itself.
+
+    Whole sequences (T = S: encoders, teacher forcing) keep PyTorch's kernels, the ones aiayn's
+    encoder fast path (:mod:`aiayn.inference.encoder`) calls, so that a model's forward and
+    that path stay equal bit for bit (int8 layers re-quantise each attention output, where a
+    last-bit difference can move a value by a quantisation step)."""
     attend, cut = native_attend(), performance()
     if attend is None or query.ndim != 4 or query.dtype is not torch.float32 or not query.is_cpu:
         return None
-    if query.size(2) > cut.native_attention_max_queries:
+    t = query.size(2)
+    if t > cut.native_attention_max_queries or (t > 1 and t >= key.size(2)):
         return None
     if key.dtype is not torch.float32 or value.dtype is not torch.float32:
         return None

@@ -279,12 +279,12 @@ at::Tensor attend(const at::Tensor& query_in, const at::Tensor& key_in, const at
             static_cast<float>(scale.has_value() ? *scale : std::sqrt(static_cast<double>(d))),
             !scale.has_value()};
   add_mask_and_bias(p, mask, bias, scores);
-  const int64_t heads = b * h;
-  const int64_t macs = std::max<int64_t>(1, t * s * (d + dv));  // per head
-  const int64_t grain = std::max<int64_t>(1, (min_parallel_macs + macs - 1) / macs);
-  if (heads <= grain) {
+  // Threads from min_parallel_macs multiply-adds in all, each with at least half of them.
+  const int64_t heads = b * h, macs = t * s * (d + dv);  // macs per head
+  if (heads * macs < min_parallel_macs || heads < 2) {
     attend_heads(p, 0, heads);  // too little work to share out
   } else {
+    const int64_t grain = std::max<int64_t>(1, min_parallel_macs / 2 / std::max<int64_t>(macs, 1));
     at::parallel_for(0, heads, grain, [&](int64_t begin, int64_t end) {
       attend_heads(p, begin, end);
     });
