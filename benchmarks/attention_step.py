@@ -21,8 +21,8 @@ about ``--batch-us`` µs; median over ``--rounds``):
 
 No mask, no bias (the decode step of one sentence). Medians in µs per call.
 
-Then whole decodes, to see the kernel's share of a token: greedy decoding of one 24-token
-source to exactly 64 tokens by a Marian-shaped model (the ``base`` preset: 6 + 6 layers,
+Then whole decodes, to see the kernel's share of a token: greedy and beam-4 decoding of one
+24-token source to exactly 64 tokens by a Marian-shaped model (the ``base`` preset: 6 + 6 layers,
 d_model 512, 8 heads of 64; OPUS-MT's vocabulary size; random weights), as ``aiayn translate``
 runs it on CPU (``pack_for_inference``), in fp32 and in int8 (``quantize_model``), with the
 settings as they are and with ``native_attention_max_queries=0``, interleaved; ms per token
@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ from aiayn.attention import scaled_dot_product_attention
 from aiayn.attention.native import native_attention, native_attention_unavailable
 from aiayn.attention.scaled_dot_product import _explicit_attention
 from aiayn.config import preset
-from aiayn.decoding import greedy_search, inference_step
+from aiayn.decoding import beam_search, greedy_search, inference_step
 from aiayn.inference import pack_for_inference
 from aiayn.inference.quantize import quantize_model
 from aiayn.models import Transformer
@@ -74,6 +75,7 @@ SHAPES = [  # (B, H, T, S, d)
 ]
 BOS, EOS = 1, 2
 SRC_LEN, OUT_LEN = 24, 64
+BEAMS = (1, 4)  # greedy, and beam 4 (its cross-attention: 4 queries over the source)
 SERIAL = 1 << 62  # a min_parallel_macs no call reaches
 OFF = {"native_attention_max_queries": 0}  # the paths aiayn had before its kernel
 
@@ -119,8 +121,8 @@ def interleaved(kernels: dict[str, Kernel], rounds: int, batch_s: float) -> dict
 
 
 def decodes(repeats: int, vocab_size: int) -> dict[str, float]:
-    """Median ms per token of greedy decoding by a Marian-shaped model, fp32 and int8, with
-    aiayn's attention kernel and without, interleaved."""
+    """Median ms per token of greedy and beam-4 decoding by a Marian-shaped model, fp32 and
+    int8, with aiayn's attention kernel and without, interleaved."""
     torch.manual_seed(0)
     plain = Transformer(preset("base", vocab_size=vocab_size, dropout=0.0)).eval()
     models = {
@@ -129,17 +131,19 @@ def decodes(repeats: int, vocab_size: int) -> dict[str, float]:
     }
     src = torch.randint(3, vocab_size, (1, SRC_LEN))
     src[:, -1] = EOS
+    ends = {"bos_id": BOS, "eos_id": EOS, "max_len": OUT_LEN, "min_len": OUT_LEN, "batch_size": 1}
 
-    def run(model: Transformer) -> object:
+    def run(model: Transformer, beam: int) -> object:
         step, state = inference_step(model, src)
-        return greedy_search(
-            step, state, bos_id=BOS, eos_id=EOS, max_len=OUT_LEN, min_len=OUT_LEN, batch_size=1
-        )
+        if beam == 1:
+            return greedy_search(step, state, **ends)
+        return beam_search(step, state, beam_size=beam, alpha=0.6, **ends)
 
     kernels: dict[str, Kernel] = {}
     for name, model in models.items():
-        kernels[f"{name}, kernel"] = ((lambda m=model: run(m)), {})
-        kernels[f"{name}, kernel off"] = ((lambda m=model: run(m)), OFF)
+        for beam in BEAMS:
+            for label, changes in (("kernel", {}), ("kernel off", OFF)):
+                kernels[f"{name}, beam {beam}, {label}"] = (partial(run, model, beam), changes)
     med = interleaved(kernels, repeats, 0.0)  # one decode per batch
     return {name: us / 1e3 / OUT_LEN for name, us in med.items()}
 
@@ -168,15 +172,17 @@ def main() -> None:
     per_token = decodes(args.decode_repeats, args.vocab_size) if args.decode_repeats else {}
     decode_md = [
         "",
-        f"Greedy decoding, batch 1, {SRC_LEN} → {OUT_LEN} tokens, `base` preset, vocabulary "
+        f"Decoding one {SRC_LEN}-token source to {OUT_LEN} tokens, `base` preset, vocabulary "
         f"{args.vocab_size:,} (ms per token, median of {args.decode_repeats}):",
         "",
-        "| model | kernel | kernel off | speed-up |",
-        "|---|---:|---:|---:|",
+        "| model | search | kernel | kernel off | speed-up |",
+        "|---|---|---:|---:|---:|",
     ]
     for name in ("fp32", "int8") if per_token else ():
-        on, off = per_token[f"{name}, kernel"], per_token[f"{name}, kernel off"]
-        decode_md.append(f"| {name} | {on:.3f} | {off:.3f} | {off / on:.3f}× |")
+        for beam in BEAMS:
+            on, off = (per_token[f"{name}, beam {beam}, {x}"] for x in ("kernel", "kernel off"))
+            search = "greedy" if beam == 1 else f"beam {beam}"
+            decode_md.append(f"| {name} | {search} | {on:.3f} | {off:.3f} | {off / on:.3f}× |")
     info = machine()
     md = [
         "# Attention at decoding-step shapes (µs per call, median)",
