@@ -221,6 +221,7 @@ def test_other_options_keep_the_other_paths(calls: list[int]) -> None:
         scaled_dot_product_attention(q, k, v, dropout_p=0.1)
         scaled_dot_product_attention(long_q, long_k, long_k)  # more queries than it takes
         scaled_dot_product_attention(q, q, q)  # T = S: a whole sequence
+        shared, _ = scaled_dot_product_attention(q, k[0], v[0])  # (H, S, d): broadcast by @
         scaled_dot_product_attention(q.double(), k.double(), v.double())
         scaled_dot_product_attention(q, k, v, CAUSAL)  # T > 1: built or the causal kernel
         scaled_dot_product_attention(q, k, v, bias=torch.randn(1, 4, 3, 6).double())
@@ -234,6 +235,8 @@ def test_other_options_keep_the_other_paths(calls: list[int]) -> None:
     out.sum().backward()
     assert calls == [] and q.grad is not None
     torch.testing.assert_close(off, _reference(q.detach(), k, v, None), atol=1e-6, rtol=1e-5)
+    want = _reference(q.detach(), k[0], v[0], None)
+    torch.testing.assert_close(shared, want, atol=1e-6, rtol=1e-5)
 
 
 def test_it_builds_where_the_cpu_and_a_compiler_allow() -> None:

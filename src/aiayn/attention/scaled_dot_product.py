@@ -114,7 +114,7 @@ def _native(
         return None
     if key.dtype is not torch.float32 or value.dtype is not torch.float32:
         return None
-    if not (key.is_cpu and value.is_cpu):
+    if key.ndim != 4 or value.ndim != 4 or not (key.is_cpu and value.is_cpu):
         return None
     if torch.is_grad_enabled() and (
         query.requires_grad
@@ -127,9 +127,9 @@ def _native(
         if query.size(2) != 1:
             return None
         mask = None  # the one new query is the last position: every key is allowed
-    elif mask is not None and (mask.dtype is not torch.bool or not mask.is_cpu):
+    elif mask is not None and (mask.dtype is not torch.bool or not mask.is_cpu or mask.ndim > 4):
         return None
-    if bias is not None and (bias.dtype is not torch.float32 or not bias.is_cpu):
+    if bias is not None and (bias.dtype is not torch.float32 or not bias.is_cpu or bias.ndim > 4):
         return None
     return attend(  # (B, H, T, d_v)
         query, key, value, mask, bias, scale, cut.native_attention_min_parallel_macs
