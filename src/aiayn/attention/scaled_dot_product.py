@@ -106,8 +106,8 @@ def _native(
     encoder fast path (:mod:`aiayn.inference.encoder`) calls, so that a model's forward and
     that path stay equal bit for bit (int8 layers re-quantise each attention output, where a
     last-bit difference can move a value by a quantisation step)."""
-    attend, cut = native_attend(), performance()
-    if attend is None or query.ndim != 4 or query.dtype is not torch.float32 or not query.is_cpu:
+    cut = performance()
+    if query.ndim != 4 or query.dtype is not torch.float32 or not query.is_cpu:
         return None
     t = query.size(2)
     if t > cut.native_attention_max_queries or (t > 1 and t >= key.size(2)):
@@ -124,12 +124,15 @@ def _native(
     ):
         return None
     if isinstance(mask, Causal):
-        if query.size(2) != 1:
+        if t != 1:
             return None
         mask = None  # the one new query is the last position: every key is allowed
     elif mask is not None and (mask.dtype is not torch.bool or not mask.is_cpu or mask.ndim > 4):
         return None
     if bias is not None and (bias.dtype is not torch.float32 or not bias.is_cpu or bias.ndim > 4):
+        return None
+    attend = native_attend()  # built on the first call that needs it
+    if attend is None:
         return None
     return attend(  # (B, H, T, d_v)
         query, key, value, mask, bias, scale, cut.native_attention_min_parallel_macs
