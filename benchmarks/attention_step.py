@@ -21,6 +21,10 @@ about ``--batch-us`` µs; median over ``--rounds``):
 
 No mask, no bias (the decode step of one sentence). Medians in µs per call.
 
+Then the kernel alone on one thread and on all, at 2^15 to 2^19 multiply–adds per call
+(B·H·T·S·(d_k + d_v)), where
+:attr:`~aiayn.settings.PerformanceSettings.native_attention_min_parallel_macs` is chosen.
+
 Then whole decodes, to see the kernel's share of a token: greedy and beam-4 decoding of one
 24-token source to exactly 64 tokens by a Marian-shaped model (the ``base`` preset: 6 + 6 layers,
 d_model 512, 8 heads of 64; OPUS-MT's vocabulary size; random weights), as ``aiayn translate``
@@ -73,6 +77,15 @@ SHAPES = [  # (B, H, T, S, d)
     (1, 8, 64, 64, 64),
     (1, 8, 128, 128, 64),
 ]
+THREADS = [  # (B, H, T, S, d): 32k to 512k multiply-adds
+    (1, 8, 1, 32, 64),
+    (1, 8, 1, 64, 64),
+    (1, 8, 4, 20, 64),
+    (1, 8, 4, 32, 64),
+    (1, 8, 4, 64, 64),
+    (4, 8, 1, 64, 64),
+    (1, 8, 8, 64, 64),
+]
 BOS, EOS = 1, 2
 SRC_LEN, OUT_LEN = 24, 64
 BEAMS = (1, 4)  # greedy, and beam 4 (its cross-attention: 4 queries over the source)
@@ -118,6 +131,28 @@ def interleaved(kernels: dict[str, Kernel], rounds: int, batch_s: float) -> dict
         for name, kernel in kernels.items():
             times[name].append(_time(kernel, inner[name]))
     return {name: statistics.median(ts) * 1e6 for name, ts in times.items()}
+
+
+def threads_table(rounds: int, batch_s: float) -> list[str]:
+    """Markdown rows: the kernel on one thread and on all, by multiply-adds per call."""
+    ops = native_attention()
+    if ops is None:
+        return []
+    attend, rows = ops.attend.default, []
+    for b, h, t, s, d in THREADS:
+        q, k, v = torch.randn(b, h, t, d), torch.randn(b, h, s, d), torch.randn(b, h, s, d)
+        kernels: dict[str, Kernel] = {
+            "one": (partial(attend, q, k, v, None, None, None, SERIAL), {}),
+            "all": (partial(attend, q, k, v, None, None, None, 0), {}),
+        }
+        med = interleaved(kernels, rounds, batch_s)
+        macs = b * h * t * s * 2 * d
+        rows.append(
+            f"| {b}, {h}, {t}, {s}, {d} | {macs:,} | {med['one']:.2f} | {med['all']:.2f} "
+            f"| {med['one'] / med['all']:.2f}× |"
+        )
+        print(rows[-1], flush=True)
+    return rows
 
 
 def decodes(repeats: int, vocab_size: int) -> dict[str, float]:
@@ -169,6 +204,15 @@ def main() -> None:
         cells = " | ".join(f"{med[n]:,.1f}" for n in names)
         rows.append(f"| {', '.join(map(str, shape))} | {cells} | {speedup:.2f}× |")
         print(rows[-1], flush=True)
+    thread_rows = threads_table(2 * args.rounds, args.batch_us * 1e-6 / 2)
+    threads_md = [
+        "",
+        "aiayn's kernel on one thread and on all (µs per call, median):",
+        "",
+        "| B, H, T, S, d | multiply–adds | one thread | all threads | speed-up |",
+        "|---|---:|---:|---:|---:|",
+        *thread_rows,
+    ]
     per_token = decodes(args.decode_repeats, args.vocab_size) if args.decode_repeats else {}
     decode_md = [
         "",
@@ -193,6 +237,7 @@ def main() -> None:
         f"| B, H, T, S, d | {' | '.join(names)} | SDPA speed-up |",
         "|---|" + "---:|" * len(names) + "---:|",
         *rows,
+        *(threads_md if thread_rows else []),
         *(decode_md if per_token else []),
     ]
     report = {"machine": info, "results": results, "decode_ms_per_token": per_token}

@@ -74,7 +74,7 @@ class PerformanceSettings:
     int8_native_max_rows: int = 1024
     int8_onednn_max_rows: int = 1 << 20
     native_attention_max_queries: int = 32
-    native_attention_min_parallel_macs: int = 1 << 16
+    native_attention_min_parallel_macs: int = 1 << 17
 
 
 _current = PerformanceSettings()
