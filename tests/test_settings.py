@@ -31,11 +31,16 @@ def test_attention_is_the_same_on_either_side_of_its_cut_offs() -> None:
     mask = torch.rand(32, 1, 1, 24) > 0.2
     explicit = {"explicit_attention_min_rows": 0, "explicit_attention_min_folded_rows": 0}
     fused = {"explicit_attention_max_queries": 0}
-    with performance_settings(**explicit):
+    off = {"native_attention_max_queries": 0}  # aiayn's kernel: tests/attention/test_native.py
+    with performance_settings(**explicit, **off):
         want, _ = scaled_dot_product_attention(q, k, v, mask)
-    with performance_settings(**fused):
+    with performance_settings(**fused, **off):
         got, _ = scaled_dot_product_attention(q, k, v, mask)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for min_macs in (0, 1 << 62):  # its heads on every thread, on one
+        with performance_settings(native_attention_min_parallel_macs=min_macs):
+            got, _ = scaled_dot_product_attention(q, k, v, mask)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_beam_candidates_are_the_same_chunked_or_not() -> None:

@@ -63,6 +63,14 @@ class PerformanceSettings:
             this many elements (a stride between half of it and all of it), then ``argmax``
             within the first window holding the row's maximum.
         chunked_argmax_min_vocab: shorter rows (vocabularies) take one ``torch.argmax``.
+        native_attention_max_queries: attention without gradients on CPU in float32 with
+            one query, or at most this many over more keys (T < S: a sentence's beams folded
+            into T queries over its source), runs on aiayn's own kernel
+            (:mod:`aiayn.attention.native`) where it runs; 0 turns it off. Other calls keep
+            the choice between the fused kernel and the plain ops above.
+        native_attention_min_parallel_macs: that kernel shares the heads (B·H) out over threads
+            from this many multiply–adds in a call (B·H·T·S·(d_k + d_v)), each thread getting
+            at least half of them; smaller calls run on the calling thread.
     """
 
     explicit_attention_max_queries: int = 8
@@ -78,6 +86,8 @@ class PerformanceSettings:
     fp32_native_max_rows: int = 4
     argmax_chunk: int = 512
     chunked_argmax_min_vocab: int = 1 << 14
+    native_attention_max_queries: int = 32
+    native_attention_min_parallel_macs: int = 1 << 17
 
 
 _current = PerformanceSettings()

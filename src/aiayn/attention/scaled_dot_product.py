@@ -11,8 +11,13 @@ Shape legend:
 
 Masks follow :mod:`aiayn.attention.masks`: boolean, True = may attend, broadcastable to
 (B, H, T, S), or :data:`~aiayn.attention.masks.CAUSAL` (the causal mask, unbuilt). A query row
-whose keys are all blocked returns a zero vector (and zero weights), never NaN, on both paths
+whose keys are all blocked returns a zero vector (and zero weights), never NaN, on every path
 and in every floating dtype.
+
+Paths, all held to the explicit one (:func:`_explicit_attention`) by tests: aiayn's own kernel
+(:mod:`aiayn.attention.native`) for the short queries of decoding steps on CPU, PyTorch's fused
+kernel, and the explicit ops; :class:`~aiayn.settings.PerformanceSettings` sets where each one
+takes over (docs/performance.md, "Tuned thresholds").
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.attention.masks import Causal, Mask, mask_fill_value
+from aiayn.attention.native import native_attend
 from aiayn.settings import performance
 
 
@@ -40,9 +46,10 @@ def scaled_dot_product_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + bias) V  (eq. 1, with an optional bias).
 
-    Two paths that agree: with ``need_weights=True`` the explicit path computes and returns the
-    weights; otherwise the fast path calls :func:`torch.nn.functional.scaled_dot_product_attention`
-    (fused kernels; flash attention on GPUs).
+    Paths that agree: with ``need_weights=True`` the explicit path computes and returns the
+    weights; otherwise a few queries on CPU without gradients run on aiayn's kernel
+    (:func:`_native`), and the rest on :func:`torch.nn.functional.scaled_dot_product_attention`
+    (fused kernels; flash attention on GPUs) or, where they are faster, the explicit ops.
 
     Args:
         query: (B, H, T, d_k).
@@ -60,6 +67,10 @@ def scaled_dot_product_attention(
     Returns:
         ``(output, weights)``: output (B, H, T, d_v); weights (B, H, T, S) or None.
     """
+    if not need_weights and dropout_p == 0.0:
+        native = _native(query, key, value, mask, bias, scale)
+        if native is not None:
+            return native, None
     if isinstance(mask, Causal):
         t, s = query.size(-2), key.size(-2)
         if t == s and not need_weights and bias is None and not _cpu_dropout(query, dropout_p):
@@ -79,6 +90,53 @@ def scaled_dot_product_attention(
         if weights is not None:
             weights = weights * row_has_key  # (B, H, T, S)
     return output, weights
+
+
+def _native(
+    query: Tensor, key: Tensor, value: Tensor, mask: Mask, bias: Tensor | None, scale: float | None
+) -> Tensor | None:
+    """Attention on aiayn's kernel (:mod:`aiayn.attention.native`), (B, H, T, d_v), for the
+    calls it takes, else None (the caller's other paths run): float32 CPU operands (B, H, ·, ·)
+    without gradients, the queries of a decoding step (one, or up to
+    ``native_attention_max_queries`` over more keys: a sentence's beams over its source, new
+    positions over a cache), a boolean mask, CAUSAL with one query (it sees every key) or none,
+    and a float32 bias or none. Fully blocked rows come out as zeros from the kernel itself.
+
+    Whole sequences (T = S: encoders, teacher forcing) keep PyTorch's kernels, the ones aiayn's
+    encoder fast path (:mod:`aiayn.inference.encoder`) calls, so that a model's forward and
+    that path stay equal bit for bit (int8 layers re-quantise each attention output, where a
+    last-bit difference can move a value by a quantisation step)."""
+    cut = performance()
+    if query.ndim != 4 or query.dtype is not torch.float32 or not query.is_cpu:
+        return None
+    t = query.size(2)
+    if t > cut.native_attention_max_queries or (t > 1 and t >= key.size(2)):
+        return None
+    if key.dtype is not torch.float32 or value.dtype is not torch.float32:
+        return None
+    if key.ndim != 4 or value.ndim != 4 or not (key.is_cpu and value.is_cpu):
+        return None
+    if torch.is_grad_enabled() and (
+        query.requires_grad
+        or key.requires_grad
+        or value.requires_grad
+        or (bias is not None and bias.requires_grad)
+    ):
+        return None
+    if isinstance(mask, Causal):
+        if t != 1:
+            return None
+        mask = None  # the one new query is the last position: every key is allowed
+    elif mask is not None and (mask.dtype is not torch.bool or not mask.is_cpu or mask.ndim > 4):
+        return None
+    if bias is not None and (bias.dtype is not torch.float32 or not bias.is_cpu or bias.ndim > 4):
+        return None
+    attend = native_attend()  # built on the first call that needs it
+    if attend is None:
+        return None
+    return attend(  # (B, H, T, d_v)
+        query, key, value, mask, bias, scale, cut.native_attention_min_parallel_macs
+    )
 
 
 def _fused(
