@@ -18,6 +18,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from aiayn.attention.native import native_attention_unavailable
+from aiayn.layers.native import native_fp32_unavailable, native_int8_unavailable
+from aiayn.settings import performance
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 
@@ -275,3 +279,22 @@ def write_report(name: str, data: dict[str, Any], markdown: list[str]) -> Path:
     path = RESULTS / f"{name}.md"
     path.write_text("\n".join(markdown) + "\n", encoding="utf-8")
     return path
+
+
+def aiayn_kernels() -> str:
+    """What aiayn's fp32 and int8 models run on here, by the settings in force and the native
+    kernels that built: one line for a report's caption."""
+    s = performance()
+
+    def ours(why: str | None) -> str:
+        return "aiayn's own kernel" if why is None else f"(aiayn's own kernel does not run: {why})"
+
+    return (
+        f"aiayn fp32 linears: {ours(native_fp32_unavailable())} (AVX-512F) up to "
+        f"{s.fp32_native_max_rows} rows, oneDNN-packed (`mkldnn._linear_pointwise`) beyond; "
+        f"aiayn int8 linears (`QuantizedLinear`: int8 weights, one scale per output row, "
+        f"activations quantised per row, exact int32 sums): {ours(native_int8_unavailable())} "
+        f"(AVX-512 VNNI) up to {s.int8_native_max_rows} rows, oneDNN `qlinear_pointwise` "
+        f"beyond; decoding-step attention on both: {ours(native_attention_unavailable())} for "
+        f"up to {s.native_attention_max_queries} queries, PyTorch's otherwise"
+    )

@@ -54,6 +54,7 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     Peak,
+    aiayn_kernels,
     command_line,
     machine,
     matmul_peaks,
@@ -253,10 +254,9 @@ def int8_table(r: dict[str, Any], peak: Peak) -> list[str]:
     cos_met = "met" if cos >= COSINE_GATE else "**not met**"
     return [
         "",
-        'BERT int8 (`quantize_model(model, mode="int8")` under `BertInference`: '
-        "`QuantizedLinear`, int8 weights with one scale per output row, activations quantised "
-        "per row, `torch._int_mm` or oneDNN `qlinear_pointwise` by row count) against "
-        f"aiayn fp32, same rounds; int8 matmul peak measured in the same run: "
+        'BERT int8 (`quantize_model(model, mode="int8")` under `BertInference`) against '
+        f"aiayn fp32, same rounds; kernels: {aiayn_kernels()}; "
+        "int8 matmul peak measured in the same run: "
         f"{peak.describe('GOP/s')}.",
         "",
         "| model, batch | aiayn fp32 | aiayn int8 | **int8 / fp32** | int8, of int8 peak "

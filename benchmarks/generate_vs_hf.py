@@ -32,7 +32,15 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, fmt, machine, spread, time_interleaved, write_report
+from _common import (
+    aiayn_kernels,
+    command_line,
+    fmt,
+    machine,
+    spread,
+    time_interleaved,
+    write_report,
+)
 from aiayn.convert.gpt2 import gpt2_from_hf_tensors
 from aiayn.decoding.generate import GenerateOptions, generate_ids
 from aiayn.inference import pack_for_inference
@@ -168,6 +176,7 @@ def main() -> None:
         "machine": machine(),
         "preset": args.preset,
         "weight_mb": weight_mb,
+        "aiayn_kernels": aiayn_kernels(),
         "args": vars(args),
         "rows": rows,
     }
@@ -210,10 +219,9 @@ def int8_lines(report: dict[str, Any]) -> list[str]:
     """aiayn int8 against aiayn fp32 (packed), same rounds."""
     lines = [
         "",
-        'aiayn int8 (`quantize_model(model, mode="int8")`: `QuantizedLinear`, int8 weights '
-        "with one scale per output row, activations quantised per row, `torch._int_mm` or "
-        "oneDNN `qlinear_pointwise` by row count) against aiayn fp32 (oneDNN-packed linears), "
-        f"same rounds, on {report['machine']['cpu']}; goal at batch 1: ≥ {INT8_GOAL:.0f}×.",
+        'aiayn int8 (`quantize_model(model, mode="int8")`) against aiayn fp32, same rounds, '
+        f"on {report['machine']['cpu']}; kernels: {report.get('aiayn_kernels', 'not recorded')}; "
+        f"goal at batch 1: ≥ {INT8_GOAL:.0f}×.",
         "",
         "| batch | aiayn fp32 tok/s | aiayn int8 tok/s | **int8 / fp32** | int8 outputs = fp32 "
         "| goal |",

@@ -68,6 +68,7 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
+    aiayn_kernels,
     command_line,
     fmt,
     machine,
@@ -574,6 +575,7 @@ def main() -> None:
         "pack_s": info["pack_s"],
         "quantise_s": info.get("quantise_s"),
         "floor_bytes": floor,
+        "aiayn_kernels": aiayn_kernels(),
         "peaks": {k: p._asdict() for k, p in peaks.items()},
         "args": {k: v for k, v in vars(args).items() if k != "pairs"},
         "load_average_1_5_15_min": {"start": load_before, "end": os.getloadavg()},
@@ -608,10 +610,7 @@ def caption(report: dict[str, Any], peaks: dict[str, Any]) -> list[str]:
         "parameters) saved by transformers, converted by `aiayn.convert` and by CTranslate2's "
         f"`TransformersConverter`; random sources of {a['min_len']}–{a['max_len']} ids; "
         f"exactly {a['max_new_tokens']} new tokens per sentence on both sides (EOS's logit "
-        "bias −100: never chosen). Kernels: aiayn fp32 on oneDNN-packed linears "
-        "(`mkldnn._linear_pointwise`); aiayn int8 on `QuantizedLinear` (int8 weights, one scale "
-        "per output row, activations quantised per row, exact int32 sums: `torch._int_mm` or "
-        "oneDNN `qlinear_pointwise`, chosen by row count); "
+        f"bias −100: never chosen). Kernels: {report['aiayn_kernels']}; "
         "CTranslate2 on its own CPU backend as the wheel ships it (on AMD: oneDNN for its "
         "fp32 and int8 GEMMs, AVX2 for the rest, as `CT2_VERBOSE=1` logs; environment: "
         f"{env}); compute types asked → run (a type that runs as an earlier one is timed "

@@ -8,7 +8,16 @@ import math
 import pytest
 import torch
 
-from _common import Peak, describe_cpu, fastest, fp32_kernels, int8_kernels, matmul_peaks
+from _common import (
+    Peak,
+    aiayn_kernels,
+    describe_cpu,
+    fastest,
+    fp32_kernels,
+    int8_kernels,
+    matmul_peaks,
+)
+from aiayn.settings import performance_settings
 
 
 def test_fastest_takes_the_highest_rate_of_the_kernels_that_ran() -> None:
@@ -74,3 +83,9 @@ def test_describe_cpu_names_model_numbers_and_matmul_flags() -> None:
         "Old CPU (none of avx2, avx512f, avx512_vnni, avx512_bf16, amx_int8, amx_bf16)"
     )
     assert describe_cpu("processor\t: 0\n") == ""
+
+
+def test_the_kernels_line_follows_the_settings() -> None:
+    with performance_settings(fp32_native_max_rows=3, int8_native_max_rows=7):
+        line = aiayn_kernels()
+    assert "fp32 linears" in line and "up to 3 rows" in line and "up to 7 rows" in line
