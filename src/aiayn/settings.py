@@ -83,7 +83,7 @@ class PerformanceSettings:
     chunked_topk_min_candidates: int = 1 << 14
     int8_native_max_rows: int = 1024
     int8_onednn_max_rows: int = 1 << 20
-    fp32_native_max_rows: int = 4
+    fp32_native_max_rows: int = 8
     argmax_chunk: int = 512
     chunked_argmax_min_vocab: int = 1 << 14
     native_attention_max_queries: int = 32
