@@ -161,8 +161,8 @@ class LinearKernel(NamedTuple):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, attr, [], algorithm)
 
     def add(self, x: Tensor, residual: Tensor) -> Tensor:
-        """residual + x Wᵀ + b: (N, D_in), (N, D_out) -> (N, D_out), the addition fused into
-        oneDNN's product."""
+        """residual + x Wᵀ + b: (N, D_in), (N, D_out) -> (N, D_out), the addition inside the
+        product's call (oneDNN's post-op; aiayn's fp32 and int8 kernels add it after the bias)."""
         if self.int8 is not None:
             return self.int8(x, residual)
         if _native_rows(self.native, x):
@@ -201,6 +201,9 @@ class NormKernel:
 class PackedLinear(nn.Module):
     """y = x Wᵀ + b with W packed once; also applies a block of W's rows (multi-head attention
     projects queries, or keys and values, with blocks of its stacked W^Q; W^K; W^V).
+
+    Where aiayn's fp32 kernel runs (:class:`NativeFp32`), each block is also kept in that
+    kernel's layout, for products of a few rows: a second copy of the weight.
 
     Args:
         linear: the layer to copy (fp32, on CPU).
