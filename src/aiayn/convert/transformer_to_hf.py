@@ -44,6 +44,7 @@ from torch import Tensor
 
 from aiayn.config import TransformerConfig
 from aiayn.convert.hf_export import (
+    HF_ACTIVATION_NAMES,
     copy_tokenizer_files,
     tensors_to_hf,
     write_generation_config,
@@ -58,8 +59,10 @@ from aiayn.errors import UserError
 from aiayn.layers.embedding import sinusoidal_encoding
 from aiayn.models.transformer import Transformer
 
-HF_ACTIVATION = {"relu": "relu", "gelu": "gelu", "silu": "swish"}
-"""aiayn's activation -> Marian's / Pegasus' ``activation_function`` (the same function)."""
+HF_ACTIVATION = {**HF_ACTIVATION_NAMES, "silu": "swish"}
+"""aiayn's activation -> Marian's / Pegasus' ``activation_function``: the names every family's
+export writes, but SiLU under the name Marian's configurations give it (``swish``, the same
+function in Hugging Face's table)."""
 
 LAYER_NORM_EPS = 1e-5
 """The LayerNorm ε of both classes (``nn.LayerNorm``'s default: their configs have no key)."""
