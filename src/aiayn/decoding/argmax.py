@@ -2,8 +2,8 @@
 found mostly by vectorised passes on CPU: greedy search's choice of the next token.
 
 PyTorch's CPU ``argmax`` compares one element at a time, while its ``amax`` is vectorised; over
-a vocabulary of tens of thousands, ``argmax`` takes several times as long as ``amax``
-(docs/performance.md, "Greedy search's argmax"). :func:`first_argmax` takes the maxima of
+a vocabulary of tens of thousands, ``argmax`` takes longer than ``amax`` (docs/performance.md,
+"Greedy search's argmax", has the timings). :func:`first_argmax` takes the maxima of
 windows that cover the row with ``amax``, the first window holding the largest of them with an
 ``argmax`` over the window maxima, and the index within that window with an ``argmax`` over its
 few hundred elements.

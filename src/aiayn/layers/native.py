@@ -7,8 +7,9 @@
 - **fp32, for a few rows** (AVX-512F): y = x Wᵀ + b (+ a residual), on a weight laid out so that
   each thread reads it as one sequential stream. A decoding step's product of one row reads
   every weight once, so its time is the time to read the weight; in a library GEMM's blocked
-  layout it read at about two thirds of the rate a plain sequential read reaches on the test
-  machine (docs/performance.md). The same products as ``F.linear``, summed in another order.
+  layout it read more slowly than a plain sequential read of the same bytes on the test
+  machine (docs/benchmarks.md, the CTranslate2 section). The same products as ``F.linear``,
+  summed in another order.
 
 They are compiled once per machine on first use (:mod:`aiayn.native_build`). Where they cannot
 be built or the CPU lacks the instructions, :func:`native_int8` / :func:`native_fp32` are None
