@@ -97,12 +97,13 @@ class NativeFp32(NamedTuple):
         return y.view(*x.shape[:-1], self.d_out)
 
 
-def _native_rows(native: NativeFp32 | None, x: Tensor) -> bool:
-    """Whether ``x``'s product runs on aiayn's fp32 kernel: it is kept and x has at most
-    :attr:`~aiayn.settings.PerformanceSettings.fp32_native_max_rows` rows (fp32)."""
+def _native_for(native: NativeFp32 | None, x: Tensor) -> NativeFp32 | None:
+    """``native`` where ``x``'s product runs on aiayn's fp32 kernel (it is kept and x has at
+    most :attr:`~aiayn.settings.PerformanceSettings.fp32_native_max_rows` fp32 rows), else None."""
     if native is None or x.dtype != torch.float32:
-        return False
-    return x.numel() <= performance().fp32_native_max_rows * x.size(-1)  # rows · D_in
+        return None
+    rows_fit = x.numel() <= performance().fp32_native_max_rows * x.size(-1)  # rows · D_in
+    return native if rows_fit else None
 
 
 class LinearKernel(NamedTuple):
@@ -138,9 +139,9 @@ class LinearKernel(NamedTuple):
         """(N, D_in) -> (N, D_out)."""
         if self.int8 is not None:
             return self.int8(x)
-        if _native_rows(self.native, x):
-            assert self.native is not None
-            return self.native(x)
+        native = _native_for(self.native, x)
+        if native is not None:
+            return native(x)
         dense = self._pytorch_weight(x)
         if dense is not None:
             return F.linear(x, dense, self.bias)
@@ -151,9 +152,9 @@ class LinearKernel(NamedTuple):
         oneDNN's product, or after PyTorch's where that kernel runs."""
         if self.int8 is not None:
             return ACTIVATIONS[activation](self.int8(x))
-        if _native_rows(self.native, x):
-            assert self.native is not None
-            return ACTIVATIONS[activation](self.native(x))
+        native = _native_for(self.native, x)
+        if native is not None:
+            return ACTIVATIONS[activation](native(x))
         dense = self._pytorch_weight(x)
         if dense is not None:
             return ACTIVATIONS[activation](F.linear(x, dense, self.bias))
@@ -165,9 +166,9 @@ class LinearKernel(NamedTuple):
         product's call (oneDNN's post-op; aiayn's fp32 and int8 kernels add it after the bias)."""
         if self.int8 is not None:
             return self.int8(x, residual)
-        if _native_rows(self.native, x):
-            assert self.native is not None
-            return self.native(x, residual)
+        native = _native_for(self.native, x)
+        if native is not None:
+            return native(x, residual)
         dense = self._pytorch_weight(x)
         if dense is not None:
             return F.linear(x, dense, self.bias).add_(residual)

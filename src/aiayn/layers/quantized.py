@@ -35,6 +35,7 @@ Shape legend:  N rows (leading dimensions flattened)   D_in input size   D_out o
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -138,9 +139,9 @@ class Int8Kernel:
         if not self.cpu or x.device.type != "cpu":
             y = int8_linear_reference(x, self.weight, self.scales, self.bias)
         else:
-            settings, rows = performance(), x.size(0)
-            if rows <= settings.int8_native_max_rows and native_int8() is not None:
-                return self.native(x, residual)
+            settings, rows, ops = performance(), x.size(0), native_int8()
+            if rows <= settings.int8_native_max_rows and ops is not None:
+                return self._native_on(ops, x, residual)
             if rows <= settings.int8_onednn_max_rows and onednn_int8_available():
                 y = self.onednn(x)
             else:
@@ -150,10 +151,14 @@ class Int8Kernel:
     def native(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """aiayn's kernel (where it runs here: :func:`~aiayn.layers.native.native_int8`), with
         ``residual`` added after the bias where given."""
-        native = native_int8()
-        if native is None:
+        ops = native_int8()
+        if ops is None:
             why = native_int8_unavailable()
             raise RuntimeError(f"aiayn's int8 kernel does not run here: {why}")
+        return self._native_on(ops, x, residual)
+
+    def _native_on(self, ops: Any, x: Tensor, residual: Tensor | None) -> Tensor:
+        """:meth:`native` with the kernel's operations ``ops`` already looked up."""
         if self._native is None:  # its layout, made when it first runs
             blocks, compensation = vnni_blocks(self.weight)
             n = self.weight.size(0)
@@ -163,7 +168,7 @@ class Int8Kernel:
         x = x.float().contiguous()
         if residual is not None:
             residual = residual.float().contiguous()
-        return native.linear(x, blocks, compensation, scales, bias, residual, self.weight.size(0))
+        return ops.linear(x, blocks, compensation, scales, bias, residual, self.weight.size(0))
 
     def int_mm(self, x: Tensor) -> Tensor:
         """PyTorch's ``torch._int_mm`` on the activations quantised by PyTorch operations."""
