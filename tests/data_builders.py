@@ -32,3 +32,13 @@ def load_test_file(relative: str) -> ModuleType:
 def data_conftest() -> ModuleType:
     """tests/data/conftest.py: SentencePiece models, Marian vocabularies, T5 tokenizers."""
     return load_test_file("data/conftest.py")
+
+
+def cpu_has(flag: str) -> bool:
+    """Whether this CPU reports ``flag`` (e.g. ``avx512f``, ``avx512_vnni``) in /proc/cpuinfo:
+    where it does, the native kernels that need it must build (False where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            return flag in info.read().split()  # whole flags: avx512f is not avx512fp16
+    except OSError:
+        return False

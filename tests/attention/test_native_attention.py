@@ -23,19 +23,12 @@ from aiayn.attention import scaled_dot_product as sdp
 from aiayn.attention.native import native_attend, native_attention, native_attention_unavailable
 from aiayn.native_build import SWITCH
 from aiayn.settings import performance, performance_settings
+from data_builders import cpu_has
 
 SERIAL = 1 << 62  # a min_parallel_macs that no call reaches: heads on the calling thread
 MAX_T = performance().native_attention_max_queries
 MASKS = ("none", "keys (B,1,1,S)", "queries (1,1,T,S)", "full (B,H,T,S)", "rows fully blocked")
 BIASES = ("none", "heads (1,H,T,S)", "full (B,H,T,S)")
-
-
-def _cpu_has_avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            return " avx512f" in info.read()
-    except OSError:
-        return False
 
 
 def _attend() -> Any:
@@ -240,7 +233,7 @@ def test_other_options_keep_the_other_paths(calls: list[int]) -> None:
 
 
 def test_it_builds_where_the_cpu_and_a_compiler_allow() -> None:
-    if not _cpu_has_avx512() or shutil.which("c++") is None or os.environ.get(SWITCH) == "0":
+    if not cpu_has("avx512f") or shutil.which("c++") is None or os.environ.get(SWITCH) == "0":
         pytest.skip(f"no AVX-512, no C++ compiler, or {SWITCH}=0 here")
     assert native_attention() is not None, native_attention_unavailable()
     assert native_attend() is not None

@@ -32,14 +32,7 @@ from aiayn.layers.quantized import (
     int8_linear_reference,
     quantize_rows,
 )
-
-
-def _cpu_has(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            return f" {flag}" in info.read()
-    except OSError:
-        return False
+from data_builders import cpu_has
 
 
 def _ops() -> Any:
@@ -59,9 +52,9 @@ def _fp32_ops() -> Any:
 def test_they_build_where_the_cpu_and_a_compiler_allow() -> None:
     if shutil.which("c++") is None or os.environ.get("AIAYN_NATIVE") == "0":
         pytest.skip("no C++ compiler here, or the kernels turned off")
-    if _cpu_has("avx512f "):
+    if cpu_has("avx512f"):
         assert native_fp32() is not None, native_fp32_unavailable()
-    if _cpu_has("avx512_vnni"):
+    if cpu_has("avx512_vnni"):
         assert native_int8() is not None, native_int8_unavailable()
 
 
