@@ -9,9 +9,9 @@ work. Reports output tokens/s, the ratio aiayn / HF, and aiayn's KV-cache speed-
 recomputing the whole prefix at every step. Medians of `--repeats` runs, min and max kept; the
 contenders of one configuration are timed in interleaved rounds, so all meet the same machine.
 aiayn decodes as `aiayn translate` does on CPU: the flattened `InferenceStep` over
-oneDNN-packed linear layers. It is also timed with the step made of the model's modules
-(`encoder_decoder_step`, same packed layers: "module step") and with PyTorch's own `F.linear`
-(MKL), the kernels HF uses.
+packed linear layers (aiayn's fp32 kernel for a few rows, oneDNN's beyond). It is also timed
+with the step made of the model's modules (`encoder_decoder_step`, same packed layers: "module
+step") and with PyTorch's own `F.linear` (MKL), the kernels HF uses.
 
 At batch 1 (a decoding step reads every decoder weight for a few rows), three floors bound
 what a decoder could reach: the time aiayn's decode spends inside its linear layers (timed in a

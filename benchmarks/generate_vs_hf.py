@@ -9,7 +9,8 @@ outputs checked token-identical in the same run. Reports generated tokens/s, the
 aiayn / HF, and at each batch the floor: the time to read every weight once (a `Tensor.sum`
 over all parameters, timed in the same rounds), as a fraction of aiayn's time per generated
 token (batch 1 is bound by that read). aiayn generates as `aiayn generate` does on CPU:
-`decoder_only_step` over oneDNN-packed linear layers ("packed"); also timed with PyTorch's own
+`decoder_only_step` over packed linear layers ("packed": aiayn's fp32 kernel for a few rows,
+oneDNN's beyond); also timed with PyTorch's own
 `F.linear` ("PyTorch linears"), the kernels HF uses. Medians of `--repeats` interleaved rounds
 (min and max kept), so every contender meets the same machine.
 With `--quantize int8`, also aiayn int8 (`aiayn.inference.quantize.quantize_model(model,

@@ -17,9 +17,10 @@ both sides: aiayn through its converter (`aiayn.convert`), CTranslate2 through i
 converter --quantization int8` would ahead of time).
 
 Contenders, all timed in the same interleaved rounds (each round calls each once, after one
-warm-up call of each; medians): aiayn fp32 (`translate_ids` over oneDNN-packed linears, as
-`aiayn translate` runs on CPU), aiayn int8 (`aiayn.inference.quantize.quantize_model(model,
-mode="int8")` on a copy, packed as `aiayn translate --quantize int8` runs it), and CTranslate2
+warm-up call of each; medians): aiayn fp32 (`translate_ids` over packed linears, as `aiayn
+translate` runs on CPU: aiayn's fp32 kernel for a few rows, oneDNN's beyond), aiayn int8
+(`aiayn.inference.quantize.quantize_model(model, mode="int8")` on a copy, packed as
+`aiayn translate --quantize int8` runs it), and CTranslate2
 `Translator(compute_type=T, inter_threads=1, intra_threads=--threads)` for each `--ct2-types`
 T, in a child process of its own (:class:`Ct2Process`: one OpenMP runtime per engine, as each
 runs for its users; the call's pipe round trip is inside its timing),

@@ -12,16 +12,17 @@ limit), saved with `save_pretrained` and read back by both sides: Hugging Face f
 aiayn through its converter (`aiayn.convert`), so both run identical weights.
 
 Compared: `model.generate(input_ids, attention_mask, num_beams=K, do_sample=False,
-max_new_tokens=M, ...)`, with every other generation setting passed explicitly as aiayn applies
-it (`options_for_checkpoint` of the converted generation settings: length penalty, early
-stopping, banned ids, forced EOS, renormalisation), against `aiayn.decoding.translate_ids` with
-those options (each sentence's limit is M: `max_new_tokens=M`, `extra_len` large), which decodes
-as `aiayn translate` does on CPU: the flattened `InferenceStep` over oneDNN-packed linears (the
-model is packed once beforehand, its one-off cost reported; `translate_ids` would pack a copy
-per call). The same random sources (ids without specials, lengths `--min-len`..`--max-len`, a
-fixed seed; each followed by EOS, right-padded), fp32, `--threads` threads. Greedy and beam 4,
-at batch 1 (HF: one `generate` per sentence; aiayn: one `translate_ids` call whose token budget
-makes one batch per sentence) and at batch 32 (one batch of 32 on both sides).
+max_new_tokens=M, ...)`, with every other generation setting passed explicitly as aiayn applies it
+(`options_for_checkpoint` of the converted generation settings: length penalty, early stopping,
+banned ids, forced EOS, renormalisation), against `aiayn.decoding.translate_ids` with those options
+(each sentence's limit is M: `max_new_tokens=M`, `extra_len` large), which decodes as `aiayn
+translate` does on CPU: the flattened `InferenceStep` over packed linears (aiayn's fp32 kernel for
+a few rows, oneDNN's beyond; the model is packed once beforehand, its one-off cost reported;
+`translate_ids` would pack a copy per call). The same random sources (ids without specials, lengths
+`--min-len`..`--max-len`, a fixed seed; each followed by EOS, right-padded), fp32, `--threads`
+threads. Greedy and beam 4, at batch 1 (HF: one `generate` per sentence; aiayn: one `translate_ids`
+call whose token budget makes one batch per sentence) and at batch 32 (one batch of 32 on both
+sides).
 
 Checked in the same run: the outputs are token-identical (HF's decoder start token dropped, the
 rest cut at its first EOS; aiayn's hypotheses carry neither), reported as identical / sentences;
@@ -52,7 +53,15 @@ import torch
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, fmt, machine, spread, time_interleaved, write_report
+from _common import (
+    aiayn_kernels,
+    command_line,
+    fmt,
+    machine,
+    spread,
+    time_interleaved,
+    write_report,
+)
 from aiayn.convert.generation import Seq2SeqSpecials
 from aiayn.convert.hf_folder import read_hf_config, read_hf_generation, read_hf_weights
 from aiayn.convert.marian import marian_from_hf_tensors, marian_generation_defaults
@@ -401,6 +410,7 @@ def main() -> None:
         "parameters": sum(p.numel() for p in hf.parameters()),
         "decoder_weight_mb": weight_mb,
         "pack_s": pack_s,
+        "aiayn_kernels": aiayn_kernels(),
         "generation": dataclasses.asdict(specials),
         "hf_settings": {
             k: v for k, v in hf_settings(options, specials).items() if k != "num_return_sequences"
@@ -433,7 +443,8 @@ def markdown(report: dict[str, Any]) -> list[str]:
         f"{a['min_len']}–{a['max_len']} ids; max_new_tokens={a['max_new_tokens']} for every "
         f"sentence on both sides; HF `generate` with num_beams=K, {settings}, as aiayn's options "
         f"from the converted generation settings. aiayn: `translate_ids` (InferenceStep, "
-        f"oneDNN-packed linears; packing once took {report['pack_s']:.1f} s, not in the "
+        f"packed linears ({report.get('aiayn_kernels', 'kernels not recorded')}); "
+        f"packing once took {report['pack_s']:.1f} s, not in the "
         f"times). Medians of {a['rounds']} interleaved rounds (min–max). Tokens: generated "
         "tokens, EOS included. Load average (1 min) at start and end: "
         f"{report['load_average_1_5_15_min']['start'][0]:.1f}, "
