@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from aiayn.checkpoint import load_checkpoint, load_translation_tokenizer
@@ -57,12 +58,14 @@ def test_generation_groups_merge_and_answer_as_alone(checkpoints: dict[str, Path
 TEXTS = ["a small dog runs on the mat", "two men", "the cat sleeps", "hello"]
 
 
-def _translate_offline(folder: Path, text: str, max_new_tokens: int) -> str:
-    """The library's answer for ``text`` alone (greedy, the served model's packed copy run with
-    ``pack=False``: the same arithmetic as ``pack=True``)."""
+def _translate_offline(folder: Path, text: str, max_new_tokens: int, beam: int = 1) -> str:
+    """The library's answer for ``text`` alone (greedy or ``beam``, the served model's packed
+    copy run with ``pack=False``: the same arithmetic as ``pack=True``)."""
     c = load_checkpoint(folder)
     tok = load_translation_tokenizer(c.path)
-    options = options_for_checkpoint(None, beam_size=1, max_new_tokens=max_new_tokens, pack=False)
+    options = options_for_checkpoint(
+        None, beam_size=beam, max_new_tokens=max_new_tokens, pack=False
+    )
     found = translate_ids(pack_for_inference(c.model), tok.encode_batch([normalize(text)]), tok,
                           options)  # fmt: skip
     return tok.decode_batch([found[0][0].tokens])[0]
@@ -81,15 +84,18 @@ def _counted(task: Any, calls: list[int], then: Callable[[int], None] = lambda n
     task.search_step = step
 
 
-def test_translation_groups_merge_and_answer_as_alone(checkpoints: dict[str, Path]) -> None:
+@pytest.mark.parametrize("beam", [1, 2])
+def test_translation_groups_merge_and_answer_as_alone(
+    checkpoints: dict[str, Path], beam: int
+) -> None:
     """A group started 3 steps later (other source lengths) joins the running one before its
-    first step: one model call per step from then on; the older rows leave first (the state
-    drops their columns); every answer is the library's for its text alone."""
+    first step: one model call per step from then on, over both groups' rows (greedy rows, or
+    each beam search's beams); every answer is the library's for its text alone."""
     mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
     limits = [5, 4, 9, 8]
 
     async def jobs() -> list[Job]:
-        return [mt.prepare(TranslateRequest(texts=[t], beam=1, max_new_tokens=m))  # type: ignore[attr-defined]
+        return [mt.prepare(TranslateRequest(texts=[t], beam=beam, max_new_tokens=m))  # type: ignore[attr-defined]
                 for t, m in zip(TEXTS, limits, strict=True)]  # fmt: skip
 
     made, calls = asyncio.run(jobs()), []
@@ -98,17 +104,19 @@ def test_translation_groups_merge_and_answer_as_alone(checkpoints: dict[str, Pat
     answers = {}
     for _ in range(3):
         answers.update({id(j): r for j, r in first.advance()[0]})
+    kept = first.rows
     second = mt.start(made[2:])  # type: ignore[attr-defined]
     groups = [first, second]
     _merge_groups(groups)
-    assert groups == [first] and second.done and first.rows == 4
+    assert groups == [first] and second.done
     while not first.done:
         before = len(calls)
         answers.update({id(j): r for j, r in first.advance()[0]})
         assert len(calls) - before <= 1
-    assert calls[:4] == [2, 2, 2, 4] and len(calls) <= 3 + max(limits[2:])
+    assert calls[:3] == [2 * beam] * 3 and calls[3] == kept + 2 * beam
+    assert len(calls) <= 3 + max(limits[2:]) + 1
     for job, text, limit in zip(made, TEXTS, limits, strict=True):
-        want = _translate_offline(checkpoints["mt"], text, limit)
+        want = _translate_offline(checkpoints["mt"], text, limit, beam)
         assert answers[id(job)].translations[0].text == want
 
 
@@ -178,23 +186,30 @@ def test_beam_search_answers_each_request_when_its_sentences_are_done(
         assert answers[id(job)].translations[0].text == tok.decode_batch([found[0][0].tokens])[0]
 
 
-def test_a_translation_merge_waits_when_the_columns_would_not_fit(
-    checkpoints: dict[str, Path],
-) -> None:
-    """The served model reads 24 positions: a group 3 steps in cannot take rows that may need
-    22 more columns (3 + 22 > 24); it can take rows that need 21 at most, within the tokens
-    the worker's groups may hold."""
-    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+def _three_steps_in(folder: Path, beam: int, limits: tuple[int, ...]) -> tuple[Any, Any, list[Job]]:
+    """The served translation task, a group of a request with the first limit 3 steps in, and
+    requests with the others (one text, ``beam``)."""
+    mt = load_served_model("mt", folder, ServeOptions(), Metrics()).tasks["translate"]
 
     async def jobs() -> list[Job]:
-        return [mt.prepare(TranslateRequest(texts=[TEXTS[0]], beam=1, max_new_tokens=m))  # type: ignore[attr-defined]
-                for m in (12, 22, 21)]  # fmt: skip
+        return [mt.prepare(TranslateRequest(texts=[TEXTS[0]], beam=beam, max_new_tokens=m))  # type: ignore[attr-defined]
+                for m in limits]  # fmt: skip
 
     made = asyncio.run(jobs())
     first = mt.start(made[:1])  # type: ignore[attr-defined]
     for _ in range(3):
         first.advance()
     assert not first.done
+    return mt, first, made
+
+
+def test_a_translation_merge_waits_when_the_columns_would_not_fit(
+    checkpoints: dict[str, Path],
+) -> None:
+    """The served model reads 24 positions: a group 3 steps in cannot take rows that may need
+    22 more columns (3 + 22 > 24); it can take rows that need 21 at most, within the tokens
+    the worker's groups may hold."""
+    mt, first, made = _three_steps_in(checkpoints["mt"], 1, (12, 22, 21))
     groups = [first, mt.start(made[1:2])]  # type: ignore[attr-defined]
     _merge_groups(groups)
     assert len(groups) == 2
@@ -204,3 +219,46 @@ def test_a_translation_merge_waits_when_the_columns_would_not_fit(
     assert len(groups) == 2
     _merge_groups(groups, budget)
     assert groups == [first] and first.rows == 2
+
+
+def test_a_cancelled_beam_search_leaves_the_shared_batch(checkpoints: dict[str, Path]) -> None:
+    """Two merged searches; nobody waits for the second's request any more: its rows leave at
+    the next step, and the first's answer is still the library's."""
+    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+
+    async def jobs() -> list[Job]:
+        return [mt.prepare(TranslateRequest(texts=[TEXTS[0]], beam=2, max_new_tokens=9)),  # type: ignore[attr-defined]
+                mt.prepare(TranslateRequest(texts=TEXTS[1:3], beam=2, max_new_tokens=9))]  # type: ignore[attr-defined]  # fmt: skip
+
+    made, calls = asyncio.run(jobs()), []
+    _counted(mt, calls)
+    first, second = mt.start(made[:1]), mt.start(made[1:])  # type: ignore[attr-defined]
+    groups = [first, second]
+    _merge_groups(groups)
+    assert groups == [first]
+    answers = dict(first.advance()[0])
+    assert calls == [6] and first.rows == 6
+    made[1].cancelled = True
+    first.drop_cancelled()
+    while not first.done:
+        answers.update(first.advance()[0])
+    assert calls[1] == 2 and made[1] not in answers
+    want = _translate_offline(checkpoints["mt"], TEXTS[0], 9, 2)
+    assert answers[made[0]].translations[0].text == want
+
+
+def test_a_beam_merge_waits_when_the_columns_would_not_fit(
+    checkpoints: dict[str, Path],
+) -> None:
+    """The served model reads 24 positions: a beam group 3 steps in cannot take a search that
+    may run 22 more steps (limit 21, and EOS: 3 + 22 > 24); it takes one of 21."""
+    mt, first, made = _three_steps_in(checkpoints["mt"], 2, (12, 21, 20))
+    groups = [first, mt.start(made[1:2])]  # type: ignore[attr-defined]
+    _merge_groups(groups)
+    assert len(groups) == 2
+    groups[1].close()  # type: ignore[attr-defined]
+    groups = [first, mt.start(made[2:])]  # type: ignore[attr-defined]
+    _merge_groups(groups)
+    assert groups == [first]
+    while not first.done:
+        first.advance()

@@ -113,8 +113,10 @@ def run(args: argparse.Namespace) -> int:
     """Load the checkpoints and serve until SIGTERM or Ctrl-C."""
     import uvicorn
 
+    from aiayn.performance import keep_freed_memory
     from aiayn.serving import ServeOptions, create_app, load_served_model
     from aiayn.serving.metrics import Metrics
+    from aiayn.validation import resolve_device
 
     named = named_checkpoints(args.checkpoint)
     options = ServeOptions(
@@ -125,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
     _check_port(args.host, args.port)
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     metrics = Metrics()
+    if resolve_device(args.device).type == "cpu":
+        keep_freed_memory()  # decoding reallocates its caches every step: keep them mapped
     models = [load_served_model(n, d, options, metrics, device=args.device) for n, d in named]
     app = create_app(models, options, metrics, api_key=api_key, cors_origins=args.cors_origin)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info")

@@ -30,7 +30,7 @@ from aiayn.decoding.fast_step import (
 )
 from aiayn.decoding.generate import continuation, prompt_generator
 from aiayn.decoding.lm import LMState, decoder_only_step, merge_lm_states
-from aiayn.decoding.step import StepFunction
+from aiayn.decoding.step import DecoderState, StepFunction
 from aiayn.decoding.stepwise import Row, Sampling, SteppedSearch
 from aiayn.decoding.translate import (
     DecodeOptions,
@@ -44,7 +44,14 @@ from aiayn.errors import UserError
 from aiayn.inference.packed import pack_for_inference
 from aiayn.limits import MAX_REQUEST_ITEMS
 from aiayn.serving import schemas as s
-from aiayn.serving.decode import BeamGroup, DecodeEngine, Group, SteppedGroup, row_keys
+from aiayn.serving.decode import (
+    BeamGroup,
+    DecodeEngine,
+    Group,
+    StateMerge,
+    SteppedGroup,
+    row_keys,
+)
 from aiayn.serving.engine import Engine, Job
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.options import ServeOptions
@@ -152,12 +159,7 @@ class TranslateTask(Task):
         src = source_batch(rows, self.tokenizer).to(self.device)  # (B, S)
         state = self.step.initial_state(src, capacity=max(limits) + 1)
         if o.beam_size > 1:
-
-            def run(wrap: Any, on_done: Any) -> Any:
-                t, device = self.tokenizer, self.device
-                return search_batch(wrap(self.search_step), state, t, o, limits, device, on_done)
-
-            return BeamGroup(jobs, counts, run, lambda job, found: self._answer(job.payload, found))
+            return self._beam_group(jobs, counts, state, limits)
         cut = 1 if o.forced_eos else 0  # as translate: forced EOS takes the last position
         t = self.tokenizer
         search = SteppedSearch(
@@ -174,6 +176,34 @@ class TranslateTask(Task):
         return SteppedGroup(
             jobs, search, finish, merge=self._merge, compact=compact_inference_state
         )
+
+    def _beam_group(
+        self, jobs: list[Job], counts: list[int], state: DecoderState, limits: list[int]
+    ) -> Group:
+        """The beam search of the jobs' sentences: a group that takes in later ones with the
+        same options (their rows run in the same model call) when the step's states merge."""
+        o: DecodeOptions = jobs[0].payload.options
+        t, device = self.tokenizer, self.device
+
+        def run(step: StepFunction, on_done: Any) -> Any:
+            return search_batch(step, state, t, o, limits, device, on_done)
+
+        merge = None
+        if self.step.fallback is None:  # the module step's states do not merge
+            merge = StateMerge(merge_inference_states, compact_inference_state, self._fits)
+        return BeamGroup(
+            jobs, counts, run, lambda job, found: self._answer(job.payload, found),
+            step=self.search_step, steps=max(limits) + 1, merge=merge,
+        )  # fmt: skip
+
+    def _fits(self, state: DecoderState | None, steps: int) -> bool:
+        """Whether rows may join ``state`` (None: nothing runs) when some row may still run
+        ``steps`` steps: the key columns stay within the model's ``max_len``, as for greedy
+        groups (:meth:`_merge`)."""
+        if state is None:
+            return True
+        columns = state.offset if isinstance(state, InferenceState) else None
+        return columns is not None and columns + steps <= self.model.config.max_len
 
     def _merge(self, into: SteppedSearch, other: SteppedSearch) -> bool:
         """Take ``other``'s rows into ``into``'s batch (each row at its own positions) when the
