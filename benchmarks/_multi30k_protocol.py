@@ -201,6 +201,27 @@ def significant(ours: list[float], theirs: list[float]) -> bool | None:
 
 
 # -- the result files ----------------------------------------------------------------------------
+def parse_steps(text: str) -> dict[str, int]:
+    """``--steps``: a budget in optimizer steps instead of minutes, ``N`` for every system or
+    ``SYSTEM=N,…`` for each (a system left out keeps none: it cannot run). ValueError names a
+    bad part."""
+    if "=" not in text:
+        return dict.fromkeys(SYSTEMS, _positive(text, text))
+    steps: dict[str, int] = {}
+    for part in text.split(","):
+        system, _, value = part.partition("=")
+        if system not in SYSTEMS:
+            raise ValueError(f"--steps: unknown system {system!r} in {part!r} (of {SYSTEMS})")
+        steps[system] = _positive(value, part)
+    return steps
+
+
+def _positive(value: str, part: str) -> int:
+    if not value.isdigit() or int(value) == 0:
+        raise ValueError(f"--steps: {part!r} is not a positive whole number of steps")
+    return int(value)
+
+
 def seeds_of(base: int, count: int) -> list[int]:
     """The seeds of ``count`` runs: ``base``, ``base + 1``, …"""
     if count < 1:

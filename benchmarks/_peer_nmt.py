@@ -239,10 +239,13 @@ def transformer_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> 
 class TrainSettings:
     """The recipe of a timed training run (the defaults: the paper's, §5.3–5.4, no averaging).
 
-    ``average_last`` < 2 averages nothing (the last weights are the model)."""
+    ``steps``: a budget in optimizer steps instead of ``minutes`` (the averaging window is then
+    a fraction of the steps). ``average_last`` < 2 averages nothing (the last weights are the
+    model)."""
 
     minutes: float
     max_tokens: int
+    steps: int | None = None
     warmup: int = 4000
     lr_scale: float = 1.0
     label_smoothing: float = 0.1
@@ -265,23 +268,32 @@ def averaging_points(budget: float, window: float, n: int) -> list[float]:
     return [budget - k * interval for k in range(n - 1, -1, -1)]
 
 
+def averaging_steps(budget: int, window: float, n: int) -> list[float]:
+    """The points of a ``budget``-step run as whole steps: the first step at or past each of
+    :func:`averaging_points` (k · window · budget / n rounded to 6 decimals first, so that float
+    noise never moves one), ascending, without repeats."""
+    return sorted({float(budget - math.floor(round(k * window * budget / n, 6))) for k in range(n)})
+
+
 class Averaging:
-    """The weight snapshots of a time-budgeted run that are averaged at its end.
+    """The weight snapshots of a budgeted run (``budget`` in seconds or in steps, and the
+    progress given to :meth:`due` in the same unit) that are averaged at its end.
 
     A snapshot is taken after the first step that ends at or past each of the points of
     :func:`averaging_points` but the last (several points passed by one step give one snapshot)
     and after the final step; the average is over the last ``n`` snapshots, all inside the window
     (none before the step that passed the first point)."""
 
-    def __init__(self, budget_seconds: float, window: float, n: int):
+    def __init__(self, budget: float, window: float, n: int, *, steps: bool = False):
         self.n = n
-        self.points = averaging_points(budget_seconds, window, n)[:-1]
+        points = averaging_points(budget, window, n)  # (checks window and n)
+        self.points = (averaging_steps(int(budget), window, n) if steps else points)[:-1]
         self.passed = 0  # points passed so far
         self.snapshots: list[tuple[int, dict[str, Tensor]]] = []
 
     def due(self, elapsed: float) -> bool:
-        """Whether a step that ended ``elapsed`` seconds into the run passes the next point (and
-        then every point it passes is passed)."""
+        """Whether a step that ended ``elapsed`` (seconds or steps) into the run passes the next
+        point (and then every point it passes is passed)."""
         if self.passed == len(self.points) or elapsed < self.points[self.passed]:
             return False
         while self.passed < len(self.points) and self.points[self.passed] <= elapsed:
@@ -334,21 +346,30 @@ def train_for(
     log_every: int = 100,
 ) -> TrainLog:
     """Train until ``settings.minutes`` of wall-clock time have passed (checked before each
-    step); with averaging, the averaged weights are in the log (the model keeps its last)."""
+    step), or for ``settings.steps`` steps; with averaging, the averaged weights are in the log
+    (the model keeps its last)."""
     s = settings
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=0.0, betas=s.adam_betas, eps=s.adam_eps, weight_decay=s.weight_decay
     )  # weight decay 0: Adam
     rng, log = np.random.default_rng(s.seed), TrainLog()
-    averaging = (
-        Averaging(60 * s.minutes, s.average_window, s.average_last) if s.average_last >= 2 else None
-    )
+    budget = s.steps if s.steps is not None else 60 * s.minutes  # in steps, else in seconds
+    averaging = None
+    if s.average_last >= 2:
+        averaging = Averaging(budget, s.average_window, s.average_last, steps=s.steps is not None)
     model.train()
     started = window_start = time.perf_counter()
     window_tokens, window_loss = 0, torch.zeros((), device=device)
-    while time.perf_counter() - started <= 60 * s.minutes:
+
+    def spent() -> float:  # of the budget, in its unit
+        return log.steps if s.steps is not None else time.perf_counter() - started
+
+    def over() -> bool:  # no further step: the steps are made, or the time has passed
+        return spent() >= budget if s.steps is not None else spent() > budget
+
+    while not over():
         for ids in token_batches(data, s.max_tokens, rng):
-            if time.perf_counter() - started > 60 * s.minutes:
+            if over():
                 break
             log.steps += 1
             lr = transformer_lr(log.steps, model.config.d_model, s.warmup, s.lr_scale)
@@ -357,7 +378,7 @@ def train_for(
             loss = train_step(model, optimizer, batch, tokens, lr, s, amp)
             log.tgt_tokens += tokens
             window_tokens, window_loss = window_tokens + tokens, window_loss + loss
-            if averaging is not None and averaging.due(time.perf_counter() - started):
+            if averaging is not None and averaging.due(spent()):
                 averaging.take(log.steps, model)
             if log.steps % log_every == 0:  # the one host sync of a window
                 now = time.perf_counter()

@@ -85,6 +85,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", required=True, help="folder with the Multi30k .gz files")
     p.add_argument("--direction", choices=(*DIRECTIONS, "both"), default="en-de")
     p.add_argument("--minutes", type=float, default=60.0, help="training budget of each run")
+    p.add_argument(
+        "--steps",
+        type=_steps_arg,
+        help="a budget in steps instead: N, or SYSTEM=N,… (e.g. the steps each system makes in "
+        "--minutes on the CPU, replayed on a GPU)",
+    )
     p.add_argument("--seeds", type=int, default=2, help="runs of each system per direction")
     p.add_argument(
         "--systems",
@@ -127,6 +133,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.systems) - set(protocol.SYSTEMS))
     if unknown:
         p.error(f"--systems: unknown {', '.join(unknown)} (choose from {protocol.SYSTEMS})")
+    unbudgeted = [s for s in args.systems if args.steps and s not in args.steps]
+    if unbudgeted:
+        p.error(f"--steps: no budget for {', '.join(unbudgeted)} (give SYSTEM=N for each)")
     if args.smoke:
         args.minutes = SMOKE_MINUTES
         args.test_sentences = args.test_sentences or SMOKE_TEST_SENTENCES
@@ -135,11 +144,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _steps_arg(text: str) -> dict[str, int]:
+    try:
+        return protocol.parse_steps(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def protocol_of(args: argparse.Namespace) -> dict[str, Any]:
     """What a result must share with the others to be reported beside them."""
     config = Path(args.config)
     return {
-        "minutes": args.minutes,
+        "minutes": None if args.steps else args.minutes,
+        "steps": args.steps,
         "config": config.name,
         "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(),
         "overrides": list(args.overrides),
@@ -244,9 +261,12 @@ def aiayn_config(
     (train_src, train_tgt), (valid_src, valid_tgt) = (
         files(args, direction, split) for split in ("train", "val")
     )
+    budget = [f"train.max_minutes={args.minutes}"]
+    if args.steps and "aiayn" in args.steps:  # (the peers read only the data rules here)
+        budget = ["train.max_minutes=null", f"train.max_steps={args.steps['aiayn']}"]
     overrides = [
         f"run_dir={run_dir}",
-        f"train.max_minutes={args.minutes}",
+        *budget,
         f"train.device={args.device}",
         "train.progress=false",
         f"data.train_src={train_src}",
@@ -344,6 +364,7 @@ def run_peer(args: argparse.Namespace, direction: str, system: str, seed: int) -
     amp = _peer_amp(run.train.precision, device)
     settings = peer.TrainSettings(
         minutes=args.minutes,
+        steps=args.steps[system] if args.steps else None,
         max_tokens=recipe.max_tokens,
         warmup=recipe.warmup,
         lr_scale=recipe.lr_scale,
@@ -502,7 +523,7 @@ def markdown(direction: str, report: dict[str, Any], results: Any) -> list[str]:
         "",
         f"`{report['command']}`",
         "",
-        f"{report['protocol']['minutes']:g} minutes of training per run, seeds "
+        f"{_budget(report['protocol'])} of training per run, seeds "
         f"{', '.join(map(str, report['seeds']))} per system, each run in its own process, "
         f"seed by seed (aiayn, peer-same, peer-paper); test_2016_flickr "
         f"({report['test_sentences']} sentences); {m.get('gpu', m['cpu'])}, torch {m['torch']}. "
@@ -525,6 +546,16 @@ def markdown(direction: str, report: dict[str, Any], results: Any) -> list[str]:
         "",
         *report_mod.recipe_lines(results),
     ]
+
+
+def _budget(protocol_: dict[str, Any]) -> str:
+    """The runs' budget in words: minutes, or steps (each system's)."""
+    steps = protocol_.get("steps")
+    if not steps:
+        return f"{protocol_['minutes']:g} minutes"
+    if len(set(steps.values())) == 1:
+        return f"{next(iter(steps.values())):,} steps"
+    return "steps (" + ", ".join(f"{s} {n:,}" for s, n in steps.items()) + ")"
 
 
 # -- the parent: the missing runs, one process each; the report ----------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,12 @@ def test_results_of_another_protocol_are_refused(tmp_path: Path) -> None:
         protocol.check_protocol(tmp_path / "a.json", {**now, "minutes": 0.3}, now)
     with pytest.raises(ValueError, match="overrides"):
         protocol.check_protocol(tmp_path / "a.json", {**now, "overrides": ["x=1"]}, now)
+
+
+def test_step_budgets_parse_and_bad_ones_are_named() -> None:
+    assert protocol.parse_steps("4669") == dict.fromkeys(protocol.SYSTEMS, 4669)
+    assert protocol.parse_steps("aiayn=4669,peer-same=3445") == {"aiayn": 4669, "peer-same": 3445}
+    for text, named in [("0", "'0'"), ("aiayn=x", "'aiayn=x'"), ("peer=5", "'peer'"),
+                        ("aiayn=-3", "'aiayn=-3'")]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"^--steps: .*{re.escape(named)}"):
+            protocol.parse_steps(text)

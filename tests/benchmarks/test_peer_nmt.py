@@ -13,6 +13,7 @@ from aiayn.config import preset
 from aiayn.models.transformer import Transformer
 from aiayn.training.averaging import AveragingPlan, AveragingWindow
 from aiayn.training.averaging import averaging_points as aiayn_points
+from aiayn.training.averaging import averaging_steps as aiayn_steps
 from aiayn.training.schedule import transformer_lr as aiayn_lr
 
 
@@ -124,3 +125,26 @@ def test_a_timed_run_averages_only_when_asked(average_last: int) -> None:
         assert log.averaged_steps[-1] == log.steps
         assert len(log.averaged_steps) <= 5
         assert (log.averaged is None) == (len(log.averaged_steps) < 2)
+
+
+def test_step_points_are_aiayns_averaging_steps() -> None:
+    for budget, window, n in [(2000, 0.1, 5), (10, 0.1, 5), (4669, 0.1, 5), (3445, 0.25, 4)]:
+        assert peer.averaging_steps(budget, window, n) == aiayn_steps(budget, window, n)
+
+
+@pytest.mark.parametrize("average_last", [0, 3])
+def test_a_step_budget_makes_its_steps_and_averages_where_aiayn_would(average_last: int) -> None:
+    torch.manual_seed(0)
+    model = peer.TorchReference(
+        peer.PeerConfig(vocab_size=20, d_model=16, num_heads=2, d_ff=32, norm_first=True)
+    )
+    data = peer.Encoded([[4, 5, 6], [7, 8], [9, 10, 11, 12]], [[5, 6], [8, 9, 10], [11]])
+    settings = peer.TrainSettings(
+        minutes=0.0, steps=30, max_tokens=10, average_last=average_last, average_window=0.2
+    )
+    log = peer.train_for(model, data, settings, device=torch.device("cpu"))
+    assert log.steps == 30 and log.epochs >= 2  # minutes=0 would have stopped at once
+    if average_last:
+        assert log.averaged_steps == aiayn_steps(30, 0.2, 3) == [26, 28, 30]
+    else:
+        assert log.averaged is None

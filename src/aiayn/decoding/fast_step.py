@@ -539,10 +539,11 @@ def _merged_self_kv(a: InferenceState, b: InferenceState, length: int) -> _SelfK
     rows_b, capacity_b = b.self_kv.buffer.size(2), b.self_kv.buffer.size(4)
     room = max(capacity_a - a.offset, capacity_b - b.offset, 1)
     kv = _SelfKV.allocate(n, rows_a + rows_b, h, length + room, d_k, a.self_kv.buffer)
-    kv.buffer[:, :, :, :, :length].zero_()  # pad columns: masked, and never NaN × 0
     for state, rows in ((a, slice(0, rows_a)), (b, slice(rows_a, rows_a + rows_b))):
+        start = length - state.offset
+        kv.buffer[:, :, rows, :, :start].zero_()  # new pad columns: masked, never NaN × 0
         own = state.self_kv.buffer[:, :, :, :, : state.offset]  # (N, 2, B_s, H, L_s, d_k)
-        kv.buffer[:, :, rows, :, length - state.offset : length] = own
+        kv.buffer[:, :, rows, :, start:length] = own
     kv.filled = length
     return kv
 
