@@ -696,3 +696,23 @@ def test_served_translation_on_device_equals_cpu(tmp_path: Path, beam: int) -> N
     want = _served_translations(checkpoint, "cpu", beam)
     assert any(want)
     assert _served_translations(checkpoint, str(DEVICE), beam) == want
+
+
+@torch.no_grad()
+def test_fill_mask_on_device_equals_cpu(tmp_path: Path) -> None:
+    """``aiayn fill-mask --device`` (and the service's fill-mask endpoint): a converted BERT
+    on the device predicts the CPU's tokens with the CPU's probabilities, in float64."""
+    from aiayn.cli.fill_mask import load_bert
+    from aiayn.inference.encoder_tasks import fill_mask
+
+    checkpoint = load_test_file("serving/conftest.py").make_bert(tmp_path, "mlm")
+    model, tokenizer = load_bert(str(checkpoint), "cpu", "fill-mask", head="mlm")
+    model = model.double()
+    text = "the cat [MASK] on the [MASK] ."
+    want = fill_mask(model, tokenizer, text, top_k=3)
+    got = fill_mask(copy.deepcopy(model).to(DEVICE), tokenizer, text, top_k=3)
+    assert len(want) == 2
+    for got_row, want_row in zip(got, want, strict=True):
+        assert [p.token_id for p in got_row] == [p.token_id for p in want_row]
+        probabilities = [p.probability for p in want_row]
+        assert [p.probability for p in got_row] == pytest.approx(probabilities, rel=1e-5)
