@@ -43,11 +43,13 @@ from aiayn.decoding import (
     generate_ids,
     inference_step,
 )
+from aiayn.decoding.argmax import first_argmax
 from aiayn.decoding.translate import DecodeOptions, translate_ids
 from aiayn.inference.kernels import PackedLinear, packing_available
 from aiayn.inference.packed import pack_for_inference
 from aiayn.inference.quantize import quantize_model
 from aiayn.layers.quantized import QuantizedLinear
+from aiayn.layers.relative_position import relative_position_bucket
 from aiayn.models.families import FAMILIES, Family, families_serving, resolve
 from aiayn.models.gpt2 import GPT2
 from aiayn.models.transformer import EncoderDecoder
@@ -453,6 +455,41 @@ def test_cached_step_on_device_equals_the_full_forward(name: str, make_step: Any
         log_probs, state = step(tgt[:, t : t + 1], state)
         assert log_probs.device.type == DEVICE.type
         _close(log_probs[:, allowed], full[:, t, allowed], 2e-5, f"{name} step {t}")
+
+
+def test_greedy_argmax_on_device_breaks_ties_as_on_cpu() -> None:
+    """Greedy search's choice (:func:`~aiayn.decoding.argmax.first_argmax`) on the device: the
+    first of equal maxima, a row's first NaN, 0 for a row of −inf, as on the CPU, over a short
+    and a long (chunked on CPU) vocabulary."""
+    for vocab in (50, 40_000):
+        x = torch.randn(5, vocab, generator=torch.Generator().manual_seed(vocab)).round(decimals=1)
+        x[0, [3, vocab - 7]] = 9.0  # a tie at the top
+        x[1] = -math.inf  # every token banned
+        x[2, [10, vocab // 2]] = math.nan
+        x[3, vocab - 1] = 9.0  # the last element
+        want = first_argmax(x)
+        assert want[:4].tolist() == [3, 0, 10, vocab - 1]
+        assert torch.equal(first_argmax(x.to(DEVICE)).cpu(), want), vocab
+
+
+@pytest.mark.parametrize(("buckets", "distance"), [(32, 128), (32, 256), (64, 128)])
+@pytest.mark.parametrize("bidirectional", [True, False], ids=["encoder", "decoder"])
+def test_relative_position_buckets_on_device_equal_cpu(
+    buckets: int, distance: int, bidirectional: bool
+) -> None:
+    """T5's buckets (float32 logarithms truncated to integers) of every relative position up to
+    ±1100 are the CPU's on the device; a bucket boundary falls on whole distances (16, 32, …),
+    where the last bit of a logarithm or a division decides."""
+    relative = torch.arange(-1100, 1101)
+    kw: dict[str, Any] = {
+        "bidirectional": bidirectional,
+        "num_buckets": buckets,
+        "max_distance": distance,
+    }
+    want = relative_position_bucket(relative, **kw)
+    got = relative_position_bucket(relative.to(DEVICE), **kw)
+    differ = (got.cpu() != want).nonzero().flatten()
+    assert not len(differ), f"buckets differ at relative positions {relative[differ].tolist()}"
 
 
 def _gpt2() -> GPT2:
