@@ -203,7 +203,10 @@ def test_every_family_forward_on_device_equals_cpu(name: str, dtype: torch.dtype
         _close(value, want[key], rel, f"{name} {key}")
 
 
-@pytest.mark.parametrize("name", [n for n, f in FAMILIES.items() if _kind(f) in ("embed", "image")])
+ENCODERS = [n for n, f in FAMILIES.items() if f.reads == "image" or f.supports("embed")]
+
+
+@pytest.mark.parametrize("name", ENCODERS)
 def test_encoder_fast_path_on_device_equals_cpu(name: str) -> None:
     """The registry's inference runner of an encoder family (the encoder on its real tokens,
     :mod:`aiayn.inference.encoder`) on the device gives the CPU's outputs in float64, at every
