@@ -49,7 +49,8 @@ def fill_mask(
     if not 1 <= top_k <= model.config.vocab_size:
         raise UserError(f"top-k must be in 1..{model.config.vocab_size}, got {top_k}")
     encoded = tokenizer.encode(text)
-    ids = torch.tensor([encoded.ids])  # (1, S)
+    device = next(model.parameters()).device
+    ids = torch.tensor([encoded.ids], device=device)  # (1, S)
     where = (ids[0] == tokenizer.mask_id).nonzero()[:, 0].tolist()
     mask = tokenizer.convert_ids_to_tokens(tokenizer.mask_id)
     written = text.count(mask)
@@ -66,7 +67,8 @@ def fill_mask(
     if not where:
         raise UserError(f"no {mask} in {text!r}")
     model.eval()
-    hidden = BertInference(model)(ids, torch.tensor([encoded.token_types])).hidden  # (1, S, D)
+    types = torch.tensor([encoded.token_types], device=device)  # (1, S)
+    hidden = BertInference(model)(ids, types).hidden  # (1, S, D)
     probs = torch.softmax(model.mlm_logits(hidden[:, where]).float(), dim=-1)[0]  # (M, V)
     top = probs.topk(top_k, dim=-1)  # (M, k)
     results = []
