@@ -482,6 +482,7 @@ def write_reports(
         "benchmark": "train_multi30k",
         "command": command_line(),
         "machine": machine(),
+        "trained_on": _trained_on(results),
         "direction": direction,
         "protocol": protocol_of(args),
         "seeds": seeds,
@@ -516,7 +517,6 @@ def write_reports(
 def markdown(direction: str, report: dict[str, Any], results: Any) -> list[str]:
     """The report's text."""
     src, tgt = (x.upper() for x in direction.split("-"))
-    m = report["machine"]
     missing = ", ".join(f"{r['system']} seed {r['seed']}" for r in report["missing"]) or "none"
     return [
         f"# Multi30k {src}→{tgt}: aiayn vs a plain torch.nn.Transformer, same recipe and budget",
@@ -526,7 +526,7 @@ def markdown(direction: str, report: dict[str, Any], results: Any) -> list[str]:
         f"{_budget(report['protocol'])} of training per run, seeds "
         f"{', '.join(map(str, report['seeds']))} per system, each run in its own process, "
         f"seed by seed (aiayn, peer-same, peer-paper); test_2016_flickr "
-        f"({report['test_sentences']} sentences); {m.get('gpu', m['cpu'])}, torch {m['torch']}. "
+        f"({report['test_sentences']} sentences); trained on {'; '.join(report['trained_on'])}. "
         f"sacreBLEU `{report['signature']}`. Runs missing: {missing}.",
         "",
         *report_mod.score_table(results),
@@ -546,6 +546,18 @@ def markdown(direction: str, report: dict[str, Any], results: Any) -> list[str]:
         "",
         *report_mod.recipe_lines(results),
     ]
+
+
+def _trained_on(results: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+    """The machines the runs were made on (each result records its own), in words, once each."""
+    seen: list[str] = []
+    for runs in results.values():
+        for result in runs.values():
+            m = result["machine"]
+            words = f"{m.get('gpu', m['cpu'])}, torch {m['torch']}"
+            if words not in seen:
+                seen.append(words)
+    return seen
 
 
 def _budget(protocol_: dict[str, Any]) -> str:

@@ -25,7 +25,11 @@ def load_test_file(relative: str) -> ModuleType:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:  # not half a module for the next caller: the same error again
+            del sys.modules[name]
+            raise
     return sys.modules[name]
 
 
