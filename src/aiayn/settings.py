@@ -71,6 +71,12 @@ class PerformanceSettings:
         native_attention_min_parallel_macs: that kernel shares the heads (B·H) out over threads
             from this many multiply–adds in a call (B·H·T·S·(d_k + d_v)), each thread getting
             at least half of them; smaller calls run on the calling thread.
+        beam_merge_max_tokens: ``aiayn serve`` merges a beam-search group into a running one
+            (one model call per step for both: :class:`aiayn.serving.decode.BeamGroup`) only
+            while the requests still decoding in the two hold at most this many tokens (each
+            request's input tokens + 1, times the beam). Each step copies every row's
+            self-attention keys/values (the beams' reordering) at the merged columns, the
+            oldest row's; past this size that copy costs more than the fewer calls save.
     """
 
     explicit_attention_max_queries: int = 8
@@ -88,6 +94,7 @@ class PerformanceSettings:
     chunked_argmax_min_vocab: int = 1 << 14
     native_attention_max_queries: int = 32
     native_attention_min_parallel_macs: int = 1 << 17
+    beam_merge_max_tokens: int = 3072
 
 
 _current = PerformanceSettings()

@@ -25,6 +25,7 @@ from aiayn.serving.engine import Job
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.options import ServeOptions
 from aiayn.serving.schemas import CompletionRequest, TranslateRequest
+from aiayn.settings import performance_settings
 
 PROMPTS = ["the cat sleeps on", "a", "two men", "hello world the cat"]
 
@@ -251,12 +252,23 @@ def test_a_beam_merge_waits_when_the_columns_would_not_fit(
     checkpoints: dict[str, Path],
 ) -> None:
     """The served model reads 24 positions: a beam group 3 steps in cannot take a search that
-    may run 22 more steps (limit 21, and EOS: 3 + 22 > 24); it takes one of 21."""
+    may run 22 more steps (limit 21, and EOS: 3 + 22 > 24); it takes one of 21, once the two
+    hold no more tokens than ``beam_merge_max_tokens``."""
     mt, first, made = _three_steps_in(checkpoints["mt"], 2, (12, 21, 20))
     groups = [first, mt.start(made[1:2])]  # type: ignore[attr-defined]
     _merge_groups(groups)
     assert len(groups) == 2
     groups[1].close()  # type: ignore[attr-defined]
+    cost = first.cost + made[2].cost  # type: ignore[attr-defined]
+    with performance_settings(beam_merge_max_tokens=cost - 1):
+        capped = mt.start(made[2:])  # type: ignore[attr-defined]
+    assert capped._merge.max_cost == cost - 1  # a group takes the cap in force when it starts
+    uncapped, first._merge = first._merge, capped._merge  # type: ignore[attr-defined]
+    groups = [first, capped]
+    _merge_groups(groups)
+    assert len(groups) == 2
+    capped.close()  # type: ignore[attr-defined]
+    first._merge = uncapped  # type: ignore[attr-defined]
     groups = [first, mt.start(made[2:])]  # type: ignore[attr-defined]
     _merge_groups(groups)
     assert groups == [first]

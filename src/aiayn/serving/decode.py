@@ -295,11 +295,14 @@ class StateMerge:
         compact: the state without the columns no row needs any more.
         fits: ``fits(state, steps)``: whether rows joining ``state`` (None: none runs) with at
             most ``steps`` more steps to run keep its key columns bounded.
+        max_cost: the most tokens (:attr:`Job.cost`) of requests still decoding that merged
+            groups may hold (None: as many as the worker's budget allows).
     """
 
     states: Callable[[Any, Any], Any]
     compact: Callable[[Any], Any]
     fits: Callable[[Any, int], bool]
+    max_cost: int | None = None
 
 
 @dataclass(frozen=True)
@@ -457,12 +460,14 @@ class BeamGroup:
 
     def absorb(self, other: BeamGroup, budget: int | None = None) -> bool:
         """Take in ``other``'s searches (same options, none started yet), where the states
-        merge and the two groups' :attr:`cost` together is at most ``budget`` (None = any)."""
+        merge and the two groups' :attr:`cost` together is at most ``budget`` (None = any) and
+        the merge's ``max_cost``."""
         if not isinstance(other, BeamGroup) or self._merge is None or other.key != self.key:
             return False
         if self.done or other.done or any(s.started for s in other._searches):
             return False
-        if budget is not None and self.cost + other.cost > budget:
+        limits = [x for x in (budget, self._merge.max_cost) if x is not None]
+        if limits and self.cost + other.cost > min(limits):
             return False
         steps = max(s.left for s in self._searches + other._searches)
         if not self._merge.fits(self._state, steps):

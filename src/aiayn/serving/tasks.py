@@ -56,6 +56,7 @@ from aiayn.serving.engine import Engine, Job
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.options import ServeOptions
 from aiayn.serving.problems import Problem
+from aiayn.settings import performance
 
 
 class Task:
@@ -190,7 +191,8 @@ class TranslateTask(Task):
 
         merge = None
         if self.step.fallback is None:  # the module step's states do not merge
-            merge = StateMerge(merge_inference_states, compact_inference_state, self._fits)
+            cap = performance().beam_merge_max_tokens
+            merge = StateMerge(merge_inference_states, compact_inference_state, self._fits, cap)
         return BeamGroup(
             jobs, counts, run, lambda job, found: self._answer(job.payload, found),
             step=self.search_step, steps=max(limits) + 1, merge=merge,
