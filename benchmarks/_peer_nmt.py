@@ -268,11 +268,12 @@ def averaging_points(budget: float, window: float, n: int) -> list[float]:
     return [budget - k * interval for k in range(n - 1, -1, -1)]
 
 
-def averaging_steps(budget: int, window: float, n: int) -> list[float]:
+def averaging_steps(budget: int, window: float, n: int) -> list[int]:
     """The points of a ``budget``-step run as whole steps: the first step at or past each of
-    :func:`averaging_points` (k · window · budget / n rounded to 6 decimals first, so that float
-    noise never moves one), ascending, without repeats."""
-    return sorted({float(budget - math.floor(round(k * window * budget / n, 6))) for k in range(n)})
+    :func:`averaging_points` (its distance from the end rounded to 6 decimals first, so that
+    float noise never moves one), ascending, without repeats."""
+    points = averaging_points(budget, window, n)
+    return sorted({budget - math.floor(round(budget - p, 6)) for p in points})
 
 
 class Averaging:
@@ -286,8 +287,11 @@ class Averaging:
 
     def __init__(self, budget: float, window: float, n: int, *, steps: bool = False):
         self.n = n
-        points = averaging_points(budget, window, n)  # (checks window and n)
-        self.points = (averaging_steps(int(budget), window, n) if steps else points)[:-1]
+        if steps:
+            points: list[float] = [float(p) for p in averaging_steps(int(budget), window, n)]
+        else:
+            points = averaging_points(budget, window, n)
+        self.points = points[:-1]
         self.passed = 0  # points passed so far
         self.snapshots: list[tuple[int, dict[str, Tensor]]] = []
 

@@ -109,13 +109,18 @@ def test_schedule_is_eq3_times_the_scale() -> None:
         )
 
 
-@pytest.mark.parametrize("average_last", [0, 5])
-def test_a_timed_run_averages_only_when_asked(average_last: int) -> None:
+def _tiny_run() -> tuple[peer.TorchReference, peer.Encoded]:
+    """A tiny pre-norm peer (seeded) and three training pairs."""
     torch.manual_seed(0)
     model = peer.TorchReference(
         peer.PeerConfig(vocab_size=20, d_model=16, num_heads=2, d_ff=32, norm_first=True)
     )
-    data = peer.Encoded([[4, 5, 6], [7, 8], [9, 10, 11, 12]], [[5, 6], [8, 9, 10], [11]])
+    return model, peer.Encoded([[4, 5, 6], [7, 8], [9, 10, 11, 12]], [[5, 6], [8, 9, 10], [11]])
+
+
+@pytest.mark.parametrize("average_last", [0, 5])
+def test_a_timed_run_averages_only_when_asked(average_last: int) -> None:
+    model, data = _tiny_run()
     settings = peer.TrainSettings(minutes=0.002, max_tokens=10, average_last=average_last)
     log = peer.train_for(model, data, settings, device=torch.device("cpu"))
     assert log.steps >= 1
@@ -134,11 +139,7 @@ def test_step_points_are_aiayns_averaging_steps() -> None:
 
 @pytest.mark.parametrize("average_last", [0, 3])
 def test_a_step_budget_makes_its_steps_and_averages_where_aiayn_would(average_last: int) -> None:
-    torch.manual_seed(0)
-    model = peer.TorchReference(
-        peer.PeerConfig(vocab_size=20, d_model=16, num_heads=2, d_ff=32, norm_first=True)
-    )
-    data = peer.Encoded([[4, 5, 6], [7, 8], [9, 10, 11, 12]], [[5, 6], [8, 9, 10], [11]])
+    model, data = _tiny_run()
     settings = peer.TrainSettings(
         minutes=0.0, steps=30, max_tokens=10, average_last=average_last, average_window=0.2
     )

@@ -252,25 +252,35 @@ def test_a_beam_merge_waits_when_the_columns_would_not_fit(
     checkpoints: dict[str, Path],
 ) -> None:
     """The served model reads 24 positions: a beam group 3 steps in cannot take a search that
-    may run 22 more steps (limit 21, and EOS: 3 + 22 > 24); it takes one of 21, once the two
-    hold no more tokens than ``beam_merge_max_tokens``."""
+    may run 22 more steps (limit 21, and EOS: 3 + 22 > 24); it takes one of 21."""
     mt, first, made = _three_steps_in(checkpoints["mt"], 2, (12, 21, 20))
     groups = [first, mt.start(made[1:2])]  # type: ignore[attr-defined]
     _merge_groups(groups)
     assert len(groups) == 2
     groups[1].close()  # type: ignore[attr-defined]
-    cost = first.cost + made[2].cost  # type: ignore[attr-defined]
-    with performance_settings(beam_merge_max_tokens=cost - 1):
-        capped = mt.start(made[2:])  # type: ignore[attr-defined]
-    assert capped._merge.max_cost == cost - 1  # a group takes the cap in force when it starts
-    uncapped, first._merge = first._merge, capped._merge  # type: ignore[attr-defined]
-    groups = [first, capped]
-    _merge_groups(groups)
-    assert len(groups) == 2
-    capped.close()  # type: ignore[attr-defined]
-    first._merge = uncapped  # type: ignore[attr-defined]
     groups = [first, mt.start(made[2:])]  # type: ignore[attr-defined]
     _merge_groups(groups)
     assert groups == [first]
     while not first.done:
         first.advance()
+
+
+@pytest.mark.parametrize("over", [0, 1])
+def test_beam_groups_merge_only_within_beam_merge_max_tokens(
+    checkpoints: dict[str, Path], over: int
+) -> None:
+    """Two beam groups whose requests hold T tokens merge under a bound of T, not of T − 1
+    (the bound in force when the running group started)."""
+    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+
+    async def jobs() -> list[Job]:
+        return [mt.prepare(TranslateRequest(texts=[t], beam=2, max_new_tokens=6))  # type: ignore[attr-defined]
+                for t in TEXTS[:2]]  # fmt: skip
+
+    made = asyncio.run(jobs())
+    with performance_settings(beam_merge_max_tokens=made[0].cost + made[1].cost - over):
+        groups = [mt.start(made[:1]), mt.start(made[1:])]  # type: ignore[attr-defined]
+    _merge_groups(groups)
+    assert len(groups) == 1 + over
+    for group in groups:
+        group.close()  # type: ignore[attr-defined]

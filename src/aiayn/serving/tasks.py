@@ -204,8 +204,12 @@ class TranslateTask(Task):
         groups (:meth:`_merge`)."""
         if state is None:
             return True
-        columns = state.offset if isinstance(state, InferenceState) else None
-        return columns is not None and columns + steps <= self.model.config.max_len
+        return isinstance(state, InferenceState) and self._columns_fit(state.offset, steps)
+
+    def _columns_fit(self, columns: int, steps: int) -> bool:
+        """Whether ``columns`` key columns and ``steps`` more stay within the model's
+        ``max_len``: the padded columns a joining row attends over stay bounded."""
+        return columns + steps <= self.model.config.max_len
 
     def _merge(self, into: SteppedSearch, other: SteppedSearch) -> bool:
         """Take ``other``'s rows into ``into``'s batch (each row at its own positions) when the
@@ -215,7 +219,7 @@ class TranslateTask(Task):
         if not (isinstance(a, InferenceState) and isinstance(b, InferenceState)):
             return False
         left = max(r.limit - len(r.tokens) for r in (*into.rows, *other.rows))
-        if max(a.offset, b.offset) + left > self.model.config.max_len:
+        if not self._columns_fit(max(a.offset, b.offset), left):
             return False
         into.merge(other, merge_inference_states)
         return True

@@ -5,8 +5,9 @@
 // Why it exists: a decoding step attends with one query (or the G beams of a sentence, folded
 // into G queries over its source) per head over a few dozen keys, which is a few thousand
 // multiply-adds; PyTorch's fused CPU kernel and the three plain operations each cost more in
-// set-up per call than that arithmetic (docs/performance.md has the timings). Here one call does the scores, the softmax and the
-// weighted sum per query row, with the row's scores in a small buffer.
+// set-up per call than that arithmetic (docs/performance.md has the timings). Here one call
+// does the scores, the softmax and the weighted sum per query row, with the row's scores in a
+// small buffer.
 //
 // Shape legend:  B batch   H heads   T queries   S keys/values   d query/key size   d_v value size
 //
