@@ -247,6 +247,15 @@ def missing_runs(
     ]
 
 
+def own_budget(protocol_: dict[str, Any], system: str) -> dict[str, Any]:
+    """The protocol as one system's result depends on it: of a step budget per system, only its
+    own count (a peer's new count leaves aiayn's results valid, and the other way round)."""
+    steps = protocol_.get("steps")
+    if not steps:
+        return protocol_
+    return {**protocol_, "steps": {system: steps.get(system)}}
+
+
 def check_protocol(path: Path, found: dict[str, Any], expected: dict[str, Any]) -> None:
     """A result made under another protocol (budget, config, overrides, test sentences, α grid,
     …) is a ValueError naming the file and the keys that differ: results are never mixed."""

@@ -57,6 +57,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-runs", type=int, help="run at most N missing runs per direction, then report"
     )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="runs at a time, each its own process (on a GPU; on a CPU they share its cores)",
+    )
     p.add_argument("--report-only", action="store_true", help="no training: the report")
     p.add_argument("--smoke", action="store_true", help="0.3 min per run, 20 sentences")
     p.add_argument("--test-sentences", type=int, help="the first N test (and validation) sentences")
@@ -133,6 +140,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.systems) - set(protocol.SYSTEMS))
     if unknown:
         p.error(f"--systems: unknown {', '.join(unknown)} (choose from {protocol.SYSTEMS})")
+    if args.parallel < 1:
+        p.error(f"--parallel must be >= 1, got {args.parallel}")
     unbudgeted = [s for s in args.systems if args.steps and s not in args.steps]
     if unbudgeted:
         p.error(f"--steps: no budget for {', '.join(unbudgeted)} (give SYSTEM=N for each)")
@@ -613,23 +622,43 @@ def load_results(
             path = protocol.result_path(Path(args.run_dir), direction, system, seed)
             if path.is_file():
                 result = json.loads(path.read_text(encoding="utf-8"))
-                protocol.check_protocol(path, result["protocol"], expected)
+                protocol.check_protocol(
+                    path,
+                    protocol.own_budget(result["protocol"], system),
+                    protocol.own_budget(expected, system),
+                )
                 found[system][seed] = result
     return found
 
 
-def run_direction(args: argparse.Namespace, direction: str, seeds: list[int]) -> None:
-    """The missing runs of the systems asked for (at most ``--max-runs``), then the report."""
-    load_results(args, direction, seeds)  # a result of another protocol: stop before training
-    todo = protocol.missing_runs(Path(args.run_dir), direction, args.systems, seeds)
+Run = tuple[str, str, int]  # (direction, system, seed)
+
+
+def runs_to_make(args: argparse.Namespace, direction: str, seeds: list[int]) -> list[Run]:
+    """(direction, system, seed) of the missing runs of the systems asked for, at most
+    ``--max-runs``; a result of another protocol there stops everything before training."""
+    load_results(args, direction, seeds)
     if args.report_only:
-        todo = []
-    for system, seed in todo[: args.max_runs]:
+        return []
+    todo = protocol.missing_runs(Path(args.run_dir), direction, args.systems, seeds)
+    return [(direction, system, seed) for system, seed in todo[: args.max_runs]]
+
+
+def make_runs(args: argparse.Namespace, runs: list[Run]) -> None:
+    """Each run in its own process, ``--parallel`` of them at a time (one by default: on a CPU
+    runs at the same time would share its cores and change each other's step counts)."""
+
+    def one(run: Run) -> None:
+        direction, system, seed = run
         print(f"== {direction}: {system}, seed {seed}", flush=True)
         spawn(args, system, direction, seed)
-    results = load_results(args, direction, seeds)
-    missing = protocol.missing_runs(Path(args.run_dir), direction, protocol.SYSTEMS, seeds)
-    write_reports(args, direction, seeds, results, missing)
+
+    if args.parallel == 1:
+        for run in runs:
+            one(run)
+        return
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        list(pool.map(one, runs))
 
 
 def main() -> None:
@@ -642,8 +671,12 @@ def main() -> None:
         return
     base = aiayn_config(args, DIRECTIONS[0], Path("unused")).train.seed
     seeds = protocol.seeds_of(base, args.seeds)
-    for direction in DIRECTIONS if args.direction == "both" else (args.direction,):
-        run_direction(args, direction, seeds)
+    directions = DIRECTIONS if args.direction == "both" else (args.direction,)
+    make_runs(args, [run for d in directions for run in runs_to_make(args, d, seeds)])
+    for direction in directions:
+        results = load_results(args, direction, seeds)
+        missing = protocol.missing_runs(Path(args.run_dir), direction, protocol.SYSTEMS, seeds)
+        write_reports(args, direction, seeds, results, missing)
 
 
 if __name__ == "__main__":

@@ -139,6 +139,22 @@ def test_results_of_another_protocol_are_refused(tmp_path: Path) -> None:
         protocol.check_protocol(tmp_path / "a.json", {**now, "overrides": ["x=1"]}, now)
 
 
+def test_a_step_budget_binds_only_its_own_system(tmp_path: Path) -> None:
+    made = {"minutes": None, "steps": {"aiayn": 4669, "peer-same": 3445}, "alphas": [0.6]}
+    now = {**made, "steps": {"aiayn": 4669, "peer-same": 3744}}
+    assert protocol.own_budget(now, "aiayn") == {**made, "steps": {"aiayn": 4669}}
+    mine, theirs = protocol.own_budget(made, "aiayn"), protocol.own_budget(now, "aiayn")
+    protocol.check_protocol(tmp_path / "a.json", mine, theirs)  # aiayn's result stays valid
+    with pytest.raises(ValueError, match=r"steps: \{'peer-same': 3445\} there"):
+        protocol.check_protocol(
+            tmp_path / "p.json",
+            protocol.own_budget(made, "peer-same"),
+            protocol.own_budget(now, "peer-same"),
+        )
+    minutes = {"minutes": 60.0, "steps": None}
+    assert protocol.own_budget(minutes, "aiayn") == minutes
+
+
 def test_step_budgets_parse_and_bad_ones_are_named() -> None:
     assert protocol.parse_steps("4669") == dict.fromkeys(protocol.SYSTEMS, 4669)
     assert protocol.parse_steps("aiayn=4669,peer-same=3445") == {"aiayn": 4669, "peer-same": 3445}
@@ -146,3 +162,26 @@ def test_step_budgets_parse_and_bad_ones_are_named() -> None:
                         ("aiayn=-3", "'aiayn=-3'")]:  # fmt: skip
         with pytest.raises(ValueError, match=f"^--steps: .*{re.escape(named)}"):
             protocol.parse_steps(text)
+
+
+def test_parallel_runs_all_run_at_once_and_each_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    import train_multi30k
+
+    runs = [("en-de", "aiayn", 1), ("en-de", "peer-same", 1), ("de-en", "aiayn", 1)]
+    together = threading.Barrier(len(runs), timeout=10)  # breaks unless all run at the same time
+    made: list[tuple[str, str, int]] = []
+
+    def spawn(args: object, system: str, direction: str, seed: int) -> None:
+        together.wait()
+        made.append((direction, system, seed))
+
+    monkeypatch.setattr(train_multi30k, "spawn", spawn)
+    args = train_multi30k.parse_args(["--data-dir", str(tmp_path), "--parallel", "3"])
+    train_multi30k.make_runs(args, runs)
+    assert sorted(made) == sorted(runs)
+    with pytest.raises(SystemExit):
+        train_multi30k.parse_args(["--data-dir", str(tmp_path), "--parallel", "0"])
