@@ -20,11 +20,11 @@ CONFIG = ROOT / "configs" / "multi30k_small.yaml"
 
 def test_same_recipe_is_the_configs_recipe() -> None:
     r = protocol.same_recipe(load_run_config(str(CONFIG), []))
-    # configs/multi30k_small.yaml: pre-norm, dropout 0.2, 2,500 tokens, warm-up 1,000, lr scale
-    # 1, average_last 5 over 0.1; the small preset: 8k joint BPE, shared and tied embeddings
-    assert (r.norm_first, r.final_norm, r.dropout) == (True, True, 0.2)
+    # configs/multi30k_small.yaml: pre-norm, dropout 0.3, 2,500 tokens, warm-up 1,000, lr scale
+    # 1, average_last 10 over 0.3; the small preset: 8k joint BPE, shared and tied embeddings
+    assert (r.norm_first, r.final_norm, r.dropout) == (True, True, 0.3)
     assert (r.max_tokens, r.warmup, r.lr_scale) == (2500, 1000, 1.0)
-    assert (r.average_last, r.average_window, r.tune_alpha) == (5, 0.1, True)
+    assert (r.average_last, r.average_window, r.tune_alpha) == (10, 0.3, True)
     assert (r.vocab_size, r.min_frequency) == (8000, 2)
     assert (r.share_embeddings, r.tie_output, r.activation) == (True, True, "relu")
     assert r.label_smoothing == 0.1  # train.label_smoothing null: the translation default
@@ -83,7 +83,7 @@ def test_paper_recipe_keeps_the_old_peer() -> None:
     assert (r.max_tokens, r.vocab_size) == (2500, 8000)  # the config's batch and vocabulary
     assert "post-norm" in protocol.recipe_line(r) and "its last weights" in protocol.recipe_line(r)
     same = protocol.recipe_line(protocol.same_recipe(run))
-    assert "pre-norm with final LayerNorms" in same and "averages its last 5" in same
+    assert "pre-norm with final LayerNorms" in same and "averages its last 10" in same
 
 
 def test_summarize_by_hand() -> None:

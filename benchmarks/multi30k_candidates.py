@@ -1,0 +1,145 @@
+"""Recipe candidates for configs/multi30k_small.yaml, each against the runs it changes: aiayn's
+BLEU per row (mean and min–max over seeds) of each candidate's runs beside the baseline's, the
+difference of the means, and whether it exceeds the spread (the larger min–max range of the two
+sides, :func:`_multi30k_protocol.significant`, as benchmarks/train_multi30k.py's report).
+
+    python benchmarks/multi30k_candidates.py --direction en-de --baseline runs/gpu_multi30k \
+        --candidate runs/cand_dropout0.3 --candidate runs/cand_window0.3 \
+        --out docs/results/multi30k_candidates_en-de.md
+
+Each run folder is a ``--run-dir`` of benchmarks/train_multi30k.py (``DIRECTION/aiayn/seed_N/
+result.json``). A candidate is its ``--set`` overrides beyond the baseline's; every other part of
+the protocol (budget, config file, test sentences, α grid, device, threads) must be the
+baseline's, or the candidate is refused by name. Seeds are matched: a candidate is compared on
+the seeds both sides ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import _multi30k_protocol as protocol
+from _multi30k_report import spread_text
+
+SAME = ("minutes", "steps", "config", "config_sha256", "test_sentences", "alphas", "device",
+        "threads")  # fmt: skip
+"""What a candidate's protocol shares with the baseline's (its overrides differ)."""
+
+
+def aiayn_runs(run_dir: Path, direction: str) -> dict[int, dict[str, Any]]:
+    """seed -> aiayn's result in ``run_dir`` for ``direction``."""
+    found = {}
+    for path in sorted((run_dir / direction / "aiayn").glob("seed_*/result.json")):
+        result = json.loads(path.read_text(encoding="utf-8"))
+        found[int(result["seed"])] = result
+    if not found:
+        raise ValueError(f"{run_dir}: no aiayn result for {direction}")
+    return found
+
+
+def changes(base: dict[str, Any], cand: dict[str, Any], name: str) -> list[str]:
+    """The candidate's overrides beyond the baseline's; a ValueError naming ``name`` and the
+    part of the protocol that differs otherwise."""
+    p, q = base["protocol"], cand["protocol"]
+    differ = [k for k in SAME if protocol.own_budget(p, "aiayn").get(k)
+              != protocol.own_budget(q, "aiayn").get(k)]  # fmt: skip
+    if differ:
+        raise ValueError(f"{name}: not comparable with the baseline ({', '.join(differ)} differ)")
+    return [o for o in q["overrides"] if o not in p["overrides"]]
+
+
+def compare(
+    base: dict[int, dict[str, Any]], cand: dict[int, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per row both sides have, on the seeds both ran: each side's BLEU summary, the difference
+    of the means (candidate − baseline) and whether it exceeds the spread."""
+    seeds = sorted(set(base) & set(cand))
+    if not seeds:
+        raise ValueError("the candidate ran none of the baseline's seeds")
+    rows = []
+    for row in base[seeds[0]]["scores"]:
+        if not all(row in base[s]["scores"] and row in cand[s]["scores"] for s in seeds):
+            continue
+        b = [base[s]["scores"][row]["bleu"] for s in seeds]
+        c = [cand[s]["scores"][row]["bleu"] for s in seeds]
+        rows.append({
+            "row": row, "seeds": seeds, "baseline": protocol.summarize(b),
+            "candidate": protocol.summarize(c),
+            "difference": protocol.summarize(c)["mean"] - protocol.summarize(b)["mean"],
+            "significant": protocol.significant(c, b),
+        })  # fmt: skip
+    return rows
+
+
+def table(name: str, overrides: list[str], rows: list[dict[str, Any]]) -> list[str]:
+    """One candidate's markdown table."""
+    verdict = {True: "yes", False: "no", None: "n/a (< 2 seeds)"}
+    out = [
+        f"### {name}: {' '.join(f'`{o}`' for o in overrides) or '(no overrides)'}",
+        "",
+        f"Seeds {', '.join(map(str, rows[0]['seeds']))}.",
+        "",
+        "| checkpoint, search | baseline | candidate | difference | exceeds the spread |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        b, c = spread_text(r["baseline"]), spread_text(r["candidate"])
+        out.append(f"| {r['row']} | {b[0]} ({b[1]}) | {c[0]} ({c[1]}) | "
+                   f"{r['difference']:+.2f} | {verdict[r['significant']]} |")  # fmt: skip
+    return [*out, ""]
+
+
+def report(args: argparse.Namespace) -> str:
+    """The markdown page: the command, the baseline, then one table per candidate."""
+    base = aiayn_runs(Path(args.baseline), args.direction)
+    first = base[min(base)]
+    steps = protocol.own_budget(first["protocol"], "aiayn").get("steps")
+    budget = f"{steps['aiayn']:,} steps" if steps else f"{first['protocol']['minutes']:g} minutes"
+    lines = [
+        f"# Multi30k {args.direction}: recipe candidates for aiayn",
+        "",
+        "`python benchmarks/multi30k_candidates.py " + " ".join(args.argv) + "`",
+        "",
+        f"Baseline `{args.baseline}`: {first['protocol']['config']} with "
+        f"{' '.join(f'`{o}`' for o in first['protocol']['overrides']) or 'no overrides'}, "
+        f"{budget} per run, trained on {_machine(first['machine'])}. BLEU on "
+        "test_2016_flickr (sacreBLEU, detokenized, cased); mean (min–max) over seeds; a difference "
+        "exceeds the spread when it is larger than the larger min–max range of the two sides.",
+        "",
+    ]
+    for path in args.candidate:
+        cand = aiayn_runs(Path(path), args.direction)
+        overrides = changes(first, cand[min(cand)], path)
+        lines += table(Path(path).name, overrides, compare(base, cand))
+    return "\n".join(lines)
+
+
+def _machine(machine: dict[str, Any]) -> str:
+    """The device the runs trained on, with its torch."""
+    return f"{machine.get('gpu') or machine.get('cpu', '?')}, torch {machine.get('torch', '?')}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--direction", choices=("en-de", "de-en"), required=True)
+    p.add_argument("--baseline", required=True, help="the run folder the candidates change")
+    p.add_argument("--candidate", action="append", required=True, help="a candidate's run folder")
+    p.add_argument("--out", help="write the page here (default: print it)")
+    args = p.parse_args(argv)
+    args.argv = argv if argv is not None else sys.argv[1:]
+    try:
+        text = report(args)
+    except ValueError as error:
+        p.error(str(error))
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""benchmarks/multi30k_candidates.py: a candidate's rows against the baseline's on the seeds both
+ran, the spread rule, and candidates of another protocol refused by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import multi30k_candidates as cand
+
+PROTOCOL = {"minutes": None, "steps": {"aiayn": 100, "peer-same": 80}, "config": "c.yaml",
+            "config_sha256": "x", "test_sentences": None, "alphas": [0.6], "device": "cuda",
+            "threads": 2, "overrides": ["train.precision=fp32"]}  # fmt: skip
+
+
+def _write(root: Path, seed: int, bleu: dict[str, float], **protocol: object) -> None:
+    path = root / "en-de" / "aiayn" / f"seed_{seed}" / "result.json"
+    path.parent.mkdir(parents=True)
+    result = {
+        "seed": seed,
+        "scores": {row: {"bleu": b} for row, b in bleu.items()},
+        "protocol": {**PROTOCOL, **protocol},
+        "machine": {"gpu": "G", "torch": "t"},
+    }
+    path.write_text(json.dumps(result), encoding="utf-8")
+
+
+def test_rows_compared_on_shared_seeds_with_the_spread_rule(tmp_path: Path) -> None:
+    base, new = tmp_path / "base", tmp_path / "new"
+    _write(base, 1, {"a": 30.0, "b": 20.0})
+    _write(base, 2, {"a": 31.0, "b": 21.0})
+    _write(base, 3, {"a": 90.0, "b": 90.0})  # the candidate did not run seed 3: left out
+    over = ["train.precision=fp32", "model.dropout=0.3"]
+    _write(new, 1, {"a": 32.5, "b": 20.0}, overrides=over)
+    _write(new, 2, {"a": 33.0, "b": 22.0}, overrides=over)
+    rows = cand.compare(cand.aiayn_runs(base, "en-de"), cand.aiayn_runs(new, "en-de"))
+    by = {r["row"]: r for r in rows}
+    assert by["a"]["difference"] == pytest.approx(2.25)  # 32.75 − 30.5 > spread 1.0
+    assert by["a"]["significant"] is True and by["a"]["seeds"] == [1, 2]
+    assert by["b"]["difference"] == pytest.approx(0.5) and by["b"]["significant"] is False
+    out = tmp_path / "page.md"
+    cand.main(["--direction", "en-de", "--baseline", str(base), "--candidate", str(new),
+               "--out", str(out)])  # fmt: skip
+    page = out.read_text(encoding="utf-8")
+    assert "### new: `model.dropout=0.3`" in page and "| a | 30.50 (30.00–31.00) |" in page
+    assert "| 32.75 (32.50–33.00) | +2.25 | yes |" in page and "100 steps" in page
+
+
+def test_a_candidate_of_another_budget_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, new = tmp_path / "base", tmp_path / "new"
+    _write(base, 1, {"a": 30.0})
+    _write(new, 1, {"a": 31.0}, steps={"aiayn": 200, "peer-same": 80})
+    _write(tmp_path / "peer", 1, {"a": 31.0}, steps={"aiayn": 100, "peer-same": 99})
+    assert (
+        cand.changes(
+            json.loads((base / "en-de/aiayn/seed_1/result.json").read_text()),
+            json.loads((tmp_path / "peer/en-de/aiayn/seed_1/result.json").read_text()),
+            "peer",
+        )
+        == []
+    )  # another peer count leaves aiayn's runs comparable
+    with pytest.raises(SystemExit) as exit_:
+        cand.main(["--direction", "en-de", "--baseline", str(base), "--candidate", str(new)])
+    assert exit_.value.code == 2
+    assert f"{new}: not comparable with the baseline (steps differ)" in capsys.readouterr().err
