@@ -1,6 +1,8 @@
 """Building aiayn's own C++ kernels (the ``csrc/`` folders beside the modules that use them) on
 first use, with PyTorch's extension builder: a C++ compiler and ninja are needed, the build is
-cached per machine in ``$TORCH_EXTENSIONS_DIR`` (by default under ``~/.cache/torch_extensions``).
+cached per machine in ``$TORCH_EXTENSIONS_DIR`` (by default under ``~/.cache/torch_extensions``),
+one build folder per checkout and source contents (:func:`build_name`): two checkouts or versions
+used in turn on one machine do not rebuild each other's kernels.
 
 They are x86-64 kernels (AVX-512), so nothing is built elsewhere. ``AIAYN_NATIVE=0`` turns every
 one of them off. A kernel that does not build or run here is never an error: its caller runs
@@ -10,6 +12,7 @@ the library operations it is held equal to, and :func:`build_extension` says why
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import platform
@@ -46,6 +49,17 @@ def _ninja_on_path() -> Iterator[None]:
         os.environ["PATH"] = before
 
 
+def build_name(name: str, sources: tuple[Path, ...]) -> str:
+    """``name`` with a digest of the sources' paths and contents and of the flags: the build
+    folder of this checkout's kernels (PyTorch's builder keeps one build per name, and rebuilds
+    when another checkout's sources, or other contents, come under the same name)."""
+    digest = hashlib.sha256(" ".join(FLAGS).encode())
+    for source in sources:
+        digest.update(str(source.resolve()).encode())
+        digest.update(source.read_bytes())
+    return f"{name}_{digest.hexdigest()[:12]}"
+
+
 @functools.cache
 def build_extension(name: str, sources: tuple[Path, ...]) -> str | None:
     """Compile and load the extension ``name`` from ``sources`` (once per process; its operators
@@ -58,9 +72,9 @@ def build_extension(name: str, sources: tuple[Path, ...]) -> str | None:
         with _ninja_on_path():
             from torch.utils import cpp_extension
 
-            _log.info("building aiayn's kernels %s (once per machine)", name)
+            _log.info("building aiayn's kernels %s (once per machine and checkout)", name)
             cpp_extension.load(
-                name=name,
+                name=build_name(name, sources),
                 sources=[str(s) for s in sources],
                 extra_cflags=list(FLAGS),
                 extra_ldflags=["-fopenmp"],
