@@ -22,9 +22,9 @@ their first (the prompt pass): :meth:`SteppedGroup.absorb`, :meth:`BeamGroup.abs
 rows right-aligned into the running batch at their own positions
 (:func:`~aiayn.decoding.fast_step.merge_inference_states`,
 :func:`~aiayn.decoding.lm.merge_lm_states`), so a new request joins the running batch itself.
-A merged beam search is one search: each sentence counts its own steps and is chosen for by
-the same rules, with one top-k over every sentence's candidates and one selection of the kept
-rows per step. Every result is the one the library gives the request alone: the searches are
+Merged beam-search groups are one search: each sentence counts its own steps under the same
+rules, with one top-k over every sentence's candidates and one selection of the kept rows per
+step. Every result is the one the library gives the request alone: the searches are
 the library's (or held equal to it by tests), and aiayn's steps are batch-invariant.
 
 Shape legend:  B rows of a group   V vocabulary
@@ -360,10 +360,10 @@ class BeamGroup:
         steps = max(s.most_steps() for s in searches)
         if not all(self._merge.fits(s.state if s.stepped else None, steps) for s in searches):
             return False
-        offset = len(self.jobs)
-        for sentence in other.search.sentences:  # other's requests now follow this group's
-            sentence.key = _shifted(sentence.key, offset)
+        offset, before = len(self.jobs), len(self.search.sentences)
         self.search.merge(other.search, self._merge.states)
+        for sentence in self.search.sentences[before:]:  # other's requests follow this group's
+            sentence.key = _shifted(sentence.key, offset)
         self._found.update({_shifted(k, offset): v for k, v in other._found.items()})
         self._count.update({j + offset: n for j, n in other._count.items()})
         self._open |= {j + offset for j in other._open}
