@@ -153,6 +153,40 @@ def test_beam_groups_merge_after_steps_of_their_own(checkpoints: dict[str, Path]
         assert answers[job].translations[0].text == want
 
 
+def test_beam_groups_on_the_module_step_decode_apart(checkpoints: dict[str, Path]) -> None:
+    """A served model the flattened step does not run (a forward hook on a decoder layer: the
+    module step runs it, whose states do not merge): a later beam group does not join the
+    running one; each decodes on its own, and answers as the library does for its text alone."""
+    from aiayn.decoding import InferenceStep
+    from aiayn.serving.tasks import TranslateTask
+
+    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+    assert isinstance(mt, TranslateTask)
+    mt.model.decoder.layers[0].feed_forward.register_forward_hook(lambda *_: None)
+    given = mt.step
+    mt.step = InferenceStep(mt.model, banned=given.banned_given, renormalize=given.renormalize)
+    mt.search_step = mt.step
+    assert mt.step.fallback is not None
+    limits = [6, 9]
+
+    async def jobs() -> list[Job]:
+        return [mt.prepare(TranslateRequest(texts=[t], beam=2, max_new_tokens=m))
+                for t, m in zip(TEXTS, limits, strict=False)]  # fmt: skip
+
+    made = asyncio.run(jobs())
+    first, answers = mt.start(made[:1]), {}
+    answers.update(first.advance()[0])
+    groups = [first, mt.start(made[1:])]
+    _merge_groups(groups)
+    assert len(groups) == 2
+    while not all(g.done for g in groups):
+        for group in groups:
+            answers.update(group.advance()[0])
+    for job, text, limit in zip(made, TEXTS, limits, strict=False):
+        want = _translate_offline(checkpoints["mt"], text, limit, 2)
+        assert answers[job].translations[0].text == want
+
+
 def test_a_translation_arriving_mid_decode_joins_the_running_batch(
     checkpoints: dict[str, Path],
 ) -> None:
