@@ -160,8 +160,8 @@ class SteppedBeamSearch:
     Each sentence counts its own steps and has its own length limit; all follow the same rules
     (the arguments of :func:`beam_search`, which is this search run to the end). A step is one
     call of ``step`` over every sentence's K beams (rows ``b·K + k``), one top-k over all
-    sentences' candidates (b, K·V), one copy of the (b, 2K) best to the host, and one
-    ``index_select`` of the surviving beams' rows. Every sentence gets what
+    sentences' candidates (b, K·V), one copy of the (b, 2K) best (scores and indices) to the
+    host, and one ``index_select`` of the surviving beams' rows. Every sentence gets what
     :func:`beam_search` gives it alone, whatever joins or leaves around it, as far as the step
     is batch-invariant (the choice is per sentence; tests hold them equal).
 
