@@ -20,6 +20,7 @@ from aiayn.decoding import (
     greedy_search,
     inference_step,
 )
+from aiayn.decoding.fast_step import compact_inference_state, merge_inference_states
 from aiayn.decoding.translate import DecodeOptions, translate_ids
 from aiayn.inference import pack_for_inference, packing_available
 from aiayn.inference.encoder import EncoderInference
@@ -108,6 +109,31 @@ def test_beam_reorders_match_the_module_step(kernels: str) -> None:
         states = [state.index_select(index) for state in states]
         tokens = torch.randint(3, V, (len(rows), 1))
     assert [s.group for s in states] == [1, 1]  # type: ignore[attr-defined]
+
+
+@torch.no_grad()
+def test_a_selection_is_copied_out_by_what_reads_it_next() -> None:
+    """Beam search's selection of rows copies nothing; the merge and the compaction that read
+    it next copy the selected rows' keys/values out themselves (one copy, not two)."""
+    model = _model()
+    step, state = inference_step(model, _sources(3), capacity=4)
+    state = state.repeat_interleave(2)  # 6 rows: 2 beams per sentence
+    for _ in range(2):
+        _, state = step(torch.randint(3, V, (6, 1)), state)
+    assert isinstance(state, InferenceState)
+    index = torch.tensor([5, 4, 1, 1])  # sentences 2 and 0, beams reordered
+    picked = state.index_select(index)
+    assert picked.self_kv.buffer is state.self_kv.buffer  # nothing copied yet
+    _, late = inference_step(model, _sources(1))
+    merged = merge_inference_states(picked, late.repeat_interleave(2))  # late rows: 2 pads
+    want = state.self_kv.buffer[:, :, index, :, :2]  # (N, 2, 4, H, 2, d_k)
+    assert torch.equal(merged.self_kv.buffer[:, :, :4, :, :2], want)
+    _, merged = step(torch.randint(3, V, (6, 1)), merged)  # column 2: the late rows' first
+    assert isinstance(merged, InferenceState)
+    late_only = compact_inference_state(merged.index_select(torch.tensor([5, 4])))
+    assert isinstance(late_only, InferenceState) and late_only.offset == 1
+    want = merged.self_kv.buffer[:, :, [5, 4], :, 2:3]  # (N, 2, 2, H, 1, d_k)
+    assert torch.equal(late_only.self_kv.buffer[:, :, :, :, :1], want)
 
 
 @torch.no_grad()

@@ -121,6 +121,72 @@ def test_translation_groups_merge_and_answer_as_alone(
         assert answers[id(job)].translations[0].text == want
 
 
+def test_beam_groups_merge_after_steps_of_their_own(checkpoints: dict[str, Path]) -> None:
+    """A beam group 3 steps in takes in one that has run a step of its own: from then on one
+    model call per step over both groups' beams (one search, each sentence at its own step);
+    every answer is the library's for its text alone."""
+    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+    limits = [7, 5, 9, 8]
+
+    async def jobs() -> list[Job]:
+        return [mt.prepare(TranslateRequest(texts=[t], beam=2, max_new_tokens=m))  # type: ignore[attr-defined]
+                for t, m in zip(TEXTS, limits, strict=True)]  # fmt: skip
+
+    made, calls = asyncio.run(jobs()), []
+    _counted(mt, calls)
+    first, answers = mt.start(made[:2]), {}  # type: ignore[attr-defined]
+    for _ in range(3):
+        answers.update(first.advance()[0])
+    second = mt.start(made[2:])  # type: ignore[attr-defined]
+    answers.update(second.advance()[0])
+    rows, groups = first.rows + second.rows, [first, second]
+    _merge_groups(groups)
+    assert groups == [first] and second.done and first.rows == rows > 0
+    steps = len(calls)
+    while not first.done:
+        before = len(calls)
+        answers.update(first.advance()[0])
+        assert len(calls) - before <= 1
+    assert calls[steps] == rows and set(answers) == set(made)
+    for job, text, limit in zip(made, TEXTS, limits, strict=True):
+        want = _translate_offline(checkpoints["mt"], text, limit, 2)
+        assert answers[job].translations[0].text == want
+
+
+def test_beam_groups_on_the_module_step_decode_apart(checkpoints: dict[str, Path]) -> None:
+    """A served model the flattened step does not run (a forward hook on a decoder layer: the
+    module step runs it, whose states do not merge): a later beam group does not join the
+    running one; each decodes on its own, and answers as the library does for its text alone."""
+    from aiayn.decoding import InferenceStep
+    from aiayn.serving.tasks import TranslateTask
+
+    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+    assert isinstance(mt, TranslateTask)
+    mt.model.decoder.layers[0].feed_forward.register_forward_hook(lambda *_: None)
+    given = mt.step
+    mt.step = InferenceStep(mt.model, banned=given.banned_given, renormalize=given.renormalize)
+    mt.search_step = mt.step
+    assert mt.step.fallback is not None
+    limits = [6, 9]
+
+    async def jobs() -> list[Job]:
+        return [mt.prepare(TranslateRequest(texts=[t], beam=2, max_new_tokens=m))
+                for t, m in zip(TEXTS, limits, strict=False)]  # fmt: skip
+
+    made = asyncio.run(jobs())
+    first, answers = mt.start(made[:1]), {}
+    answers.update(first.advance()[0])
+    groups = [first, mt.start(made[1:])]
+    _merge_groups(groups)
+    assert len(groups) == 2
+    while not all(g.done for g in groups):
+        for group in groups:
+            answers.update(group.advance()[0])
+    for job, text, limit in zip(made, TEXTS, limits, strict=False):
+        want = _translate_offline(checkpoints["mt"], text, limit, 2)
+        assert answers[job].translations[0].text == want
+
+
 def test_a_translation_arriving_mid_decode_joins_the_running_batch(
     checkpoints: dict[str, Path],
 ) -> None:
@@ -223,8 +289,8 @@ def test_a_translation_merge_waits_when_the_columns_would_not_fit(
 
 
 def test_a_cancelled_beam_search_leaves_the_shared_batch(checkpoints: dict[str, Path]) -> None:
-    """Two merged searches; nobody waits for the second's request any more: its rows leave at
-    the next step, and the first's answer is still the library's."""
+    """Two merged groups (one search); nobody waits for the second's request any more: its
+    sentences leave at the next step, and the first's answer is still the library's."""
     mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
 
     async def jobs() -> list[Job]:

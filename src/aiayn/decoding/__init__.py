@@ -1,6 +1,6 @@
 """Decoding: searches written against one step function (tokens, state) -> (log-probs, state)."""
 
-from aiayn.decoding.beam import Hypothesis, beam_search, gnmt_length_penalty
+from aiayn.decoding.beam import Hypothesis, SteppedBeamSearch, beam_search, gnmt_length_penalty
 from aiayn.decoding.fast_step import InferenceState, InferenceStep, inference_step
 from aiayn.decoding.generate import GenerateOptions, generate, generate_ids
 from aiayn.decoding.greedy import greedy_search
@@ -17,6 +17,7 @@ __all__ = [
     "LMState",
     "Seq2SeqState",
     "StepFunction",
+    "SteppedBeamSearch",
     "beam_search",
     "decoder_only_step",
     "encoder_decoder_step",

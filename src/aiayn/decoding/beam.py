@@ -12,7 +12,9 @@ hypothesis cut at the length limit counts its last token instead). α = 0 is pla
 Batched over sentences × beams (rows ``b·K + k``); a sentence leaves the batch as soon as it is
 done, so the others run on a smaller batch. The device scores the candidates and keeps the 2K
 best per sentence; the host, from one copy of those, ends hypotheses, picks the K survivors and
-keeps their token histories. Each style fixes, in one class (:class:`_Gnmt`,
+keeps their token histories. :class:`SteppedBeamSearch` runs this one step at a time, and takes
+in sentences that start later (each counting its own steps), for a server;
+:func:`beam_search` runs it to the end. Each style fixes, in one class (:class:`_Gnmt`,
 :class:`_HuggingFace`), what happens at the length limit and when a sentence is done:
 
 * "gnmt": ``max_len`` counts output tokens without EOS; at the limit EOS is forced (keeping its
@@ -41,9 +43,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +103,8 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Beam search over ``step``; returns, per sentence, its ``n_best`` hypotheses, best first.
 
+    Runs :class:`SteppedBeamSearch` over the batch to the end (the one implementation).
+
     Args:
         step, state: the step function and the initial state for ``batch_size`` sentences.
         beam_size: K (1 = greedy search).
@@ -115,44 +119,175 @@ def beam_search(
         forced_eos: "hf" only: HF's ``forced_eos_token_id`` set to ``eos_id``: the token chosen
             at the last allowed step is EOS, with log-prob 0.
         on_done: called with (sentence, its n-best list) the step a sentence is done, with
-            what the search returns for it (``aiayn serve`` answers its request then).
+            what the search returns for it.
     """
-    rules = _rules(
-        length_penalty, beam_size, n_best, alpha, eos_id, min_len, early_stopping, forced_eos
-    )
-    k = beam_size
     limits = torch.as_tensor(max_len, device=device).expand(batch_size).tolist()
-    last = [rules.last_step(limit) for limit in limits]  # per sentence, its last step
-    state = state.repeat_interleave(k)  # row b·K + k: beam k of sentence b
-    scores, tokens = _first_beams(batch_size, k, bos_id, device)  # (B, K), (B·K, 1)
-    paths: list[tuple[int, ...]] = [()] * (batch_size * k)  # per row, its output tokens so far
-    active = list(range(batch_size))  # sentence id of each row block
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
-    for t in range(max(last) + 1):
-        log_probs, state = step(tokens, state)  # (b·K, V)
-        at_limit = [t >= last[s] for s in active]  # (b,) on the host
-        top, vocab = _top(log_probs, scores, rules.constrain, t, at_limit)
-        chosen = _select(active, top, _Row(k, vocab, t, at_limit), paths, rules, finished, limits)
-        _report(on_done, set(active) - set(chosen.kept), finished, n_best)
-        if not chosen.kept:  # by the last step: at its limit, every sentence is done
-            break
-        active, parents, survivors = chosen.kept, chosen.parents, chosen.survivors
-        paths = [paths[row] + (token,) for row, (_, token) in zip(parents, survivors, strict=True)]
-        scores, tokens = _next_beams(survivors, k, device)  # (b', K), (b'·K, 1)
-        state = state.index_select(torch.tensor(parents, device=device))  # (b'·K,) rows
-    return [hyps[:n_best] for hyps in finished]  # each kept best first (_Rules.keep)
+    search = SteppedBeamSearch(
+        step, state, range(batch_size), limits, beam_size=beam_size, bos_id=bos_id,
+        eos_id=eos_id, min_len=min_len, alpha=alpha, n_best=n_best,
+        length_penalty=length_penalty, early_stopping=early_stopping, forced_eos=forced_eos,
+        device=device,
+    )  # fmt: skip
+    found: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+    while not search.done:
+        for key, hyps in search.advance():  # in sentence order
+            sentence = cast(int, key)
+            found[sentence] = hyps
+            if on_done is not None:
+                on_done(sentence, hyps)
+    return found
 
 
-def _report(
-    on_done: Callable[[int, list[Hypothesis]], None] | None,
-    done: set[int],
-    finished: list[list[Hypothesis]],
-    n_best: int,
-) -> None:
-    """Give ``on_done`` the n-best lists of the sentences ``done`` at this step."""
-    if on_done is not None:
-        for s in sorted(done):
-            on_done(s, finished[s][:n_best])
+@dataclass
+class _Sentence:
+    """One sentence being searched: its caller's key, its length limit and the step at which
+    it ends (:meth:`_Rules.last_step`), t (the steps it has run: it may have joined later than
+    others) and its kept finished hypotheses (:meth:`_Rules.keep`'s: best first)."""
+
+    key: Hashable
+    limit: int
+    last: int
+    t: int = 0
+    finished: list[Hypothesis] = field(default_factory=list)
+
+
+class SteppedBeamSearch:
+    """Beam search over ``step`` one :meth:`advance` at a time, over sentences that join
+    (:meth:`merge`) and leave (done, or :meth:`remove`) between steps: what a server needs to
+    decode the sentences of requests arriving at different times in one batch
+    (``aiayn serve``, :mod:`aiayn.serving.decode`).
+
+    Each sentence counts its own steps and has its own length limit; all follow the same rules
+    (the arguments of :func:`beam_search`, which is this search run to the end). A step is one
+    call of ``step`` over every sentence's K beams (rows ``b·K + k``), one top-k over all
+    sentences' candidates (b, K·V), one copy of the (b, 2K) best (scores and indices) to the
+    host, and one ``index_select`` of the surviving beams' rows. Every sentence gets what
+    :func:`beam_search` gives it alone, whatever joins or leaves around it, as far as the step
+    is batch-invariant (the choice is per sentence; tests hold them equal).
+
+    Args:
+        step, state: the step function and the initial state of ``len(keys)`` sentences (one
+            row each: the search repeats it K times).
+        keys: one key per sentence (how :meth:`advance` names the sentences done).
+        limits: per sentence, its ``max_len`` (as :func:`beam_search`'s).
+    """
+
+    def __init__(
+        self,
+        step: StepFunction,
+        state: DecoderState,
+        keys: Sequence[Hashable],
+        limits: Sequence[int],
+        *,
+        beam_size: int,
+        bos_id: int,
+        eos_id: int,
+        min_len: int = 0,
+        alpha: float = 0.6,
+        n_best: int = 1,
+        length_penalty: str = "gnmt",
+        early_stopping: bool | str = True,
+        forced_eos: bool = False,
+        device: torch.device | str = "cpu",
+    ):
+        self.rules = _rules(
+            length_penalty, beam_size, n_best, alpha, eos_id, min_len, early_stopping, forced_eos
+        )
+        if len(limits) != len(keys):
+            raise ValueError(f"need one limit per sentence: {len(limits)} for {len(keys)}")
+        k = self.k = beam_size
+        last = [self.rules.last_step(int(m)) for m in limits]
+        self.sentences = [_Sentence(*x) for x in zip(keys, map(int, limits), last, strict=True)]
+        self.step, self.device = step, device
+        self.stepped = False  # whether a step has run (the state is past its first step)
+        with torch.inference_mode():
+            self.state = state.repeat_interleave(k)  # row b·K + k: beam k of sentence b
+            first = _first_beams(len(keys), k, bos_id, device)
+        self.scores, self.tokens = first  # (B, K), (B·K, 1)
+        self.paths: list[tuple[int, ...]] = [()] * (len(keys) * k)  # per row, its tokens so far
+
+    @property
+    def done(self) -> bool:
+        """Whether every sentence has left."""
+        return not self.sentences
+
+    @property
+    def rows(self) -> int:
+        """The rows the next step runs: K per sentence still searching."""
+        return len(self.sentences) * self.k
+
+    def most_steps(self) -> int:
+        """The most steps a sentence still searching may run (0 when none is)."""
+        return max((s.last - s.t + 1 for s in self.sentences), default=0)
+
+    @torch.inference_mode()
+    def advance(self) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """One step: (key, n-best list, best first) of each sentence done at it, in the order
+        of the batch; those leave it."""
+        if not self.sentences:
+            return []
+        log_probs, state = self.step(self.tokens, self.state)  # (b·K, V)
+        self.stepped = True
+        sentences, rules = self.sentences, self.rules
+        steps = [s.t for s in sentences]  # (b,) each sentence's own t
+        at_limit = [s.t >= s.last for s in sentences]  # (b,) on the host
+        top, vocab = _top(log_probs, self.scores, rules.constrain, steps, at_limit)
+        chosen = _select(sentences, top, _Row(self.k, vocab, at_limit), self.paths, rules)
+        kept = set(chosen.kept)
+        done = [s for r, s in enumerate(sentences) if r not in kept]
+        self.sentences = [sentences[r] for r in chosen.kept]
+        if self.sentences:
+            self._keep(chosen, state)
+        return [(s.key, s.finished[: rules.n_best]) for s in done]
+
+    def _keep(self, chosen: _Chosen, state: DecoderState) -> None:
+        """The surviving beams of the sentences still searching go on: their token histories,
+        log-probs and newest tokens, and their parents' rows of the step's ``state``."""
+        parents, survivors = chosen.parents, chosen.survivors
+        for sentence in self.sentences:
+            sentence.t += 1
+        pairs = zip(parents, survivors, strict=True)
+        self.paths = [self.paths[row] + (token,) for row, (_, token) in pairs]
+        self.scores, self.tokens = _next_beams(survivors, self.k, self.device)  # (b', K), (b'·K, 1)
+        self.state = state.index_select(torch.tensor(parents, device=self.device))  # (b'·K,) rows
+
+    @torch.inference_mode()
+    def remove(self, keys: Sequence[Hashable]) -> list[Hashable]:
+        """Take the sentences ``keys`` out of the batch (no longer wanted); returns the keys of
+        those that were in it."""
+        wanted = set(keys)
+        keep = [r for r, s in enumerate(self.sentences) if s.key not in wanted]
+        gone = [s.key for s in self.sentences if s.key in wanted]
+        if not gone:
+            return []
+        rows = [r * self.k + i for r in keep for i in range(self.k)]  # (b'·K,) their beams
+        self.sentences = [self.sentences[r] for r in keep]
+        self.paths = [self.paths[row] for row in rows]
+        if keep:
+            index = torch.tensor(rows, device=self.device)
+            self.state = self.state.index_select(index)  # (b'·K,) rows
+            self.scores = self.scores[torch.tensor(keep, device=self.device)]  # (b', K)
+            self.tokens = self.tokens.index_select(0, index)  # (b'·K, 1)
+        return gone
+
+    @torch.inference_mode()
+    def merge(self, other: SteppedBeamSearch, states: Callable[[Any, Any], DecoderState]) -> None:
+        """Take in the sentences of ``other`` (same rules and step function; at any step of
+        either): from now on they run in this batch, each at its own step; ``states`` merges
+        the two states (rows of this one first), and refuses (raises) states it cannot merge."""
+        if other.rules != self.rules:
+            raise ValueError("only searches with the same rules merge")
+        if not self.sentences:  # nothing runs here: the other's batch as it is
+            self.state, self.scores, self.tokens = other.state, other.scores, other.tokens
+            self.paths, self.stepped = other.paths, other.stepped
+        elif other.sentences:
+            self.state = states(self.state, other.state)
+            self.scores = torch.cat([self.scores, other.scores])  # (b + b', K)
+            self.tokens = torch.cat([self.tokens, other.tokens])  # (b·K + b'·K, 1)
+            self.paths = self.paths + other.paths
+            self.stepped = self.stepped or other.stepped
+        self.sentences += other.sentences
+        other.sentences, other.paths = [], []
 
 
 def _first_beams(
@@ -169,15 +304,16 @@ def _first_beams(
 def _top(
     log_probs: Tensor,
     scores: Tensor,
-    constrain: Callable[[Tensor, int, list[bool]], Tensor],
-    t: int,
+    constrain: Callable[[Tensor, list[int], list[bool]], Tensor],
+    steps: list[int],
     at_limit: list[bool],
 ) -> tuple[tuple[Tensor, Tensor], int]:
     """Each sentence's 2K best candidates (scores, indices into K·V), both (b, 2K), and V: the
-    step's log-probs (b·K, V) under the style's constraints, added to the beams' scores (b, K)."""
+    step's log-probs (b·K, V) under the style's constraints (each sentence at its step t, in
+    ``steps``), added to the beams' scores (b, K)."""
     b, k = scores.shape
     vocab = log_probs.size(-1)
-    log_probs = constrain(log_probs.view(b, k, vocab).float(), t, at_limit)  # (b, K, V)
+    log_probs = constrain(log_probs.view(b, k, vocab).float(), steps, at_limit)  # (b, K, V)
     candidates = (scores[:, :, None] + log_probs).view(b, k * vocab)  # (b, K·V)
     return top_candidates(candidates, min(2 * k, k * vocab)), vocab
 
@@ -193,19 +329,18 @@ def _next_beams(
 
 
 class _Row(NamedTuple):
-    """What :func:`_select` needs of the step: K, V, the step t and which sentences are at
-    their length limit."""
+    """What :func:`_select` needs of the step: K, V and which sentences are at their length
+    limit."""
 
     k: int
     vocab: int
-    t: int
     at_limit: list[bool]
 
 
 @dataclass
 class _Chosen:
-    """One step's outcome: the sentences still searching, the rows of their surviving beams'
-    parents (b'·K,), and the survivors' (log-prob, newest token)."""
+    """One step's outcome: the sentences still searching (their places in the batch), the rows
+    of their surviving beams' parents (b'·K,), and the survivors' (log-prob, newest token)."""
 
     kept: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
@@ -213,30 +348,28 @@ class _Chosen:
 
 
 def _select(
-    active: list[int],
+    sentences: list[_Sentence],
     top: tuple[Tensor, Tensor],
     row: _Row,
     paths: list[tuple[int, ...]],
     rules: _Rules,
-    finished: list[list[Hypothesis]],
-    limits: list[int],
 ) -> _Chosen:
     """On the host, from one copy of each sentence's 2K best candidates ``top`` (scores,
-    indices): end hypotheses (added to ``finished``), and keep the K survivors of each sentence
-    still searching."""
+    indices): end hypotheses (added to the sentence's ``finished``), and keep the K survivors
+    of each sentence still searching."""
     chosen = _Chosen()
     top_scores, top_index = top
     for r, (s, row_scores, row_index) in enumerate(
-        zip(active, top_scores.tolist(), top_index.tolist(), strict=True)
+        zip(sentences, top_scores.tolist(), top_index.tolist(), strict=True)
     ):
         outcome = _advance(
             row_scores, row_index, r * row.k, row.vocab, paths, rules, row.at_limit[r]
         )
-        if outcome.finished:  # finished[s] is keep's: sorted, at most K
-            finished[s] = rules.keep(finished[s] + outcome.finished)
+        if outcome.finished:  # s.finished is keep's: sorted, at most K
+            s.finished = rules.keep(s.finished + outcome.finished)
         live = [lp for lp, _ in outcome.survivors]
-        if not rules.done(finished[s], live, row.t, limits[s], row.at_limit[r]):
-            chosen.kept.append(s)
+        if not rules.done(s.finished, live, s.t, s.limit, row.at_limit[r]):
+            chosen.kept.append(r)
             chosen.parents.extend(outcome.parents)
             chosen.survivors.extend(outcome.survivors)
     return chosen
@@ -365,10 +498,10 @@ class _Rules(ABC):
         """The step at which a sentence of length limit ``limit`` (its max_len) ends."""
 
     @abstractmethod
-    def constrain(self, log_probs: Tensor, t: int, at_limit: list[bool]) -> Tensor:
+    def constrain(self, log_probs: Tensor, steps: list[int], at_limit: list[bool]) -> Tensor:
         """Edits (b, K, V) ``log_probs`` in place (the step's output belongs to the search):
-        min_len and the length limit; ``at_limit`` (b,) says which sentences take their last
-        step."""
+        min_len and the length limit; ``steps`` (b,) is each sentence's step t, ``at_limit``
+        (b,) says which sentences take their last step."""
 
     @abstractmethod
     def ends(self, token: int, at_limit: bool) -> bool:
@@ -412,8 +545,9 @@ class _Gnmt(_Rules):
     def last_step(self, limit: int) -> int:
         return limit
 
-    def constrain(self, log_probs: Tensor, t: int, at_limit: list[bool]) -> Tensor:
-        return _constrain(log_probs, self.eos_id, allow_eos=t >= self.min_len, at_limit=at_limit)
+    def constrain(self, log_probs: Tensor, steps: list[int], at_limit: list[bool]) -> Tensor:
+        early = [t < self.min_len for t in steps]
+        return _constrain(log_probs, self.eos_id, early=early, at_limit=at_limit)
 
     def ends(self, token: int, at_limit: bool) -> bool:
         return token == self.eos_id
@@ -456,11 +590,10 @@ class _HuggingFace(_Rules):
             raise ValueError(f"length_penalty='hf' needs max_len (max_new_tokens) >= 1: {limit}")
         return limit - 1
 
-    def constrain(self, log_probs: Tensor, t: int, at_limit: list[bool]) -> Tensor:
+    def constrain(self, log_probs: Tensor, steps: list[int], at_limit: list[bool]) -> Tensor:
         """HF's processors in HF's order: ``MinNewTokensLengthLogitsProcessor`` (EOS −inf while
         t < min_len), then ``ForcedEOSTokenLogitsProcessor`` at the limit (all −inf, EOS 0)."""
-        if t < self.min_len:
-            log_probs.select(2, self.eos_id).fill_(-math.inf)  # (b, K) column of EOS
+        _ban_eos(log_probs, self.eos_id, [t < self.min_len for t in steps])
         if self.forced_eos and any(at_limit):
             rows = torch.tensor(at_limit, device=log_probs.device)  # (b,)
             log_probs[rows] = -math.inf
@@ -479,14 +612,28 @@ class _HuggingFace(_Rules):
         return max(live) / self.penalty(limit if exact else t + 1) <= hyps[-1].score
 
 
-def _constrain(log_probs: Tensor, eos_id: int, *, allow_eos: bool, at_limit: list[bool]) -> Tensor:
-    """GNMT style: forbid EOS before min_len; force EOS for sentences at their length limit.
+def _ban_eos(log_probs: Tensor, eos_id: int, early: list[bool]) -> None:
+    """EOS to −inf in the (b, K, V) ``log_probs`` of the sentences ``early`` (b,) names (those
+    before min_len), in place."""
+    if not any(early):
+        return
+    eos = log_probs.select(2, eos_id)  # (b, K) column of EOS
+    if all(early):
+        eos.fill_(-math.inf)
+    else:
+        eos.masked_fill_(torch.tensor(early, device=log_probs.device)[:, None], -math.inf)
+
+
+def _constrain(
+    log_probs: Tensor, eos_id: int, *, early: list[bool], at_limit: list[bool]
+) -> Tensor:
+    """GNMT style: forbid EOS to the sentences ``early`` (b,) names (before min_len); force EOS
+    for sentences at their length limit.
 
     Edits (b, K, V) ``log_probs`` in place: the step's output belongs to the search. A forced
     EOS keeps its log-probability, floored at the dtype's most negative finite value.
     """
-    if not allow_eos:
-        log_probs.select(2, eos_id).fill_(-math.inf)
+    _ban_eos(log_probs, eos_id, early)
     if any(at_limit):
         only_eos = torch.tensor(at_limit, device=log_probs.device)  # (b,)
         floor = torch.finfo(log_probs.dtype).min

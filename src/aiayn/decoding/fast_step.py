@@ -24,7 +24,8 @@ and says so once per model at debug level (logger ``aiayn.decoding.fast_step``).
   bias of a step's query is a slice of it;
 - the self-attention keys/values of every layer live in one preallocated buffer, written in
   place one position per step (its capacity doubles when full), reordered for beam search in
-  one copy; the cross-attention keys/values are computed once per source.
+  one copy (made by what reads the reordered rows next: the step, a merge or a compaction);
+  the cross-attention keys/values are computed once per source.
 
 Rows that started at different steps run in one call (``aiayn serve``):
 :func:`merge_inference_states` right-aligns their self-attention columns, the later rows'
@@ -178,18 +179,37 @@ class _Layer:
 
 class _SelfKV:
     """Self-attention keys/values of every layer, (N, 2, B, H, C, d_k), shared by the successive
-    states of one decoding run; ``filled`` is how many positions the newest state has written."""
+    states of one decoding run; ``filled`` is how many positions the newest state has written.
 
-    __slots__ = ("buffer", "filled")
+    ``rows``: (B',) the rows of ``buffer`` that a selection (``index_select``: beam search's
+    surviving beams) keeps, not copied yet, or None: every row, in order. What reads the keys
+    and values next (the step, a merge, a compaction) copies the rows out in the copy it makes
+    anyway: a selection followed by a merge copies them once, not twice."""
 
-    def __init__(self, buffer: Tensor, filled: int):
-        self.buffer, self.filled = buffer, filled
+    __slots__ = ("buffer", "filled", "rows")
+
+    def __init__(self, buffer: Tensor, filled: int, rows: Tensor | None = None):
+        self.buffer, self.filled, self.rows = buffer, filled, rows
 
     @staticmethod
     def allocate(
         layers: int, rows: int, heads: int, capacity: int, d_k: int, like: Tensor
     ) -> _SelfKV:
         return _SelfKV(like.new_empty(layers, 2, rows, heads, capacity, d_k), 0)
+
+    @property
+    def count(self) -> int:
+        """B, the state's rows."""
+        return self.buffer.size(2) if self.rows is None else self.rows.numel()
+
+    def copy_columns(self, start: int, stop: int, out: Tensor) -> None:
+        """The state's rows' keys/values at columns ``start`` .. ``stop`` - 1 into ``out``,
+        (N, 2, B, H, stop - start, d_k)."""
+        own = self.buffer[:, :, :, :, start:stop]  # (N, 2, B or more, H, stop - start, d_k)
+        if self.rows is None:
+            out.copy_(own)
+        else:
+            torch.index_select(own, 2, self.rows, out=out)  # (N, 2, B, H, stop - start, d_k)
 
 
 @dataclass(frozen=True)
@@ -236,15 +256,12 @@ class InferenceState:
         )
 
     def _with_rows(self, index: Tensor, group: int) -> InferenceState:
-        """The decoder rows ``index`` (B',) of the self-attention keys/values, in a new buffer."""
-        old = self.self_kv.buffer  # (N, 2, B, H, C, d_k)
-        n, _, _, h, capacity, d_k = old.shape
-        new = _SelfKV.allocate(n, index.numel(), h, capacity, d_k, old)
-        filled = new.buffer[:, :, :, :, : self.offset]  # (N, 2, B', H, L, d_k)
-        torch.index_select(old[:, :, :, :, : self.offset], 2, index, out=filled)
-        new.filled = self.offset
+        """The decoder rows ``index`` (B',) of the self-attention keys/values: a selection of
+        the buffer's rows, copied out by what reads them next (:class:`_SelfKV`)."""
+        kv = self.self_kv
+        rows = index if kv.rows is None else kv.rows.index_select(0, index)  # (B',) in buffer
         pads = None if self.pads is None else self.pads.index_select(0, index)  # (B', 1)
-        return replace(self, self_kv=new, group=group, pads=pads)
+        return replace(self, self_kv=_SelfKV(kv.buffer, self.offset, rows), group=group, pads=pads)
 
 
 @dataclass(frozen=True)
@@ -441,14 +458,17 @@ class InferenceStep:
         return self.positional(x[:, None], positions=positions[:, None])[:, 0]  # (B, 1, D)
 
     def _writable(self, state: InferenceState) -> _SelfKV:
-        """The buffer to write position L into: the state's own, or a copy when it is full or a
-        newer state already wrote past L (two continuations of one prefix never share writes)."""
+        """The buffer to write position L into: the state's own, or a copy when it is full, a
+        newer state already wrote past L (two continuations of one prefix never share writes),
+        or the state is a selection of the buffer's rows (copied out here)."""
         kv, pos = state.self_kv, state.offset
-        n, _, rows, h, capacity, d_k = kv.buffer.shape
-        if kv.filled == pos and capacity > pos:
+        n, _, _, h, capacity, d_k = kv.buffer.shape
+        if kv.rows is None and kv.filled == pos and capacity > pos:
             return kv
-        new = _SelfKV.allocate(n, rows, h, max(capacity, 2 * (pos + 1)), d_k, kv.buffer)
-        new.buffer[:, :, :, :, :pos] = kv.buffer[:, :, :, :, :pos]  # (N, 2, B, H, L, d_k)
+        room = kv.rows is not None and capacity > pos  # a selection: the same capacity
+        size = capacity if room else max(capacity, 2 * (pos + 1))
+        new = _SelfKV.allocate(n, kv.count, h, size, d_k, kv.buffer)
+        kv.copy_columns(0, pos, new.buffer[:, :, :, :, :pos])  # (N, 2, B, H, L, d_k)
         new.filled = pos
         return new
 
@@ -527,7 +547,7 @@ def merge_inference_states(a: DecoderState, b: DecoderState) -> InferenceState:
 
 def _pads_at(state: InferenceState, length: int) -> Tensor:
     """(B, 1) the rows' leading pad columns once right-aligned at ``length`` columns."""
-    rows = state.self_kv.buffer.size(2)
+    rows = state.self_kv.count
     own = state.pads if state.pads is not None else state.self_kv.buffer.new_zeros(rows, 1)
     return own.long() + (length - state.offset)  # (B, 1)
 
@@ -535,15 +555,15 @@ def _pads_at(state: InferenceState, length: int) -> Tensor:
 def _merged_self_kv(a: InferenceState, b: InferenceState, length: int) -> _SelfKV:
     """The two states' self-attention keys/values, right-aligned at ``length`` columns in one
     new buffer with room for as many more as the roomier of the two had."""
-    n, _, rows_a, h, capacity_a, d_k = a.self_kv.buffer.shape
-    rows_b, capacity_b = b.self_kv.buffer.size(2), b.self_kv.buffer.size(4)
+    n, _, _, h, capacity_a, d_k = a.self_kv.buffer.shape
+    rows_a, rows_b, capacity_b = a.self_kv.count, b.self_kv.count, b.self_kv.buffer.size(4)
     room = max(capacity_a - a.offset, capacity_b - b.offset, 1)
     kv = _SelfKV.allocate(n, rows_a + rows_b, h, length + room, d_k, a.self_kv.buffer)
     for state, rows in ((a, slice(0, rows_a)), (b, slice(rows_a, rows_a + rows_b))):
         start = length - state.offset
         kv.buffer[:, :, rows, :, :start].zero_()  # new pad columns: masked, never NaN × 0
-        own = state.self_kv.buffer[:, :, :, :, : state.offset]  # (N, 2, B_s, H, L_s, d_k)
-        kv.buffer[:, :, rows, :, start:length] = own
+        own = kv.buffer[:, :, rows, :, start:length]  # (N, 2, B_s, H, L_s, d_k)
+        state.self_kv.copy_columns(0, state.offset, own)
     kv.filled = length
     return kv
 
@@ -607,11 +627,11 @@ def _without_pad_columns(state: InferenceState) -> InferenceState:
     if cut == 0:
         return state
     pads = state.pads - cut  # (B, 1)
-    old = state.self_kv.buffer  # (N, 2, B, H, C, d_k)
-    n, _, rows, h, capacity, d_k = old.shape
+    old = state.self_kv  # (N, 2, B, H, C, d_k), or a selection of its rows
+    n, _, _, h, capacity, d_k = old.buffer.shape
     length = state.offset - cut
-    kv = _SelfKV.allocate(n, rows, h, max(capacity - cut, 1), d_k, old)
-    kv.buffer[:, :, :, :, :length] = old[:, :, :, :, cut : state.offset]  # (N, 2, B, H, L', d_k)
+    kv = _SelfKV.allocate(n, old.count, h, max(capacity - cut, 1), d_k, old.buffer)
+    old.copy_columns(cut, state.offset, kv.buffer[:, :, :, :, :length])  # (N, 2, B, H, L', d_k)
     kv.filled = length
     return replace(state, self_kv=kv, offset=length, pads=pads if bool(pads.any()) else None)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -239,11 +239,11 @@ def search_batch(
     options: DecodeOptions,
     limits: list[int],
     device: torch.device,
-    on_done: Callable[[int, list[Hypothesis]], None] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Greedy (beam 1) or beam search of one batch; ``on_done``: beam search's (see
-    :func:`~aiayn.decoding.beam.beam_search`)."""
-    ends = {"bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id, "batch_size": len(limits)}
+    """Greedy (beam 1) or beam search of one batch."""
+    ends: dict[str, Any] = {
+        "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id, "batch_size": len(limits)
+    }  # fmt: skip
     if options.beam_size == 1:
         # Hugging Face's forced EOS takes the last position the limit allows
         cut = 1 if options.forced_eos else 0
@@ -256,17 +256,22 @@ def search_batch(
         step,
         state,
         **ends,
-        beam_size=options.beam_size,
         max_len=torch.tensor(limits, device=device),
-        min_len=options.min_len,
-        alpha=options.alpha,
-        n_best=options.n_best,
-        length_penalty=options.length_penalty,
-        early_stopping=options.early_stopping,
-        forced_eos=options.forced_eos,
         device=device,
-        on_done=on_done,
+        **beam_arguments(options),
     )
+
+
+def beam_arguments(options: DecodeOptions) -> dict[str, Any]:
+    """The rules of the beam search that ``options`` ask for: the keyword arguments of
+    :func:`~aiayn.decoding.beam.beam_search` and
+    :class:`~aiayn.decoding.beam.SteppedBeamSearch` (``aiayn serve``'s)."""
+    o = options
+    return {
+        "beam_size": o.beam_size, "min_len": o.min_len, "alpha": o.alpha, "n_best": o.n_best,
+        "length_penalty": o.length_penalty, "early_stopping": o.early_stopping,
+        "forced_eos": o.forced_eos,
+    }  # fmt: skip
 
 
 def translate_texts(

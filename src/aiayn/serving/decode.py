@@ -11,36 +11,33 @@ one decoding step, then answers the requests whose outputs all ended at that ste
   :class:`~aiayn.decoding.stepwise.SteppedSearch`): a sequence leaves its group's batch the step
   it ends; a request leaves when its last sequence does (or when a stop string appears, or when
   nobody waits for it any more: the client went away or its time ran out);
-* beam search (:class:`BeamGroup`): the library's beam search of each admitted batch runs as it
-  is, one step per round (it hands the worker back at each step call); a sentence that is done
-  leaves the batch at once, and a request is answered the step its last sentence is done.
+* beam search (:class:`BeamGroup`, over :class:`~aiayn.decoding.beam.SteppedBeamSearch`, the
+  library's beam search one step at a time): a sentence that is done leaves the batch at once,
+  a request is answered the step its last sentence is done, and a request nobody waits for any
+  more leaves at the next step.
 
-A group's step is one model call for its rows. Greedy translation groups with the same options
-merge into a running group before their first step, generation groups after it (the prompt
-pass): :meth:`SteppedGroup.absorb`, the later rows right-aligned into the running batch at
-their own positions (:func:`~aiayn.decoding.fast_step.merge_inference_states`,
+A group's step is one model call for its rows. Groups with the same options merge into a
+running group: greedy translation and beam-search groups at any step, generation groups after
+their first (the prompt pass): :meth:`SteppedGroup.absorb`, :meth:`BeamGroup.absorb`, the later
+rows right-aligned into the running batch at their own positions
+(:func:`~aiayn.decoding.fast_step.merge_inference_states`,
 :func:`~aiayn.decoding.lm.merge_lm_states`), so a new request joins the running batch itself.
-Beam-search groups with the same options merge the same way before their first step
-(:meth:`BeamGroup.absorb`): each search goes on choosing its own beams, and the rows all
-searches keep run in one model call per step. Every result is the one the library gives the request
-alone: the searches are the library's (or held equal to it by tests), and aiayn's steps are
-batch-invariant.
+Merged beam-search groups are one search: each sentence counts its own steps under the same
+rules, with one top-k over every sentence's candidates and one selection of the kept rows per
+step. Every result is the one the library gives the request alone: the searches are
+the library's (or held equal to it by tests), and aiayn's steps are batch-invariant.
 
 Shape legend:  B rows of a group   V vocabulary
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-import torch
-from torch import Tensor
-
-from aiayn.decoding.step import DecoderState, StepFunction
+from aiayn.decoding.beam import Hypothesis, SteppedBeamSearch
 from aiayn.decoding.stepwise import Row, SteppedSearch
 from aiayn.serving.engine import Engine, Job, as_problem
 from aiayn.serving.metrics import Metrics
@@ -280,21 +277,16 @@ class SteppedGroup:
             self._open.discard(j)
 
 
-BeamRun = Callable[[StepFunction, Callable[[int, Any], None]], list[Any]]
-"""``run(step, on_done)``: the library's beam search of a batch's sentences over ``step``,
-calling ``on_done(sentence, found)`` as each sentence is done."""
-
-
 @dataclass(frozen=True)
 class StateMerge:
-    """How a task's decoding states merge, for searches that share one model call per step.
+    """How a task's decoding states merge, for beam searches that share one model call per step.
 
     Attributes:
         states: ``states(a, b)``: one state with b's rows after a's, each row at its own
             positions (:func:`~aiayn.decoding.fast_step.merge_inference_states`).
         compact: the state without the columns no row needs any more.
-        fits: ``fits(state, steps)``: whether rows joining ``state`` (None: none runs) with at
-            most ``steps`` more steps to run keep its key columns bounded.
+        fits: ``fits(state, steps)``: whether rows joining ``state`` (None: it has run no step
+            yet) with at most ``steps`` more steps to run keep its key columns bounded.
         max_cost: the most tokens (:attr:`Job.cost`) of requests still decoding that merged
             groups may hold (None: as many as the worker's budget allows).
     """
@@ -305,125 +297,22 @@ class StateMerge:
     max_cost: int | None = None
 
 
-@dataclass(frozen=True)
-class _Rows:
-    """A search's view of the shared state: its ``count`` rows, and which of them it keeps for
-    its next step once it has chosen (``index``: its ``index_select``)."""
-
-    count: int
-    index: Tensor | None = None
-
-    def index_select(self, index: Tensor) -> _Rows:
-        return _Rows(index.numel(), index)  # (B',) into its B rows
-
-    def repeat_interleave(self, repeats: int) -> _Rows:
-        raise RuntimeError("a beam search repeats its rows before its first step, not after")
-
-
-class _Aborted(Exception):
-    """Ends a search whose requests nobody waits for any more (raised inside its step)."""
-
-
-class _Search:
-    """One batch's beam search, the library's, run as it is in a helper thread. Each call of its
-    step function hands (tokens, state) to the worker (:attr:`request`) and waits until the
-    worker answers it (:meth:`resume`): only one of the two threads runs at a time. A request
-    is answered the step its last sentence is done."""
-
-    def __init__(
-        self,
-        jobs: list[Job],
-        counts: list[int],
-        run: BeamRun,
-        finish: Callable[[Job, list[Any]], Any],
-        steps: int,
-    ):
-        self.jobs, self._finish = jobs, finish
-        starts = [sum(counts[:j]) for j in range(len(counts))]
-        self._spans = [range(a, a + n) for a, n in zip(starts, counts, strict=True)]
-        self._found: dict[int, Any] = {}
-        self.open = set(range(len(jobs)))
-        self.request: tuple[Tensor, Any] | None = None  # its next step's (tokens, state)
-        self.left = steps  # the most steps it may still run
-        self.started = self.finished = False
-        self._reply: tuple[Tensor, _Rows] | None = None
-        self._error: BaseException | None = None
-        self._abort = False
-        self._go, self._paused = threading.Semaphore(0), threading.Semaphore(0)
-        self._thread = threading.Thread(target=self._body, args=(run,), daemon=True)
-        self._thread.start()
-
-    def _step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
-        self.request = (tokens, state)
-        self._paused.release()  # to the worker, which runs the step
-        self._go.acquire()
-        if self._abort:
-            raise _Aborted
-        assert self._reply is not None
-        return self._reply
-
-    def _body(self, run: BeamRun) -> None:
-        self._go.acquire()
-        try:
-            if not self._abort:
-                run(self._step, self._found.__setitem__)
-        except _Aborted:
-            pass
-        except BaseException as error:
-            self._error = error
-        finally:
-            self.finished = True
-            self._paused.release()
-
-    def resume(self, reply: tuple[Tensor, _Rows] | None = None) -> None:
-        """Let the search go on (``reply``: its step's answer) to its next step call or its
-        end; raises what the search raised."""
-        self._reply, self.request, self.started = reply, None, True
-        self.left -= reply is not None
-        self._go.release()
-        self._paused.acquire()
-        if self.finished:
-            self._thread.join()
-            if self._error is not None:
-                raise self._error
-
-    def answered(self) -> list[tuple[Job, Any]]:
-        """The requests whose sentences are all done now, with their results."""
-        out = []
-        for j in sorted(self.open):
-            if all(s in self._found for s in self._spans[j]):
-                self.open.discard(j)
-                found = [self._found[s] for s in self._spans[j]]
-                out.append((self.jobs[j], self._finish(self.jobs[j], found)))
-        if self.finished and self.open:  # never left waiting: failed instead (a bug)
-            self.open.clear()
-            raise RuntimeError("the beam search returned without giving every sentence's result")
-        return out
-
-    def abort(self) -> None:
-        """End the search now (its requests get no answer; its rows leave)."""
-        self.open.clear()
-        self.request = None
-        if not self.finished:
-            self._abort = True
-            self._go.release()
-            self._thread.join()
-
-
 class BeamGroup:
-    """Beam searches of requests with the same options, each the library's search of one batch
-    run as it is (:class:`_Search`), all of whose steps run as one model call: the rows each
-    search keeps (its ``index_select``) are taken from one shared state in one selection, the
-    first rows of a search that joins (:meth:`absorb`) are merged in at its first step
-    (``merge``: each row at its own positions), and the step's log-probabilities go back to
-    each search, its own rows. A sentence that is done leaves the batch at once; a search that
-    ends leaves it, its columns trimmed.
+    """Beam search of requests with the same options: one
+    :class:`~aiayn.decoding.beam.SteppedBeamSearch` over all their sentences, keyed (request,
+    sentence) (:func:`row_keys`). A sentence that is done leaves the batch at once, and its
+    request is answered the step its last sentence is done; a cancelled request's sentences
+    leave at the next step.
+
+    With ``merge`` (the step's states merge), the group takes in another's sentences
+    (:meth:`absorb`): from then on they run in this group's batch, each at its own step, one
+    model call, one top-k and one selection of the kept rows per step for all; when sentences
+    leave, the state drops the columns no row needs any more (``merge.compact``).
 
     Args:
         jobs, counts: the requests, and the sentences of each (the search's, in order).
-        run: the search (:data:`BeamRun`); ``finish``: a request's result from what was found
-            for its sentences, in order.
-        step: the step function the searches share; ``steps``: the most steps the search runs.
+        search: the beam search of those sentences.
+        finish: a request's result from the n-best lists of its sentences, in order.
         merge: how states merge (None: the group takes in no other).
     """
 
@@ -431,117 +320,104 @@ class BeamGroup:
         self,
         jobs: list[Job],
         counts: list[int],
-        run: BeamRun,
-        finish: Callable[[Job, list[Any]], Any],
+        search: SteppedBeamSearch,
+        finish: Callable[[Job, list[list[Hypothesis]]], Any],
         *,
-        step: StepFunction,
-        steps: int,
         merge: StateMerge | None = None,
     ):
-        self.jobs, self.key = list(jobs), jobs[0].key
-        self._searches = [_Search(jobs, counts, run, finish, steps)]
-        self._step, self._merge = step, merge
-        self._state: Any = None  # the shared state of the rows in _layout
-        self._layout: list[tuple[_Search, int]] = []  # its searches in order, with their rows
-        self._rows = sum(counts)
+        self.jobs, self.key, self.search = list(jobs), jobs[0].key, search
+        self._finish, self._merge = finish, merge
+        self._found: dict[Hashable, list[Hypothesis]] = {}  # (request, sentence) -> n-best
+        self._count = dict(enumerate(counts))
+        self._open = set(self._count)
 
     @property
     def done(self) -> bool:
-        return not self._searches
+        return not self._open
 
     @property
     def rows(self) -> int:
-        return self._rows
+        return self.search.rows
 
     @property
     def cost(self) -> int:
         """The tokens (:attr:`Job.cost`) of the requests still decoding."""
-        return sum(s.jobs[j].cost for s in self._searches for j in s.open)
+        return sum(self.jobs[j].cost for j in self._open)
 
     def absorb(self, other: BeamGroup, budget: int | None = None) -> bool:
-        """Take in ``other``'s searches (same options, none started yet), where the states
-        merge and the two groups' :attr:`cost` together is at most ``budget`` (None = any) and
-        the merge's ``max_cost``."""
+        """Take in ``other``'s requests and sentences (same options; either may have run
+        steps), where the states merge, the key columns fit (``merge.fits``: the running rows'
+        columns with the most steps a sentence of either may still run), and the two groups'
+        :attr:`cost` together is at most ``budget`` (None = any) and the merge's ``max_cost``."""
         if not isinstance(other, BeamGroup) or self._merge is None or other.key != self.key:
             return False
-        if self.done or other.done or any(s.started for s in other._searches):
+        if self.done or other.done:
             return False
         limits = [x for x in (budget, self._merge.max_cost) if x is not None]
         if limits and self.cost + other.cost > min(limits):
             return False
-        steps = max(s.left for s in self._searches + other._searches)
-        if not self._merge.fits(self._state, steps):
+        searches = (self.search, other.search)
+        steps = max(s.most_steps() for s in searches)
+        if not all(self._merge.fits(s.state if s.stepped else None, steps) for s in searches):
             return False
-        self._searches += other._searches
+        offset, before = len(self.jobs), len(self.search.sentences)
+        self.search.merge(other.search, self._merge.states)
+        for sentence in self.search.sentences[before:]:  # other's requests follow this group's
+            sentence.key = _shifted(sentence.key, offset)
+        self._found.update({_shifted(k, offset): v for k, v in other._found.items()})
+        self._count.update({j + offset: n for j, n in other._count.items()})
+        self._open |= {j + offset for j in other._open}
         self.jobs += other.jobs
-        other._searches, other.jobs = [], []
+        other._open, other.jobs = set(), []
         return True
 
     def advance(self) -> tuple[list[tuple[Job, Any]], int]:
         try:
-            for search in self._searches:
-                if not search.started:
-                    search.resume()  # to its first step call
-            running = [s for s in self._searches if s.request is not None]
-            if running:
-                log_probs = self._run_step(running)  # (B, V)
-                rows = [s.request[0].size(0) for s in running]  # type: ignore[index]
-                for search, part in zip(running, log_probs.split(rows), strict=True):
-                    search.resume((part, _Rows(part.size(0))))
-            answered = [a for s in self._searches for a in s.answered()]
+            done = self.search.advance()
         except BaseException:
             self.close()
             raise
-        self._searches = [s for s in self._searches if not s.finished]
-        self._rows = sum(s.request[0].size(0) for s in self._searches if s.request is not None)
-        return answered, 0
+        self._found.update(done)
+        if done:
+            self._compact()
+        return self._answered(), 0
 
-    def _run_step(self, running: list[_Search]) -> Tensor:
-        """One model call over the rows of the ``running`` searches, in their order."""
-        tokens = torch.cat([s.request[0] for s in running])  # type: ignore[index]  # (B, 1)
-        state, self._state = self._shared_state(running, tokens.device), None
-        log_probs, self._state = self._step(tokens, state)  # (B, V)
-        self._layout = [(s, s.request[0].size(0)) for s in running]  # type: ignore[index]
-        return log_probs
+    def _compact(self) -> None:
+        """After sentences left: the state without the columns no row needs any more."""
+        if self._merge is not None and not self.search.done:
+            self.search.state = self._merge.compact(self.search.state)
 
-    def _shared_state(self, running: list[_Search], device: torch.device) -> Any:
-        """The state of the running searches' rows: the rows each kept of the last shared
-        state (one selection), then the first rows of those that start now, merged in."""
-        parts, offset, left = [], 0, False
-        for search, rows in self._layout:
-            if search.request is None:
-                left = True  # ended: its rows leave
-            else:
-                view = search.request[1]
-                assert isinstance(view, _Rows)
-                kept = torch.arange(rows, device=device) if view.index is None else view.index
-                parts.append(kept + offset)  # (B_s',) into the shared rows
-            offset += rows
-        state = self._state.index_select(torch.cat(parts)) if parts else None
-        if left and state is not None and self._merge is not None:
-            state = self._merge.compact(state)
-        for search in running[len(parts) :]:  # those that start now
-            first = search.request[1]  # type: ignore[index]
-            if state is not None:
-                assert self._merge is not None  # absorb takes in searches only with one
-                first = self._merge.states(state, first)
-            state = first
-        return state
+    def _answered(self) -> list[tuple[Job, Any]]:
+        out = []
+        for j in sorted(self._open):
+            keys = [(j, r) for r in range(self._count[j])]
+            if all(key in self._found for key in keys):
+                self._open.discard(j)
+                found = [self._found.pop(key) for key in keys]
+                out.append((self.jobs[j], self._finish(self.jobs[j], found)))
+        return out
 
     def drop_cancelled(self) -> None:
-        """A search none of whose requests anybody waits for ends; its rows leave the batch at
-        the next step (the other searches keep theirs)."""
-        for search in self._searches:
-            waiting = [search.jobs[j] for j in search.open]
-            if search.started and waiting and all(job.cancelled for job in waiting):
-                search.abort()
-        self._searches = [s for s in self._searches if not s.finished]
+        """The sentences of the requests nobody waits for any more leave the batch now (the
+        others keep theirs)."""
+        cancelled = [j for j in self._open if self.jobs[j].cancelled]
+        if cancelled:
+            self._drop(cancelled)
+            self._compact()
 
     def close(self) -> None:
-        """End every search (after an error)."""
-        for search in self._searches:
-            search.abort()
-        self._searches, self._state, self._layout = [], None, []
+        """End the search of every request (after an error): none is answered."""
+        self._drop(list(self._open))
+
+    def _drop(self, requests: list[int]) -> None:
+        self.search.remove([(j, r) for j in requests for r in range(self._count[j])])
+        self._open -= set(requests)
+
+
+def _shifted(key: Hashable, offset: int) -> tuple[int, int]:
+    """A (request, sentence) key with the request ``offset`` places later."""
+    request, sentence = cast(tuple[int, int], key)
+    return (request + offset, sentence)
 
 
 def row_keys(counts: Sequence[int]) -> list[tuple[int, int]]:

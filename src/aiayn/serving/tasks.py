@@ -21,7 +21,7 @@ from aiayn.checkpoint import load_translation_tokenizer
 from aiayn.checkpoint.load import Checkpoint
 from aiayn.data import normalize
 from aiayn.data.text_tokenizer import load_lm_tokenizer
-from aiayn.decoding.beam import Hypothesis
+from aiayn.decoding.beam import Hypothesis, SteppedBeamSearch
 from aiayn.decoding.fast_step import (
     InferenceState,
     InferenceStep,
@@ -34,9 +34,9 @@ from aiayn.decoding.step import DecoderState, StepFunction
 from aiayn.decoding.stepwise import Row, Sampling, SteppedSearch
 from aiayn.decoding.translate import (
     DecodeOptions,
+    beam_arguments,
     options_for_checkpoint,
     output_limits,
-    search_batch,
     source_batch,
     with_prefix,
 )
@@ -181,22 +181,22 @@ class TranslateTask(Task):
     def _beam_group(
         self, jobs: list[Job], counts: list[int], state: DecoderState, limits: list[int]
     ) -> Group:
-        """The beam search of the jobs' sentences: a group that takes in later ones with the
-        same options (their rows run in the same model call) when the step's states merge."""
+        """The beam search of the jobs' sentences (``aiayn translate``'s rules for the jobs'
+        options): a group that takes in other groups' sentences with the same options (their
+        rows run in the same search and model call) when the step's states merge."""
         o: DecodeOptions = jobs[0].payload.options
-        t, device = self.tokenizer, self.device
-
-        def run(step: StepFunction, on_done: Any) -> Any:
-            return search_batch(step, state, t, o, limits, device, on_done)
-
+        t = self.tokenizer
+        search = SteppedBeamSearch(
+            self.search_step, state, row_keys(counts), limits, bos_id=t.bos_id,
+            eos_id=t.eos_id, device=self.device, **beam_arguments(o),
+        )  # fmt: skip
         merge = None
         if self.step.fallback is None:  # the module step's states do not merge
             cap = performance().beam_merge_max_tokens
             merge = StateMerge(merge_inference_states, compact_inference_state, self._fits, cap)
         return BeamGroup(
-            jobs, counts, run, lambda job, found: self._answer(job.payload, found),
-            step=self.search_step, steps=max(limits) + 1, merge=merge,
-        )  # fmt: skip
+            jobs, counts, search, lambda job, found: self._answer(job.payload, found), merge=merge
+        )
 
     def _fits(self, state: DecoderState | None, steps: int) -> bool:
         """Whether rows may join ``state`` (None: nothing runs) when some row may still run
