@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import _multi30k_protocol as protocol
+from _common import command_line
 from _multi30k_report import spread_text
 
 SAME = ("minutes", "steps", "config", "config_sha256", "test_sentences", "alphas", "device",
@@ -102,7 +102,7 @@ def report(args: argparse.Namespace) -> str:
     lines = [
         f"# Multi30k {args.direction}: recipe candidates for aiayn",
         "",
-        "`python benchmarks/multi30k_candidates.py " + " ".join(args.argv) + "`",
+        f"`{command_line()}`",
         "",
         f"Baseline `{args.baseline}`: {first['protocol']['config']} with "
         f"{' '.join(f'`{o}`' for o in first['protocol']['overrides']) or 'no overrides'}, "
@@ -130,7 +130,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--candidate", action="append", required=True, help="a candidate's run folder")
     p.add_argument("--out", help="write the page here (default: print it)")
     args = p.parse_args(argv)
-    args.argv = argv if argv is not None else sys.argv[1:]
     try:
         text = report(args)
     except ValueError as error:

@@ -26,7 +26,7 @@ from aiayn.decoding import (
     inference_step,
     sample,
 )
-from aiayn.decoding.beam import top_candidates
+from aiayn.decoding.beam import SteppedBeamSearch, top_candidates
 from aiayn.decoding.step import DecoderState, banned_log_probs
 from aiayn.models import Transformer
 from aiayn.settings import performance_settings
@@ -407,29 +407,27 @@ def test_gnmt_beam_does_not_stop_at_k_finished_when_a_live_beam_can_still_win() 
 
 
 @pytest.mark.parametrize("style", ["gnmt", "hf"])
-def test_beam_search_reports_each_sentence_the_step_it_is_done(
+def test_stepped_beam_search_reports_each_sentence_the_step_it_is_done(
     make_step: MakeStep, style: str
 ) -> None:
-    """``on_done`` gets each sentence once, with what the search returns for it, at the step it
-    leaves: with limits 2, 5, 9 (EOS forced at them), after steps 3, 6 and 10 at the latest."""
+    """``SteppedBeamSearch.advance`` returns each sentence once, with what ``beam_search``
+    returns for it, at the step it leaves: with limits 2, 5, 9 (EOS forced at them), after steps
+    3, 6 and 10 at the latest."""
     model, src = _model(), _sources()
     step, state = make_step(model, src)
-    calls, reported = [0], {}
-
-    def counted(tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState]:
-        calls[0] += 1
-        return step(tokens, state)
-
-    def on_done(sentence: int, found: list[beam.Hypothesis]) -> None:
-        assert sentence not in reported
-        reported[sentence] = (calls[0], found)
-
-    kw = {"early_stopping": False} if style == "hf" else {}
-    returned = beam_search(
-        counted, state, batch_size=3, beam_size=3, bos_id=BOS, eos_id=EOS,
-        max_len=torch.tensor([2, 5, 9]), n_best=2, length_penalty=style, on_done=on_done, **kw,
-    )  # fmt: skip
+    kw = {"beam_size": 3, "bos_id": BOS, "eos_id": EOS, "n_best": 2, "length_penalty": style}
+    kw |= {"early_stopping": False} if style == "hf" else {}
+    returned = beam_search(step, state, batch_size=3, max_len=torch.tensor([2, 5, 9]), **kw)
+    step, state = make_step(model, src)
+    search = SteppedBeamSearch(step, state, range(3), [2, 5, 9], **kw)  # type: ignore[arg-type]
+    steps, reported = 0, {}
+    while not search.done:
+        done = search.advance()
+        steps += 1
+        for sentence, found in done:
+            assert sentence not in reported
+            reported[sentence] = (steps, found)
     assert {s: found for s, (_, found) in reported.items()} == dict(enumerate(returned))
     last = {"gnmt": [3, 6, 10], "hf": [2, 5, 9]}[style]  # "hf": the limit counts EOS
     assert all(reported[s][0] <= last[s] for s in range(3))
-    assert reported[0][0] < calls[0]  # the first answered before the search returns
+    assert reported[0][0] < steps  # the first answered before the search ends

@@ -99,7 +99,6 @@ def beam_search(
     early_stopping: bool | str = True,
     forced_eos: bool = False,
     device: torch.device | str = "cpu",
-    on_done: Callable[[int, list[Hypothesis]], None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over ``step``; returns, per sentence, its ``n_best`` hypotheses, best first.
 
@@ -118,8 +117,6 @@ def beam_search(
         early_stopping: "hf" only: HF's ``early_stopping``, True, False or "never".
         forced_eos: "hf" only: HF's ``forced_eos_token_id`` set to ``eos_id``: the token chosen
             at the last allowed step is EOS, with log-prob 0.
-        on_done: called with (sentence, its n-best list) the step a sentence is done, with
-            what the search returns for it.
     """
     limits = torch.as_tensor(max_len, device=device).expand(batch_size).tolist()
     search = SteppedBeamSearch(
@@ -131,10 +128,7 @@ def beam_search(
     found: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
     while not search.done:
         for key, hyps in search.advance():  # in sentence order
-            sentence = cast(int, key)
-            found[sentence] = hyps
-            if on_done is not None:
-                on_done(sentence, hyps)
+            found[cast(int, key)] = hyps
     return found
 
 
