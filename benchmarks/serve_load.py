@@ -51,6 +51,7 @@ from aiayn.decoding.generate import continuation
 from aiayn.decoding.translate import options_for_checkpoint, translate_ids
 from aiayn.models import Transformer
 from aiayn.models.gpt2 import GPT2, GPT2_PRESETS
+from aiayn.serving import ServeOptions
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
 
@@ -194,12 +195,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(ckpt: Path, batching: bool) -> tuple[subprocess.Popen[bytes], str]:
+def _serve(ckpt: Path, workers: int | None) -> tuple[subprocess.Popen[bytes], str]:
+    """A server of ``ckpt`` with ``workers`` decode workers (None: batching off)."""
     port = _free_port()
     argv = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(ckpt), "--port",
             str(port), "--queue-size", "4096", "--timeout-s", "3600"]  # fmt: skip
-    if not batching:
-        argv.append("--no-batching")
+    argv += ["--no-batching"] if workers is None else ["--decode-workers", str(workers)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -242,7 +243,10 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--scenarios", default="greedy,beam4,generate")
     p.add_argument("--name", default="serve_load")
+    p.add_argument("--decode-workers", default=str(ServeOptions().decode_workers),
+                   help="decode workers of the batched server; several (1,2) compare them")
     args = p.parse_args()
+    args.decode_workers = [int(w) for w in args.decode_workers.split(",")]
     args.load_start = os.getloadavg()[0]
     clients = [int(c) for c in args.clients.split(",")]
     inputs = _lines("test_2016_flickr.en.gz")
@@ -267,18 +271,24 @@ def _measure(args: argparse.Namespace, clients: list[int], inputs: list[str],
             found, at_n, n_tokens = _offline(kind, ckpts[kind], prompts, args.max_new_tokens, n)
             assert found == expected, "offline answers depend on the batch"
             rows.append(_offline_row(kind, n, len(prompts), at_n, n_tokens))
-        for batching in (True, False):
-            proc, base = _serve(ckpts[kind], batching)
+        for workers in [*args.decode_workers, None]:
+            proc, base = _serve(ckpts[kind], workers)
             try:  # a few requests first, not measured: first-call costs stay out of the rows
                 asyncio.run(_load(base, kind, prompts[:8], 4, args.max_new_tokens))
                 for n in clients:
                     run = _timed_load(proc, base, kind, prompts, n, args.max_new_tokens)
-                    mode = "batched" if batching else "unbatched"
-                    rows.append(_row(kind, n, mode, run, expected, tokens))
+                    rows.append(_row(kind, n, _mode(args, workers), run, expected, tokens))
                     print(rows[-1], flush=True)
             finally:
                 _stop(proc)
     return rows
+
+
+def _mode(args: argparse.Namespace, workers: int | None) -> str:
+    """A served row's mode: batched (naming its decode workers where several counts run)."""
+    if workers is None:
+        return "unbatched"
+    return "batched" if len(args.decode_workers) == 1 else f"batched, {workers} decode workers"
 
 
 def _offline_row(kind: str, at_a_time: int, n: int, seconds: float, tokens: int) -> dict[str, Any]:

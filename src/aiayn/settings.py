@@ -77,6 +77,10 @@ class PerformanceSettings:
             request's input tokens + 1, times the beam). Each step copies every row's
             self-attention keys/values (the beams' reordering) at the merged columns, the
             oldest row's; past this size that copy costs more than the fewer calls save.
+        serve_decode_workers: worker threads ``aiayn serve`` runs per translation or
+            generation model by default (:attr:`aiayn.serving.ServeOptions.decode_workers`):
+            a decoding step at a server's batch sizes leaves cores idle (its Python
+            bookkeeping and its small products run on one), which a second worker's steps use.
     """
 
     explicit_attention_max_queries: int = 8
@@ -95,6 +99,7 @@ class PerformanceSettings:
     native_attention_max_queries: int = 32
     native_attention_min_parallel_macs: int = 1 << 17
     beam_merge_max_tokens: int = 3072
+    serve_decode_workers: int = 2
 
 
 _current = PerformanceSettings()

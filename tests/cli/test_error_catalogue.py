@@ -796,6 +796,9 @@ CASES = {
     "serve/port out of range": Case("serve --checkpoint {mt} --port 70000", 2, "--port"),
     "serve/negative wait": Case("serve --checkpoint {mt} --max-wait-ms -1", 2, "--max-wait-ms"),
     "serve/zero queue": Case("serve --checkpoint {mt} --queue-size 0", 2, "--queue-size"),
+    "serve/too many decode workers": Case(
+        "serve --checkpoint {mt} --decode-workers 65", 2, "--decode-workers"
+    ),
     "serve/tiny body limit": Case(
         "serve --checkpoint {mt} --max-body-bytes 10", 2, "--max-body-bytes"
     ),

@@ -5,6 +5,8 @@ input alone."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -193,7 +195,8 @@ def test_a_translation_arriving_mid_decode_joins_the_running_batch(
     """Through the worker: a request submitted while another decodes runs in the same model
     call from the next step on (as many group steps as rounds); both answers are the library's
     for each text alone."""
-    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+    options = ServeOptions(decode_workers=1)  # another worker would take the second request
+    mt = load_served_model("mt", checkpoints["mt"], options, Metrics()).tasks["translate"]
     engine = mt.engine
     assert isinstance(engine, DecodeEngine)
 
@@ -218,6 +221,51 @@ def test_a_translation_arriving_mid_decode_joins_the_running_batch(
     want = [
         _translate_offline(checkpoints["mt"], t, m) for t, m in zip(TEXTS, limits, strict=False)
     ]
+    assert got == want
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_two_decode_workers_run_their_own_groups(checkpoints: dict[str, Path], beam: int) -> None:
+    """With two decode workers, a request that arrives while one worker is inside its step is
+    started by the other, on its own thread; every answer is the library's for its text
+    alone."""
+    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(decode_workers=2), Metrics()
+                           ).tasks["translate"]  # fmt: skip
+    engine, threads = mt.engine, []
+    assert isinstance(engine, DecodeEngine) and engine.threads == 2
+    starter = engine._start
+
+    def start(jobs: list[Job]) -> Any:
+        threads.append(threading.current_thread().name)
+        return starter(jobs)
+
+    def hand_over(calls: int) -> None:  # inside the first worker's first step
+        if calls == 1:
+            engine.submit(made[1])
+            waited = time.monotonic()
+            while engine._queue and time.monotonic() - waited < 30:
+                time.sleep(0.001)  # only the other worker can take it
+
+    async def run() -> list[Any]:
+        made[:] = [mt.prepare(TranslateRequest(texts=[TEXTS[0]], beam=beam, max_new_tokens=8)),  # type: ignore[attr-defined]
+                   mt.prepare(TranslateRequest(texts=TEXTS[1:3], beam=beam, max_new_tokens=6))]  # type: ignore[attr-defined]  # fmt: skip
+        engine.start()
+        engine.submit(made[0])
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*(j.future for j in made)), 60))
+        finally:
+            engine.stop()
+
+    made: list[Job] = []
+    calls: list[int] = []
+    engine._start = start
+    _counted(mt, calls, hand_over)
+    answers = asyncio.run(run())
+    assert len(set(threads)) == 2, threads
+    assert not any(t.is_alive() for t in threading.enumerate() if t.name in threads)
+    got = [t.text for a in answers for t in a.translations]
+    want = [_translate_offline(checkpoints["mt"], t, m, beam)
+            for t, m in zip(TEXTS, [8, 6, 6], strict=False)]  # fmt: skip
     assert got == want
 
 

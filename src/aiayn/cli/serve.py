@@ -64,6 +64,9 @@ def register(subparsers: Any) -> None:
                    default=d.max_decode_groups,
                    help="decode groups running together per model "
                    f"({d.max_decode_groups})")  # fmt: skip
+    p.add_argument("--decode-workers", type=flag(O, "decode_workers"), default=d.decode_workers,
+                   help="worker threads decoding per translation or generation model "
+                   f"({d.decode_workers})")  # fmt: skip
     p.add_argument("--queue-size", type=flag(O, "queue_size"), default=d.queue_size,
                    help=f"requests waiting per model before 503 ({d.queue_size})")  # fmt: skip
     p.add_argument("--timeout-s", type=flag(O, "timeout_s"), default=d.timeout_s,
@@ -111,17 +114,20 @@ def _check_port(host: str, port: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the checkpoints and serve until SIGTERM or Ctrl-C."""
+    import torch
     import uvicorn
 
     from aiayn.performance import keep_freed_memory
     from aiayn.serving import ServeOptions, create_app, load_served_model
     from aiayn.serving.metrics import Metrics
+    from aiayn.serving.options import intra_op_threads
     from aiayn.validation import resolve_device
 
     named = named_checkpoints(args.checkpoint)
     options = ServeOptions(
         max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
-        max_decode_groups=args.max_decode_groups, queue_size=args.queue_size,
+        max_decode_groups=args.max_decode_groups, decode_workers=args.decode_workers,
+        queue_size=args.queue_size,
         timeout_s=args.timeout_s, max_body_bytes=args.max_body_bytes, batching=args.batching,
     )  # fmt: skip
     _check_port(args.host, args.port)
@@ -129,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = Metrics()
     if resolve_device(args.device).type == "cpu":
         keep_freed_memory()  # decoding reallocates its caches every step: keep them mapped
+        torch.set_num_threads(intra_op_threads(torch.get_num_threads(), options))
     models = [load_served_model(n, d, options, metrics, device=args.device) for n, d in named]
     app = create_app(models, options, metrics, api_key=api_key, cors_origins=args.cors_origin)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info")

@@ -1,7 +1,8 @@
 """Decoding for many clients at once: translation and generation requests join the running decode
 at the next step, and a request is answered as soon as its own outputs are done.
 
-The worker of a model (:class:`DecodeEngine`) runs *groups*: the requests admitted at one step,
+Each worker thread of a model (:class:`DecodeEngine`; ``decode_workers`` of them, taking
+requests from one queue) runs its own *groups*: the requests admitted at one step,
 started together (one encoder or prompt pass) as one batch. Each round of the loop first admits
 the waiting requests as a new group (those with the same decoding options, up to the token
 budget, while fewer than ``max_decode_groups`` groups run), then advances every running group by
@@ -32,6 +33,7 @@ Shape legend:  B rows of a group   V vocabulary
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -82,11 +84,13 @@ class DecodeEngine(Engine):
     """
 
     def __init__(self, name: str, options: ServeOptions, metrics: Metrics, start: GroupStarter):
-        super().__init__(name, options, metrics)
+        super().__init__(name, options, metrics,
+                         threads=options.decode_workers if options.batching else 1)  # fmt: skip
         self._start = start
         self._max_groups = options.max_decode_groups if options.batching else 1
         self._budget = options.max_batch_tokens * self._max_groups  # tokens of merged groups
         self.rounds, self.group_steps = 0, 0
+        self._counting = threading.Lock()  # the loops' counts add up from their threads
 
     def _loop(self) -> None:
         groups: list[Group] = []
@@ -96,18 +100,20 @@ class DecodeEngine(Engine):
                 return  # stopping, and nothing left
             if self.options.batching:
                 _merge_groups(groups, self._budget)  # a new group joins before its first step
-            started, rows, generated = time.monotonic(), 0, 0
+            started, rows, generated, steps = time.monotonic(), 0, 0, 0
             for group in groups:
                 group.drop_cancelled()
                 if group.done:
                     continue
                 rows += group.rows
-                self.group_steps += group.rows > 0
+                steps += group.rows > 0
                 ended, tokens = self._advance(group)
                 generated += tokens
                 for job, result in ended:
                     job.resolve(result)
-            self.rounds += rows > 0
+            with self._counting:
+                self.rounds += rows > 0
+                self.group_steps += steps
             self.metrics.step(self.name, rows, generated, started)
             groups[:] = [g for g in groups if not g.done]
             if self.options.batching:

@@ -1,5 +1,6 @@
-"""The worker that owns a model: one thread per served model and task, fed by a bounded queue,
-answering asyncio futures of the event loop that serves HTTP.
+"""The workers that run a model: worker threads per served model and task (one for an encoder
+task; ``decode_workers`` for translation and generation), fed by one bounded queue, answering
+asyncio futures of the event loop that serves HTTP.
 
 A :class:`Job` is one request: its payload, its cost in tokens (what a batch's budget counts), the
 future its answer goes to and, for streaming, a callback for partial results. The queue refuses a
@@ -103,33 +104,42 @@ def as_problem(error: Exception) -> BaseException:
 
 
 class Engine:
-    """A worker thread and its queue (subclasses define :meth:`_loop`)."""
+    """Worker threads and their queue (subclasses define :meth:`_loop`, which each thread runs
+    on its own: what it holds between jobs is its own)."""
 
-    def __init__(self, name: str, options: ServeOptions, metrics: Metrics):
+    def __init__(self, name: str, options: ServeOptions, metrics: Metrics, *, threads: int = 1):
+        if threads < 1:
+            raise ValueError(f"an engine needs at least one worker thread, got {threads}")
         self.name, self.options, self.metrics = name, options, metrics
         self._cond = threading.Condition()
         self._queue: collections.deque[Job] = collections.deque()
         self._stopping = False
-        self._thread = threading.Thread(target=self._main, name=f"aiayn-serve-{name}", daemon=True)
+        self._threads: list[threading.Thread | None] = [None] * threads
+
+    @property
+    def threads(self) -> int:
+        """The worker threads taking this engine's jobs (each runs :meth:`_loop`)."""
+        return len(self._threads)
 
     def start(self) -> None:
-        """Start the worker thread (again, after :meth:`stop`; a running one goes on)."""
+        """Start the worker threads (again, after :meth:`stop`; running ones go on)."""
         with self._cond:
             self._stopping = False
-            if self._thread.is_alive():
-                return
-            if self._thread.ident is not None:  # stopped before: a new thread
-                self._thread = threading.Thread(target=self._main, name=self._thread.name,
-                                                daemon=True)  # fmt: skip
-            self._thread.start()
+            for i, thread in enumerate(self._threads):
+                if thread is None or not thread.is_alive():
+                    name = f"aiayn-serve-{self.name}" + (f"-{i}" if i else "")
+                    thread = threading.Thread(target=self._main, name=name, daemon=True)
+                    self._threads[i] = thread
+                    thread.start()
 
     def stop(self) -> None:
-        """Finish the queued and running jobs, then end the worker thread."""
+        """Finish the queued and running jobs, then end the worker threads."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join()
+        for thread in self._threads:
+            if thread is not None and thread.is_alive():
+                thread.join()
 
     def submit(self, job: Job) -> None:
         """Queue ``job``; a full queue is a 503 with ``Retry-After``."""

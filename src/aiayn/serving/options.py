@@ -3,10 +3,11 @@ the command's flags (each flag checked by the rule of the field it sets)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from aiayn.limits import MAX_REQUEST_BODY_BYTES
+from aiayn.settings import performance
 from aiayn.validation import Bounds, PositiveInt, validate, validated
 
 
@@ -21,7 +22,12 @@ class ServeOptions:
             beams, or prompt tokens).
         max_wait_ms: how long an encoder batch waits for more requests after its first one.
         max_decode_groups: decode groups (each started at one step) running together per
-            model; a request that arrives while this many run waits for one of them to end.
+            model and decode worker; a request that arrives while this many run waits for one
+            of them to end.
+        decode_workers: worker threads decoding for each translation or generation model,
+            each running its own groups, all fed by the model's one queue (what a model call
+            leaves of the cores, another worker's Python bookkeeping uses); by default
+            :attr:`~aiayn.settings.PerformanceSettings.serve_decode_workers`.
         queue_size: requests waiting per model; beyond it a request is refused (503).
         timeout_s: a request not answered within this many seconds is answered 504.
         max_body_bytes: the largest request body accepted (413 beyond it).
@@ -31,6 +37,9 @@ class ServeOptions:
     max_batch_tokens: PositiveInt = 4096
     max_wait_ms: Annotated[float, Bounds(ge=0, le=10_000)] = 5.0
     max_decode_groups: PositiveInt = 4
+    decode_workers: Annotated[int, Bounds(ge=1, le=64)] = field(
+        default_factory=lambda: performance().serve_decode_workers
+    )
     queue_size: PositiveInt = 256
     timeout_s: Annotated[float, Bounds(gt=0, le=86_400)] = 60.0
     max_body_bytes: Annotated[int, Bounds(ge=1024, le=MAX_REQUEST_BODY_BYTES)] = 1 << 20
@@ -38,3 +47,13 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         validate(self)
+
+
+def intra_op_threads(threads: int, options: ServeOptions) -> int:
+    """The CPU threads each PyTorch operation of the service may use: the process's
+    ``threads`` shared out between the decode workers, which run their steps at the same time
+    (at a server's batch sizes, one thread per worker beats workers whose parallel operations
+    contend for the same cores: docs/serving.md). With batching off, one worker keeps them all.
+    E.g. 2 threads and 2 workers -> 1 each; 16 and 2 -> 8; 1 and 2 -> 1."""
+    workers = options.decode_workers if options.batching else 1
+    return max(1, threads // workers)
