@@ -3,6 +3,7 @@ and against offline decoding of the same inputs.
 
     python benchmarks/serve_load.py [--translation CKPT] [--lm CKPT] [--clients 1,8,32,64]
                                     [--requests 400] [--max-new-tokens 32] [--name serve_load]
+                                    [--decode-workers 2 | 1,2,3]
 
 Scenarios: a translation model (default: the `small` preset, random weights, a tokenizer
 trained on Multi30k's English side; or `--translation`, e.g. a trained checkpoint) decoding
@@ -12,7 +13,8 @@ greedily. Each request carries one sentence; every output is capped at `--max-ne
 
 For each scenario and each number of concurrent clients (async httpx clients, each sending its
 next request as soon as it has its answer), `--requests` requests go to a fresh `aiayn serve`
-process, with batching and with `--no-batching` (one request at a time). Reported: throughput
+process, with batching (with each `--decode-workers` count given; default: the server's) and
+with `--no-batching` (one request at a time). Reported: throughput
 (sentences/s and output tokens/s), p50 and p99 latency, errors, and mismatches against the
 offline answer of each input; and the offline throughput of the same inputs (`translate_ids` /
 `generate_ids` in this process, all inputs at once: the ceiling; and, for each number of
@@ -159,7 +161,9 @@ async def _load(base: str, kind: str, inputs: list[str], clients: int, cap: int)
             answers[i], n = _answer(kind, r.json())
             tokens += n
 
-    limits = httpx.Limits(max_connections=clients + 4)
+    # every client keeps its connection open (httpx keeps 20 by default: the others would
+    # reconnect for each request, and the server would spend its time accepting them)
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as http:
         start = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(clients)))
