@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gzip
 import os
 import signal
@@ -161,12 +162,17 @@ async def _load(base: str, kind: str, inputs: list[str], clients: int, cap: int)
             answers[i], n = _answer(kind, r.json())
             tokens += n
 
-    # every client keeps its connection open (httpx keeps 20 by default: the others would
-    # reconnect for each request, and the server would spend its time accepting them)
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+    # each client its own connection pool of one, made before the clock starts: a shared pool
+    # of N connections scans all of them for every request it assigns (httpcore), and at 64
+    # clients that scan took the clients more CPU than the server spent
+    async with contextlib.AsyncExitStack() as stack:
+        one = httpx.Limits(max_connections=1)
+        pools = [
+            await stack.enter_async_context(httpx.AsyncClient(timeout=600, limits=one))
+            for _ in range(clients)
+        ]
         start = time.perf_counter()
-        await asyncio.gather(*(client(http) for _ in range(clients)))
+        await asyncio.gather(*(client(http) for http in pools))
         wall = time.perf_counter() - start
     return {"wall": wall, "latencies": latencies, "answers": answers, "errors": errors,
             "tokens": tokens}  # fmt: skip
