@@ -87,6 +87,27 @@ def _counted(task: Any, calls: list[int], then: Callable[[int], None] = lambda n
     task.search_step = step
 
 
+def _through_worker(
+    task: Any, requests: list[Any], calls: list[int], on_call: Callable[[int, list[Job]], None]
+) -> list[Any]:
+    """The answers to ``requests``: the first submitted to ``task``'s started worker(s), the
+    others by ``on_call(n, jobs)``, called at each model call with the calls so far (the rows of
+    each counted into ``calls``); the worker(s) stopped after."""
+    engine = task.engine
+
+    async def run() -> list[Any]:
+        made = [task.prepare(r) for r in requests]
+        _counted(task, calls, lambda n: on_call(n, made))
+        engine.start()
+        engine.submit(made[0])
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*(j.future for j in made)), 60))
+        finally:
+            engine.stop()
+
+    return asyncio.run(run())
+
+
 @pytest.mark.parametrize("beam", [1, 2])
 def test_translation_groups_merge_and_answer_as_alone(
     checkpoints: dict[str, Path], beam: int
@@ -200,19 +221,12 @@ def test_a_translation_arriving_mid_decode_joins_the_running_batch(
     engine = mt.engine
     assert isinstance(engine, DecodeEngine)
 
-    async def run() -> list[Any]:
-        made = [mt.prepare(TranslateRequest(texts=[TEXTS[0]], beam=1, max_new_tokens=6)),  # type: ignore[attr-defined]
-                mt.prepare(TranslateRequest(texts=TEXTS[1:3], beam=1, max_new_tokens=9))]  # type: ignore[attr-defined]  # fmt: skip
-        _counted(mt, calls, lambda n: engine.submit(made[1]) if n == 3 else None)
-        engine.start()
-        engine.submit(made[0])
-        try:
-            return list(await asyncio.wait_for(asyncio.gather(*(j.future for j in made)), 60))
-        finally:
-            engine.stop()
-
+    requests = [TranslateRequest(texts=[TEXTS[0]], beam=1, max_new_tokens=6),
+                TranslateRequest(texts=TEXTS[1:3], beam=1, max_new_tokens=9)]  # fmt: skip
     calls: list[int] = []
-    answers = asyncio.run(run())
+    answers = _through_worker(
+        mt, requests, calls, lambda n, made: engine.submit(made[1]) if n == 3 else None
+    )
     assert calls[:4] == [1, 1, 1, 3]
     # one batch per round (a round whose rows all reached their limits makes no call)
     assert engine.group_steps == engine.rounds >= len(calls)
@@ -239,28 +253,17 @@ def test_two_decode_workers_run_their_own_groups(checkpoints: dict[str, Path], b
         threads.append(threading.current_thread().name)
         return starter(jobs)
 
-    def hand_over(calls: int) -> None:  # inside the first worker's first step
+    def hand_over(calls: int, made: list[Job]) -> None:  # inside the first worker's first step
         if calls == 1:
             engine.submit(made[1])
             waited = time.monotonic()
             while engine._queue and time.monotonic() - waited < 30:
                 time.sleep(0.001)  # only the other worker can take it
 
-    async def run() -> list[Any]:
-        made[:] = [mt.prepare(TranslateRequest(texts=[TEXTS[0]], beam=beam, max_new_tokens=8)),  # type: ignore[attr-defined]
-                   mt.prepare(TranslateRequest(texts=TEXTS[1:3], beam=beam, max_new_tokens=6))]  # type: ignore[attr-defined]  # fmt: skip
-        engine.start()
-        engine.submit(made[0])
-        try:
-            return list(await asyncio.wait_for(asyncio.gather(*(j.future for j in made)), 60))
-        finally:
-            engine.stop()
-
-    made: list[Job] = []
-    calls: list[int] = []
     engine._start = start
-    _counted(mt, calls, hand_over)
-    answers = asyncio.run(run())
+    requests = [TranslateRequest(texts=[TEXTS[0]], beam=beam, max_new_tokens=8),
+                TranslateRequest(texts=TEXTS[1:3], beam=beam, max_new_tokens=6)]  # fmt: skip
+    answers = _through_worker(mt, requests, [], hand_over)
     assert len(set(threads)) == 2, threads
     assert not any(t.is_alive() for t in threading.enumerate() if t.name in threads)
     got = [t.text for a in answers for t in a.translations]

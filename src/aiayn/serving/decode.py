@@ -84,8 +84,7 @@ class DecodeEngine(Engine):
     """
 
     def __init__(self, name: str, options: ServeOptions, metrics: Metrics, start: GroupStarter):
-        super().__init__(name, options, metrics,
-                         threads=options.decode_workers if options.batching else 1)  # fmt: skip
+        super().__init__(name, options, metrics, threads=options.running_decode_workers)
         self._start = start
         self._max_groups = options.max_decode_groups if options.batching else 1
         self._budget = options.max_batch_tokens * self._max_groups  # tokens of merged groups

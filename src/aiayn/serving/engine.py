@@ -108,8 +108,6 @@ class Engine:
     on its own: what it holds between jobs is its own)."""
 
     def __init__(self, name: str, options: ServeOptions, metrics: Metrics, *, threads: int = 1):
-        if threads < 1:
-            raise ValueError(f"an engine needs at least one worker thread, got {threads}")
         self.name, self.options, self.metrics = name, options, metrics
         self._cond = threading.Condition()
         self._queue: collections.deque[Job] = collections.deque()

@@ -48,6 +48,12 @@ class ServeOptions:
     def __post_init__(self) -> None:
         validate(self)
 
+    @property
+    def running_decode_workers(self) -> int:
+        """The decode workers each translation or generation model runs: ``decode_workers``,
+        or one with batching off."""
+        return self.decode_workers if self.batching else 1
+
 
 def intra_op_threads(threads: int, options: ServeOptions) -> int:
     """The CPU threads each PyTorch operation of the service may use: the process's
@@ -55,5 +61,4 @@ def intra_op_threads(threads: int, options: ServeOptions) -> int:
     (at a server's batch sizes, one thread per worker beats workers whose parallel operations
     contend for the same cores: docs/serving.md). With batching off, one worker keeps them all.
     E.g. 2 threads and 2 workers -> 1 each; 16 and 2 -> 8; 1 and 2 -> 1."""
-    workers = options.decode_workers if options.batching else 1
-    return max(1, threads // workers)
+    return max(1, threads // options.running_decode_workers)
