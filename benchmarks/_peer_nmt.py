@@ -466,15 +466,22 @@ def translate(
     alpha: float = 0.6,
     extra_len: int = 50,
     batch_sentences: int = 64,
+    max_tokens: int | None = None,
     device: torch.device,
 ) -> list[str]:
-    """Detokenized translations, greedy (``beam_size`` 1) or beam search, in input order."""
+    """Detokenized translations, greedy (``beam_size`` 1) or beam search, in input order: batches
+    of ``batch_sentences`` sentences by length, or, given ``max_tokens``, aiayn's rule (padded
+    source tokens × ``beam_size`` within ``max_tokens``)."""
     model.eval()
     ids = [e.ids[: model.config.max_len - extra_len - 2] for e in tokenizer.encode_batch(sources)]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     outputs: list[list[int]] = [[] for _ in ids]
-    for start in range(0, len(order), batch_sentences):
-        chunk = order[start : start + batch_sentences]
+    if max_tokens is None:
+        chunks = [order[i : i + batch_sentences] for i in range(0, len(order), batch_sentences)]
+    else:
+        chunks = decode_chunks([len(ids[i]) for i in order], max(1, max_tokens // beam_size))
+        chunks = [[order[j] for j in chunk] for chunk in chunks]
+    for chunk in chunks:
         src = pad_batch([ids[i] + [EOS] for i in chunk]).to(device)  # (B, S)
         limits = [len(ids[i]) + extra_len for i in chunk]
         search = greedy if beam_size == 1 else _beam
@@ -484,52 +491,108 @@ def translate(
     return list(tokenizer.decode_batch(outputs))
 
 
+def decode_chunks(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Positions 0..n-1 of ``lengths`` (sorted, shortest first) in consecutive batches whose
+    padded source, (longest + 1 for EOS) × count, stays within ``budget``; a sentence longer
+    than the budget is a batch of its own."""
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    for j, length in enumerate(lengths):
+        if current and (length + 1) * (len(current) + 1) > budget:
+            chunks.append(current)
+            current = []
+        current.append(j)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
 def greedy(model: TorchReference, src: Tensor, limits: list[int], **_: Any) -> list[list[int]]:
-    """The most probable next token until EOS; EOS forced after ``limits[b]`` tokens."""
+    """The most probable next token until EOS; EOS forced after ``limits[b]`` tokens. A row
+    that has produced EOS leaves the batch."""
     memory, src_pad = model.encode(src), src == PAD  # (B, S, D), (B, S)
     b = src.size(0)
-    prefix = torch.full((b, 1), BOS, dtype=torch.long, device=src.device)  # (B, 1)
-    done = torch.zeros(b, dtype=torch.bool, device=src.device)
-    limit = torch.tensor(limits, device=src.device)
-    for t in range(max(limits) + 1):
-        token = model.next_log_probs(prefix, memory, src_pad).argmax(-1)  # (B,)
+    prefix = torch.full((b, 1), BOS, dtype=torch.long, device=src.device)  # (N, 1), N rows left
+    limit = torch.tensor(limits, device=src.device)  # (N,)
+    alive, found = list(range(b)), [[] for _ in range(b)]
+    for t in range(max(limits) + 1):  # at the last t every row is at its limit
+        token = model.next_log_probs(prefix, memory, src_pad).argmax(-1)  # (N,)
         token = torch.where(limit <= t, torch.full_like(token, EOS), token)
-        token = torch.where(done, torch.full_like(token, PAD), token)
-        prefix = torch.cat([prefix, token[:, None]], dim=1)  # (B, t + 2)
-        done |= token == EOS
-        if bool(done.all()):
-            break
-    rows = prefix[:, 1:].tolist()
-    return [row[: row.index(EOS)] if EOS in row else row for row in rows]
+        prefix = torch.cat([prefix, token[:, None]], dim=1)  # (N, t + 2)
+        done = (token == EOS).tolist()
+        if any(done):
+            rows = prefix[:, 1:-1].tolist()  # without BOS and EOS
+            for i in (i for i, d in enumerate(done) if d):
+                found[alive[i]] = rows[i]
+            keep = [i for i, d in enumerate(done) if not d]
+            if not keep:
+                break
+            at = torch.tensor(keep, device=src.device)  # (N',)
+            prefix, memory, src_pad, limit = prefix[at], memory[at], src_pad[at], limit[at]
+            alive = [alive[i] for i in keep]
+    return found
 
 
 def _beam(
     model: TorchReference, src: Tensor, limits: list[int], *, beam_size: int, alpha: float
 ) -> list[list[int]]:
     """Beam search, GNMT style: a candidate ending in EOS among a sentence's K best is finished
-    (scored log P / lp); the K best others live on; a sentence is done with K finished; EOS is
-    forced after ``limits[b]`` tokens."""
+    (scored log P / lp); the K best others live on; a sentence is done with K finished, and its
+    rows leave the batch; EOS is forced after ``limits[b]`` tokens."""
     b, k = src.size(0), beam_size
-    memory = model.encode(src).repeat_interleave(k, dim=0)  # (B·K, S, D)
-    src_pad = (src == PAD).repeat_interleave(k, dim=0)  # (B·K, S)
-    prefix = torch.full((b * k, 1), BOS, dtype=torch.long, device=src.device)  # (B·K, 1)
-    scores = torch.full((b, k), -math.inf, device=src.device)
-    scores[:, 0] = 0.0  # one live beam at the start
+    state = _BeamRows(
+        memory=model.encode(src).repeat_interleave(k, dim=0),  # (B·K, S, D)
+        src_pad=(src == PAD).repeat_interleave(k, dim=0),  # (B·K, S)
+        prefix=torch.full((b * k, 1), BOS, dtype=torch.long, device=src.device),  # (B·K, 1)
+        scores=torch.full((b, k), -math.inf, device=src.device),
+        limit=torch.tensor(limits, device=src.device),  # (B,)
+        alive=list(range(b)),
+    )
+    state.scores[:, 0] = 0.0  # one live beam at the start
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
     for t in range(1, max(limits) + 2):
-        logp = model.next_log_probs(prefix, memory, src_pad).view(b, k, -1)  # (B, K, V)
-        at_limit = torch.tensor([t > lim for lim in limits], device=src.device)
+        n = len(state.alive)
+        logp = model.next_log_probs(state.prefix, state.memory, state.src_pad)  # (N·K, V)
+        logp = logp.view(n, k, -1)  # (N, K, V)
+        at_limit = state.limit < t  # (N,)
         forced = torch.full_like(logp, -math.inf)
         forced[..., EOS] = logp[..., EOS]
         logp = torch.where(at_limit[:, None, None], forced, logp)
         vocab = logp.size(-1)
-        cand = (scores[:, :, None] + logp).view(b, k * vocab)  # (B, K·V)
-        top, index = cand.topk(2 * k, dim=1)  # (B, 2K)
-        rows, tokens, scores = _select(top, index, vocab, k, t, alpha, prefix, finished)
-        prefix = torch.cat([prefix[rows], tokens[:, None]], dim=1)  # (B·K, t + 1)
-        if all(len(f) >= k for f in finished):
+        cand = (state.scores[:, :, None] + logp).view(n, k * vocab)  # (N, K·V)
+        top, index = cand.topk(2 * k, dim=1)  # (N, 2K)
+        alive_finished = [finished[s] for s in state.alive]
+        rows, tokens, state.scores = _select(
+            top, index, vocab, k, t, alpha, state.prefix, alive_finished
+        )
+        state.prefix = torch.cat([state.prefix[rows], tokens[:, None]], dim=1)  # (N·K, t + 1)
+        keep = [i for i, f in enumerate(alive_finished) if len(f) < k]
+        if not keep:
             break
+        if len(keep) < n:
+            state.keep(keep, k)
     return [max(f)[1] if f else [] for f in finished]
+
+
+@dataclass
+class _BeamRows:
+    """The rows of the sentences still searching (``alive``, in batch order), K per sentence."""
+
+    memory: Tensor  # (N·K, S, D)
+    src_pad: Tensor  # (N·K, S)
+    prefix: Tensor  # (N·K, t)
+    scores: Tensor  # (N, K)
+    limit: Tensor  # (N,)
+    alive: list[int]
+
+    def keep(self, positions: list[int], k: int) -> None:
+        """Keep the sentences at ``positions`` of ``alive``: a done sentence's rows leave (its
+        outcome cannot change: the search adds nothing to a sentence with K finished)."""
+        at = torch.tensor(positions, device=self.prefix.device)  # (N',)
+        rows = (at[:, None] * k + torch.arange(k, device=at.device)).flatten()  # (N'·K,)
+        self.memory, self.src_pad = self.memory[rows], self.src_pad[rows]
+        self.prefix, self.scores, self.limit = self.prefix[rows], self.scores[at], self.limit[at]
+        self.alive = [self.alive[i] for i in positions]
 
 
 def _select(
@@ -546,6 +609,7 @@ def _select(
     (source rows (B·K,), next tokens (B·K,), live scores (B, K))."""
     b = top.size(0)
     rows, tokens = [], []
+    host: list[list[int]] | None = None  # the prefixes on the host, copied when one finishes
     scores = torch.full((b, k), -math.inf, device=top.device)
     for s, (values, ids) in enumerate(zip(top.tolist(), index.tolist(), strict=True)):
         live = 0
@@ -555,7 +619,8 @@ def _select(
             beam, token = divmod(flat, vocab)
             if token == EOS:
                 if rank < k:
-                    path = prefix[s * k + beam, 1:].tolist()
+                    host = prefix.tolist() if host is None else host  # one copy per step
+                    path = host[s * k + beam][1:]
                     finished[s].append((value / gnmt_penalty(t, alpha), path))
                 continue
             rows.append(s * k + beam)

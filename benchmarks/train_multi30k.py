@@ -122,6 +122,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=(0.6, 1.0, 1.5, 2.0),
         help="the α grid tuned on the validation set (default 0.6,1,1.5,2)",
     )
+    p.add_argument(
+        "--decode-tokens",
+        type=int,
+        help="both sides decode in batches of this many source tokens × beam (aiayn's"
+        " max_tokens; default: aiayn's 4096, the peer 64 sentences)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda, for every system")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--peer-warmup", type=int, default=4000, help="peer-paper: eq. (3) warm-up")
@@ -142,6 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--systems: unknown {', '.join(unknown)} (choose from {protocol.SYSTEMS})")
     if args.parallel < 1:
         p.error(f"--parallel must be >= 1, got {args.parallel}")
+    if args.decode_tokens is not None and args.decode_tokens < 1:
+        p.error(f"--decode-tokens must be >= 1, got {args.decode_tokens}")
     unbudgeted = [s for s in args.systems if args.steps and s not in args.steps]
     if unbudgeted:
         p.error(f"--steps: no budget for {', '.join(unbudgeted)} (give SYSTEM=N for each)")
@@ -175,6 +183,7 @@ def protocol_of(args: argparse.Namespace) -> dict[str, Any]:
         "threads": args.threads,
         "peer_paper": [args.peer_warmup, args.peer_dropout, args.peer_norm_first],
         "peer_settings": args.peer_settings,
+        "decode_tokens": args.decode_tokens,
     }
 
 
@@ -317,7 +326,9 @@ def run_aiayn(args: argparse.Namespace, direction: str, seed: int, run_dir: Path
         def translate(
             sources: list[str], beam: int, alpha: float, m: Any = ckpt.model, t: Any = tokenizer
         ) -> list[str]:
-            return translate_texts(m, t, sources, DecodeOptions(beam_size=beam, alpha=alpha))
+            batch = {"max_tokens": args.decode_tokens} if args.decode_tokens else {}
+            options = DecodeOptions(beam_size=beam, alpha=alpha, **batch)
+            return translate_texts(m, t, sources, options)
 
         weights[label] = translate
     rows, outputs = scored_rows(args, direction, weights, tune=True)
@@ -388,7 +399,10 @@ def run_peer(args: argparse.Namespace, direction: str, system: str, seed: int) -
     )
     log = peer.train_for(model, data, settings, device=device, amp=amp)
     rows, outputs = scored_rows(
-        args, direction, peer_weights(peer, model, tokenizer, log, device), recipe.tune_alpha
+        args,
+        direction,
+        peer_weights(peer, model, tokenizer, log, device, args.decode_tokens),
+        recipe.tune_alpha,
     )
     return {
         "steps": log.steps,
@@ -434,14 +448,16 @@ def peer_config(run: Any, recipe: protocol.PeerRecipe, vocab_size: int) -> Any:
 
 
 def peer_weights(
-    peer: Any, model: Any, tokenizer: Any, log: Any, device: torch.device
+    peer: Any, model: Any, tokenizer: Any, log: Any, device: torch.device, tokens: int | None
 ) -> dict[str, Translate]:
     """ "last" (the model as trained) and, when averaged, "averaged" (a copy with the average)."""
     import copy
 
     def translator(m: Any) -> Translate:
         def translate(sources: list[str], beam: int, alpha: float) -> list[str]:
-            return peer.translate(m, tokenizer, sources, beam_size=beam, alpha=alpha, device=device)
+            return peer.translate(
+                m, tokenizer, sources, beam_size=beam, alpha=alpha, device=device, max_tokens=tokens
+            )
 
         return translate
 

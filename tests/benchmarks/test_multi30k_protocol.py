@@ -185,3 +185,24 @@ def test_parallel_runs_all_run_at_once_and_each_once(
     assert sorted(made) == sorted(runs)
     with pytest.raises(SystemExit):
         train_multi30k.parse_args(["--data-dir", str(tmp_path), "--parallel", "0"])
+
+
+def test_the_decode_batch_is_part_of_the_protocol(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import train_multi30k
+
+    base = ["--data-dir", str(tmp_path)]
+    made = train_multi30k.protocol_of(train_multi30k.parse_args(base))
+    assert made["decode_tokens"] is None
+    made.pop("decode_tokens")  # results from before the option: each side's default batching
+    now = train_multi30k.protocol_of(train_multi30k.parse_args(base))
+    protocol.check_protocol(tmp_path / "a.json", made, now)
+    bigger = train_multi30k.protocol_of(
+        train_multi30k.parse_args([*base, "--decode-tokens", "16384"])
+    )
+    with pytest.raises(ValueError, match="decode_tokens: None there, 16384 now"):
+        protocol.check_protocol(tmp_path / "a.json", made, bigger)
+    with pytest.raises(SystemExit):
+        train_multi30k.parse_args([*base, "--decode-tokens", "0"])
+    assert "--decode-tokens must be >= 1, got 0" in capsys.readouterr().err

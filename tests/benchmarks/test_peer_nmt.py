@@ -149,3 +149,44 @@ def test_a_step_budget_makes_its_steps_and_averages_where_aiayn_would(average_la
         assert log.averaged_steps == aiayn_steps(30, 0.2, 3) == [26, 28, 30]
     else:
         assert log.averaged is None
+
+
+def test_decode_chunks_keep_padded_source_within_the_budget() -> None:
+    # lengths + 1 (EOS) × count: [2, 2] -> 3 × 2 = 6 fits 6; adding 4 would need 5 × 3 = 15
+    assert peer.decode_chunks([2, 2, 4, 4, 9], 10) == [[0, 1], [2, 3], [4]]
+    assert peer.decode_chunks([2, 2, 4, 4, 9], 6) == [[0, 1], [2], [3], [4]]  # 9 alone, too long
+    assert peer.decode_chunks([1] * 5, 100) == [[0, 1, 2, 3, 4]]
+    assert peer.decode_chunks([], 10) == []
+
+
+class _Ids:
+    def __init__(self, ids: list[int]):
+        self.ids = ids
+
+
+class _Tokens:
+    """Texts are space-separated ids; decoding writes them back the same way."""
+
+    def encode_batch(self, texts: list[str]) -> list[_Ids]:
+        return [_Ids([int(t) for t in text.split()]) for text in texts]
+
+    def decode_batch(self, rows: list[list[int]]) -> list[str]:
+        return [" ".join(map(str, row)) for row in rows]
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_token_batches_translate_as_sentence_batches_do(beam_size: int) -> None:
+    model, _ = _tiny_run()
+    sources = [" ".join(str(4 + (i * 7 + j) % 16) for j in range(1 + i % 6)) for i in range(23)]
+
+    def run(**batching: int) -> list[str]:
+        return peer.translate(
+            model, _Tokens(), sources, beam_size=beam_size, alpha=0.6, extra_len=6,
+            device=torch.device("cpu"), **batching,
+        )  # fmt: skip
+
+    one_by_one = run(batch_sentences=1)
+    assert run(batch_sentences=64) == one_by_one
+    for budget in (8, 40, 4096):  # a sentence per batch at 8 // beam, all at 4096
+        assert run(max_tokens=budget) == one_by_one
+    assert any(one_by_one)  # something was decoded
