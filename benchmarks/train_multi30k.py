@@ -130,6 +130,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda, for every system")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    _add_peer_args(p)
+    p.add_argument("--worker", choices=protocol.SYSTEMS, help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    return _checked(p, p.parse_args(argv))
+
+
+def _add_peer_args(p: argparse.ArgumentParser) -> None:
+    """The paper-recipe peer's flags and the peers' process settings."""
     p.add_argument("--peer-warmup", type=int, default=4000, help="peer-paper: eq. (3) warm-up")
     p.add_argument("--peer-dropout", type=float, default=0.1, help="peer-paper: dropout")
     p.add_argument("--peer-norm-first", action="store_true", help="peer-paper: pre-norm")
@@ -139,10 +148,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="same",
         help="same: the peers' processes get aiayn's allocator (CPU) / TF32 (GPU) setting",
     )
-    p.add_argument("--worker", choices=protocol.SYSTEMS, help=argparse.SUPPRESS)
-    p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+
+
+def _checked(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """Bad values refused by name (exit 2); the smoke settings and the default run folder."""
     unknown = sorted(set(args.systems) - set(protocol.SYSTEMS))
     if unknown:
         p.error(f"--systems: unknown {', '.join(unknown)} (choose from {protocol.SYSTEMS})")
@@ -237,15 +246,23 @@ def scored_rows(
     outputs: dict[str, list[str]] = {}
     for label, translate in weights.items():
         for search, beam in SEARCHES:
-            name = f"{label}, {search}"
+            name, start = f"{label}, {search}", time.perf_counter()
             outputs[name] = translate(sources, beam, 0.6)
             rows[name] = score(outputs[name], refs)
+            _log_row(args, name, rows[name], start)
     if tune:
         label, translate = list(weights.items())[-1]
-        name = f"final, {TUNED}"
+        name, start = f"final, {TUNED}", time.perf_counter()
         rows[name], outputs[name] = tuned_row(args, direction, translate, sources, refs)
         rows[name]["checkpoint"] = label
+        _log_row(args, name, rows[name], start)
     return rows, outputs
+
+
+def _log_row(args: argparse.Namespace, name: str, row: dict[str, Any], start: float) -> None:
+    """One line per scored row, with the seconds its decoding took (tuning included)."""
+    took = time.perf_counter() - start
+    print(f"{args.worker}: {name}: BLEU {row['bleu']:.2f} ({took:.1f} s)", flush=True)
 
 
 def tuned_row(
@@ -382,21 +399,7 @@ def run_peer(args: argparse.Namespace, direction: str, system: str, seed: int) -
     print(f"{system}: {len(data.src)} pairs, BPE of {tokenizer.get_vocab_size()} ({seconds:.1f}s)")
     model = peer.TorchReference(peer_config(run, recipe, tokenizer.get_vocab_size())).to(device)
     amp = _peer_amp(run.train.precision, device)
-    settings = peer.TrainSettings(
-        minutes=args.minutes,
-        steps=args.steps[system] if args.steps else None,
-        max_tokens=recipe.max_tokens,
-        warmup=recipe.warmup,
-        lr_scale=recipe.lr_scale,
-        label_smoothing=recipe.label_smoothing,
-        adam_betas=recipe.adam_betas,
-        adam_eps=recipe.adam_eps,
-        weight_decay=recipe.weight_decay,
-        clip_norm=recipe.clip_norm,
-        average_last=recipe.average_last,
-        average_window=recipe.average_window,
-        seed=seed,
-    )
+    settings = peer_settings(peer, args, system, recipe, seed)
     log = peer.train_for(model, data, settings, device=device, amp=amp)
     rows, outputs = scored_rows(
         args,
@@ -422,6 +425,27 @@ def run_peer(args: argparse.Namespace, direction: str, system: str, seed: int) -
             "process_settings": args.peer_settings,
         },
     }
+
+
+def peer_settings(
+    peer: Any, args: argparse.Namespace, system: str, recipe: protocol.PeerRecipe, seed: int
+) -> Any:
+    """The peer's training settings: the recipe's, for this run's budget and seed."""
+    return peer.TrainSettings(
+        minutes=args.minutes,
+        steps=args.steps[system] if args.steps else None,
+        max_tokens=recipe.max_tokens,
+        warmup=recipe.warmup,
+        lr_scale=recipe.lr_scale,
+        label_smoothing=recipe.label_smoothing,
+        adam_betas=recipe.adam_betas,
+        adam_eps=recipe.adam_eps,
+        weight_decay=recipe.weight_decay,
+        clip_norm=recipe.clip_norm,
+        average_last=recipe.average_last,
+        average_window=recipe.average_window,
+        seed=seed,
+    )
 
 
 def peer_config(run: Any, recipe: protocol.PeerRecipe, vocab_size: int) -> Any:
