@@ -205,13 +205,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(ckpt: Path, workers: int | None) -> tuple[subprocess.Popen[bytes], str]:
-    """A server of ``ckpt`` with ``workers`` decode workers (None: batching off)."""
+def _serve(
+    ckpt: Path, workers: int | None, threads: int | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A server of ``ckpt`` with ``workers`` decode workers (None: batching off), on
+    ``threads`` CPU threads (None: torch's default)."""
     port = _free_port()
     argv = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(ckpt), "--port",
             str(port), "--queue-size", "4096", "--timeout-s", "3600"]  # fmt: skip
     argv += ["--no-batching"] if workers is None else ["--decode-workers", str(workers)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     base = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -281,23 +285,28 @@ def _measure(args: argparse.Namespace, clients: list[int], inputs: list[str],
             found, at_n, n_tokens = _offline(kind, ckpts[kind], prompts, args.max_new_tokens, n)
             assert found == expected, "offline answers depend on the batch"
             rows.append(_offline_row(kind, n, len(prompts), at_n, n_tokens))
-        for workers in [*args.decode_workers, None]:
-            proc, base = _serve(ckpts[kind], workers)
+        # the unbatched baseline at its best: one request's small operations can run faster
+        # on one thread than split over all of them, so it runs both ways
+        servers = [*((w, None) for w in args.decode_workers), (None, None), (None, 1)]
+        for workers, threads in servers:
+            proc, base = _serve(ckpts[kind], workers, threads)
             try:  # a few requests first, not measured: first-call costs stay out of the rows
                 asyncio.run(_load(base, kind, prompts[:8], 4, args.max_new_tokens))
                 for n in clients:
                     run = _timed_load(proc, base, kind, prompts, n, args.max_new_tokens)
-                    rows.append(_row(kind, n, _mode(args, workers), run, expected, tokens))
+                    mode = _mode(args, workers, threads)
+                    rows.append(_row(kind, n, mode, run, expected, tokens))
                     print(rows[-1], flush=True)
             finally:
                 _stop(proc)
     return rows
 
 
-def _mode(args: argparse.Namespace, workers: int | None) -> str:
-    """A served row's mode: batched (naming its decode workers where several counts run)."""
+def _mode(args: argparse.Namespace, workers: int | None, threads: int | None = None) -> str:
+    """A served row's mode: batched (naming its decode workers where several counts run), or
+    unbatched (naming its threads when not torch's default)."""
     if workers is None:
-        return "unbatched"
+        return "unbatched" if threads is None else f"unbatched, {threads} thread(s)"
     return "batched" if len(args.decode_workers) == 1 else f"batched, {workers} decode workers"
 
 
