@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,19 +213,26 @@ def token_batches(data: Encoded, max_tokens: int, rng: np.random.Generator) -> l
     src_len = np.array([len(s) + 1 for s in data.src])
     tgt_len = np.array([len(t) + 1 for t in data.tgt])
     order = np.lexsort((rng.random(len(src_len)), src_len, tgt_len))
+    batches = pack_by_tokens(order.tolist(), np.maximum(src_len, tgt_len).tolist(), max_tokens)
+    rng.shuffle(batches)
+    return batches
+
+
+def pack_by_tokens(order: Iterable[int], need: Sequence[int], budget: int) -> list[list[int]]:
+    """The indices of ``order``, in that order, cut into consecutive batches whose padded size,
+    (the batch's largest ``need``) × count, stays within ``budget``; an index whose need alone
+    exceeds it is a batch of its own."""
     batches: list[list[int]] = []
     current: list[int] = []
-    longest = 0  # of the current batch, either side
-    for i in order.tolist():
-        need = max(int(src_len[i]), int(tgt_len[i]))
-        if current and max(longest, need) * (len(current) + 1) > max_tokens:
+    longest = 0  # of the current batch
+    for i in order:
+        if current and max(longest, need[i]) * (len(current) + 1) > budget:
             batches.append(current)
             current, longest = [], 0
         current.append(i)
-        longest = max(longest, need)
+        longest = max(longest, need[i])
     if current:
         batches.append(current)
-    rng.shuffle(batches)
     return batches
 
 
@@ -478,9 +485,9 @@ def translate(
     outputs: list[list[int]] = [[] for _ in ids]
     if max_tokens is None:
         chunks = [order[i : i + batch_sentences] for i in range(0, len(order), batch_sentences)]
-    else:
-        chunks = decode_chunks([len(ids[i]) for i in order], max(1, max_tokens // beam_size))
-        chunks = [[order[j] for j in chunk] for chunk in chunks]
+    else:  # + 1: the EOS each source row gets
+        need = [len(row) + 1 for row in ids]
+        chunks = pack_by_tokens(order, need, max(1, max_tokens // beam_size))
     for chunk in chunks:
         src = pad_batch([ids[i] + [EOS] for i in chunk]).to(device)  # (B, S)
         limits = [len(ids[i]) + extra_len for i in chunk]
@@ -489,22 +496,6 @@ def translate(
         for i, tokens in zip(chunk, found, strict=True):
             outputs[i] = tokens
     return list(tokenizer.decode_batch(outputs))
-
-
-def decode_chunks(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Positions 0..n-1 of ``lengths`` (sorted, shortest first) in consecutive batches whose
-    padded source, (longest + 1 for EOS) × count, stays within ``budget``; a sentence longer
-    than the budget is a batch of its own."""
-    chunks: list[list[int]] = []
-    current: list[int] = []
-    for j, length in enumerate(lengths):
-        if current and (length + 1) * (len(current) + 1) > budget:
-            chunks.append(current)
-            current = []
-        current.append(j)
-    if current:
-        chunks.append(current)
-    return chunks
 
 
 def greedy(model: TorchReference, src: Tensor, limits: list[int], **_: Any) -> list[list[int]]:
@@ -521,9 +512,10 @@ def greedy(model: TorchReference, src: Tensor, limits: list[int], **_: Any) -> l
         prefix = torch.cat([prefix, token[:, None]], dim=1)  # (N, t + 2)
         done = (token == EOS).tolist()
         if any(done):
-            rows = prefix[:, 1:-1].tolist()  # without BOS and EOS
-            for i in (i for i, d in enumerate(done) if d):
-                found[alive[i]] = rows[i]
+            ended = [i for i, d in enumerate(done) if d]
+            rows = prefix[torch.tensor(ended, device=src.device), 1:-1].tolist()  # no BOS, EOS
+            for i, row in zip(ended, rows, strict=True):
+                found[alive[i]] = row
             keep = [i for i, d in enumerate(done) if not d]
             if not keep:
                 break

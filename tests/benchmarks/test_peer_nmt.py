@@ -151,12 +151,16 @@ def test_a_step_budget_makes_its_steps_and_averages_where_aiayn_would(average_la
         assert log.averaged is None
 
 
-def test_decode_chunks_keep_padded_source_within_the_budget() -> None:
-    # lengths + 1 (EOS) × count: [2, 2] -> 3 × 2 = 6 fits 6; adding 4 would need 5 × 3 = 15
-    assert peer.decode_chunks([2, 2, 4, 4, 9], 10) == [[0, 1], [2, 3], [4]]
-    assert peer.decode_chunks([2, 2, 4, 4, 9], 6) == [[0, 1], [2], [3], [4]]  # 9 alone, too long
-    assert peer.decode_chunks([1] * 5, 100) == [[0, 1, 2, 3, 4]]
-    assert peer.decode_chunks([], 10) == []
+def test_token_packing_keeps_padded_size_within_the_budget() -> None:
+    # needs (length + 1 for EOS) 3, 3, 5, 5, 10: [3, 3] -> 3 × 2 = 6 fits 10; adding 5 would
+    # need 5 × 3 = 15
+    need = [3, 3, 5, 5, 10]
+    assert peer.pack_by_tokens(range(5), need, 10) == [[0, 1], [2, 3], [4]]
+    assert peer.pack_by_tokens(range(5), need, 6) == [[0, 1], [2], [3], [4]]  # 10 alone, too long
+    assert peer.pack_by_tokens(range(5), [2] * 5, 100) == [[0, 1, 2, 3, 4]]
+    assert peer.pack_by_tokens([], [], 10) == []
+    # the given order is kept, and the batch's largest need counts, wherever it stands
+    assert peer.pack_by_tokens([4, 0, 2], need, 20) == [[4, 0], [2]]
 
 
 class _Ids:

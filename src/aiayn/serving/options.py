@@ -59,6 +59,8 @@ def intra_op_threads(threads: int, options: ServeOptions) -> int:
     """The CPU threads each PyTorch operation of the service may use: the process's
     ``threads`` shared out between the decode workers, which run their steps at the same time
     (at a server's batch sizes, one thread per worker beats workers whose parallel operations
-    contend for the same cores: docs/serving.md). With batching off, one worker keeps them all.
-    E.g. 2 threads and 2 workers -> 1 each; 16 and 2 -> 8; 1 and 2 -> 1."""
+    contend for the same cores: docs/serving.md). With batching off, one worker keeps them all
+    (for a small model one request's operations run faster on one thread, `OMP_NUM_THREADS=1`;
+    docs/serving.md measures it, larger models were not measured). E.g. 2 threads and 2
+    workers -> 1 each; 16 and 2 -> 8; 1 and 2 -> 1."""
     return max(1, threads // options.running_decode_workers)
