@@ -12,6 +12,11 @@ result.json``). A candidate is its ``--set`` overrides beyond the baseline's; ev
 the protocol (budget, config file, test sentences, α grid, device, threads) must be the
 baseline's, or the candidate is refused by name. Seeds are matched: a candidate is compared on
 the seeds both sides ran.
+
+A candidate that changes what a step costs (the vocabulary size, the batch size) makes another
+number of steps in the same minutes: given as ``--rate-candidate DIR``, it is replayed at its own
+step budget (the baseline's scaled by the two recipes' measured step rates), and its table names
+both budgets; a plain ``--candidate`` of another budget is refused.
 """
 
 from __future__ import annotations
@@ -41,11 +46,14 @@ def aiayn_runs(run_dir: Path, direction: str) -> dict[int, dict[str, Any]]:
     return found
 
 
-def changes(base: dict[str, Any], cand: dict[str, Any], name: str) -> list[str]:
+def changes(
+    base: dict[str, Any], cand: dict[str, Any], name: str, *, own_steps: bool = False
+) -> list[str]:
     """The candidate's overrides beyond the baseline's; a ValueError naming ``name`` and the
-    part of the protocol that differs otherwise."""
+    part of the protocol that differs otherwise (``own_steps``: its step budget may differ)."""
     p, q = base["protocol"], cand["protocol"]
-    differ = [k for k in SAME if protocol.own_budget(p, "aiayn").get(k)
+    same = [k for k in SAME if not (own_steps and k == "steps")]
+    differ = [k for k in same if protocol.own_budget(p, "aiayn").get(k)
               != protocol.own_budget(q, "aiayn").get(k)]  # fmt: skip
     if differ:
         raise ValueError(f"{name}: not comparable with the baseline ({', '.join(differ)} differ)")
@@ -75,13 +83,15 @@ def compare(
     return rows
 
 
-def table(name: str, overrides: list[str], rows: list[dict[str, Any]]) -> list[str]:
-    """One candidate's markdown table."""
+def table(
+    name: str, overrides: list[str], rows: list[dict[str, Any]], budget: str = ""
+) -> list[str]:
+    """One candidate's markdown table (``budget``: its own, when not the baseline's)."""
     verdict = {True: "yes", False: "no", None: "n/a (< 2 seeds)"}
     out = [
         f"### {name}: {' '.join(f'`{o}`' for o in overrides) or '(no overrides)'}",
         "",
-        f"Seeds {', '.join(map(str, rows[0]['seeds']))}.",
+        f"Seeds {', '.join(map(str, rows[0]['seeds']))}.{budget}",
         "",
         "| checkpoint, search | baseline | candidate | difference | exceeds the spread |",
         "|---|---|---|---|---|",
@@ -97,8 +107,7 @@ def report(args: argparse.Namespace) -> str:
     """The markdown page: the command, the baseline, then one table per candidate."""
     base = aiayn_runs(Path(args.baseline), args.direction)
     first = base[min(base)]
-    steps = protocol.own_budget(first["protocol"], "aiayn").get("steps")
-    budget = f"{steps['aiayn']:,} steps" if steps else f"{first['protocol']['minutes']:g} minutes"
+    budget = _budget(first)
     lines = [
         f"# Multi30k {args.direction}: recipe candidates for aiayn",
         "",
@@ -111,11 +120,19 @@ def report(args: argparse.Namespace) -> str:
         "exceeds the spread when it is larger than the larger min–max range of the two sides.",
         "",
     ]
-    for path in args.candidate:
+    paths = [(p, False) for p in args.candidate] + [(p, True) for p in args.rate_candidate]
+    for path, own_steps in paths:
         cand = aiayn_runs(Path(path), args.direction)
-        overrides = changes(first, cand[min(cand)], path)
-        lines += table(Path(path).name, overrides, compare(base, cand))
+        overrides = changes(first, cand[min(cand)], path, own_steps=own_steps)
+        own = f" Its budget: {_budget(cand[min(cand)])} (the baseline's: {budget})."
+        lines += table(Path(path).name, overrides, compare(base, cand), own if own_steps else "")
     return "\n".join(lines)
+
+
+def _budget(result: dict[str, Any]) -> str:
+    """aiayn's budget in a result's protocol, in words."""
+    steps = protocol.own_budget(result["protocol"], "aiayn").get("steps")
+    return f"{steps['aiayn']:,} steps" if steps else f"{result['protocol']['minutes']:g} minutes"
 
 
 def _machine(machine: dict[str, Any]) -> str:
@@ -127,9 +144,17 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--direction", choices=("en-de", "de-en"), required=True)
     p.add_argument("--baseline", required=True, help="the run folder the candidates change")
-    p.add_argument("--candidate", action="append", required=True, help="a candidate's run folder")
+    p.add_argument("--candidate", action="append", default=[], help="a candidate's run folder")
+    p.add_argument(
+        "--rate-candidate",
+        action="append",
+        default=[],
+        help="a candidate's run folder, replayed at its own step budget (it changes a step's cost)",
+    )
     p.add_argument("--out", help="write the page here (default: print it)")
     args = p.parse_args(argv)
+    if not args.candidate and not args.rate_candidate:
+        p.error("give at least one --candidate or --rate-candidate")
     try:
         text = report(args)
     except ValueError as error:

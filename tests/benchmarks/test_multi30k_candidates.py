@@ -1,5 +1,6 @@
 """benchmarks/multi30k_candidates.py: a candidate's rows against the baseline's on the seeds both
-ran, the spread rule, and candidates of another protocol refused by name."""
+ran, the spread rule, candidates of another protocol refused by name, and a candidate that changes
+a step's cost compared at its own step budget only when given as such."""
 
 from __future__ import annotations
 
@@ -67,3 +68,32 @@ def test_a_candidate_of_another_budget_is_refused_by_name(
         cand.main(["--direction", "en-de", "--baseline", str(base), "--candidate", str(new)])
     assert exit_.value.code == 2
     assert f"{new}: not comparable with the baseline (steps differ)" in capsys.readouterr().err
+
+
+def test_a_rate_candidate_is_compared_at_its_own_budget_and_names_both(tmp_path: Path) -> None:
+    base, new = tmp_path / "base", tmp_path / "vocab"
+    _write(base, 1, {"a": 30.0})
+    over = ["train.precision=fp32", "data.vocab_size=4000"]
+    _write(new, 1, {"a": 31.0}, steps={"aiayn": 1140, "peer-same": 80}, overrides=over)
+    out = tmp_path / "page.md"
+    cand.main(["--direction", "en-de", "--baseline", str(base), "--rate-candidate", str(new),
+               "--out", str(out)])  # fmt: skip
+    page = out.read_text(encoding="utf-8")
+    assert "### vocab: `data.vocab_size=4000`" in page
+    assert "Its budget: 1,140 steps (the baseline's: 100 steps)." in page
+    assert "| a | 30.00 (30.00–30.00) | 31.00 (31.00–31.00) | +1.00 |" in page
+    with pytest.raises(ValueError, match="config_sha256 differ"):  # the rest must still match
+        _write(tmp_path / "other", 1, {"a": 31.0}, steps={"aiayn": 1140}, config_sha256="y")
+        cand.changes(
+            json.loads((base / "en-de/aiayn/seed_1/result.json").read_text()),
+            json.loads((tmp_path / "other/en-de/aiayn/seed_1/result.json").read_text()),
+            "other",
+            own_steps=True,
+        )
+
+
+def test_no_candidate_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cand.main(["--direction", "en-de", "--baseline", "runs/x"])
+    assert exit_.value.code == 2
+    assert "give at least one --candidate or --rate-candidate" in capsys.readouterr().err
