@@ -82,8 +82,8 @@ def test_a_rate_candidate_is_compared_at_its_own_budget_and_names_both(tmp_path:
     assert "### vocab: `data.vocab_size=4000`" in page
     assert "Its budget: 1,140 steps (the baseline's: 100 steps)." in page
     assert "| a | 30.00 (30.00–30.00) | 31.00 (31.00–31.00) | +1.00 |" in page
+    _write(tmp_path / "other", 1, {"a": 31.0}, steps={"aiayn": 1140}, config_sha256="y")
     with pytest.raises(ValueError, match="config_sha256 differ"):  # the rest must still match
-        _write(tmp_path / "other", 1, {"a": 31.0}, steps={"aiayn": 1140}, config_sha256="y")
         cand.changes(
             json.loads((base / "en-de/aiayn/seed_1/result.json").read_text()),
             json.loads((tmp_path / "other/en-de/aiayn/seed_1/result.json").read_text()),
