@@ -58,7 +58,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -399,7 +399,7 @@ def run_peer(args: argparse.Namespace, direction: str, system: str, seed: int) -
     print(f"{system}: {len(data.src)} pairs, BPE of {tokenizer.get_vocab_size()} ({seconds:.1f}s)")
     model = peer.TorchReference(peer_config(run, recipe, tokenizer.get_vocab_size())).to(device)
     amp = _peer_amp(run.train.precision, device)
-    settings = peer_settings(peer, args, system, recipe, seed)
+    settings = peer_settings(args, system, recipe, seed)
     log = peer.train_for(model, data, settings, device=device, amp=amp)
     rows, outputs = scored_rows(
         args,
@@ -428,24 +428,21 @@ def run_peer(args: argparse.Namespace, direction: str, system: str, seed: int) -
 
 
 def peer_settings(
-    peer: Any, args: argparse.Namespace, system: str, recipe: protocol.PeerRecipe, seed: int
+    args: argparse.Namespace, system: str, recipe: protocol.PeerRecipe, seed: int
 ) -> Any:
-    """The peer's training settings: the recipe's, for this run's budget and seed."""
-    return peer.TrainSettings(
-        minutes=args.minutes,
-        steps=args.steps[system] if args.steps else None,
-        max_tokens=recipe.max_tokens,
-        warmup=recipe.warmup,
-        lr_scale=recipe.lr_scale,
-        label_smoothing=recipe.label_smoothing,
-        adam_betas=recipe.adam_betas,
-        adam_eps=recipe.adam_eps,
-        weight_decay=recipe.weight_decay,
-        clip_norm=recipe.clip_norm,
-        average_last=recipe.average_last,
-        average_window=recipe.average_window,
-        seed=seed,
-    )
+    """The peer's training settings: each of its recipe fields taken from ``recipe`` by name
+    (one the recipe lacks is a ValueError naming it, never the paper's default in silence), the
+    budget (``--minutes`` or the system's ``--steps``) and the seed from this run."""
+    import _peer_nmt as peer
+
+    own = {"minutes", "steps", "seed"}
+    names = [f.name for f in fields(peer.TrainSettings) if f.name not in own]
+    missing = [n for n in names if not hasattr(recipe, n)]
+    if missing:
+        raise ValueError(f"the peer's recipe has no {', '.join(missing)}")
+    steps = args.steps[system] if args.steps else None
+    taken = {n: getattr(recipe, n) for n in names}
+    return peer.TrainSettings(minutes=args.minutes, steps=steps, seed=seed, **taken)
 
 
 def peer_config(run: Any, recipe: protocol.PeerRecipe, vocab_size: int) -> Any:

@@ -54,6 +54,25 @@ def test_same_recipe_follows_the_overrides() -> None:
     assert (r.max_tokens, r.average_window, r.clip_norm, r.vocab_size) == (3000, 0.2, 1.0, 6000)
 
 
+def test_the_peer_trains_with_every_field_of_its_recipe() -> None:
+    import train_multi30k as bench
+
+    run = load_run_config(str(CONFIG), ["train.label_smoothing=0.2", "train.clip_norm=1.0"])
+    r = protocol.same_recipe(run)
+    args = bench.parse_args(["--data-dir", "d", "--systems", "peer-same", "--steps", "peer-same=7"])
+    s = bench.peer_settings(args, "peer-same", r, seed=3)
+    assert (s.minutes, s.steps, s.seed, s.max_tokens, s.warmup, s.lr_scale) == (
+        60.0, 7, 3, 2500, 1000, 1.0
+    )  # fmt: skip
+    assert (s.label_smoothing, s.clip_norm, s.adam_betas) == (0.2, 1.0, (0.9, 0.98))
+    assert (s.adam_eps, s.weight_decay, s.average_last, s.average_window) == (1e-9, 0, 10, 0.3)
+    paper = protocol.paper_recipe(run, warmup=3000, dropout=0.1, norm_first=False)
+    p = bench.peer_settings(args, "peer-same", paper, seed=1)
+    assert (p.warmup, p.label_smoothing, p.average_last) == (3000, 0.1, paper.average_last)
+    with pytest.raises(ValueError, match="the peer's recipe has no max_tokens, warmup, lr_scale"):
+        bench.peer_settings(args, "peer-same", object(), seed=1)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("override", "named"),
     [
