@@ -264,5 +264,6 @@ def check_protocol(path: Path, found: dict[str, Any], expected: dict[str, Any]) 
     if differ:
         details = ", ".join(f"{k}: {found.get(k)!r} there, {expected.get(k)!r} now" for k in differ)
         raise ValueError(
-            f"{path} was made under another protocol ({details}); use another --run-dir"
+            f"{path} was made under another protocol ({details});"
+            " use another --run-dir or --results-store"
         )

@@ -35,10 +35,13 @@ and calls a difference of means significant only when it exceeds the larger minâ
 sacreBLEU's paired bootstrap (1,000 resamples) between aiayn's and each peer's test outputs of
 the same seed is the second measure.
 
-Resumable: each run writes ``RUN_DIR/DIRECTION/SYSTEM/seed_N/result.json`` (scores, outputs,
+Resumable: each run writes ``STORE/DIRECTION/SYSTEM/seed_N/result.json`` (scores, outputs,
 its protocol) and is skipped when that file is there, so the runs can be spread over several
 sessions (``--max-runs`` bounds a session's share); a result made under another protocol is
-refused. The report is assembled from the results there are and names the missing ones:
+refused. ``STORE`` is ``--results-store``, by default the run folder, whose checkpoints
+(``RUN_DIR/DIRECTION/SYSTEM/seed_N/run``) are too big to keep under version control: a store
+in the repository (docs/results/multi30k_runs) carries the finished runs to a fresh checkout.
+The report is assembled from the results there are and names the missing ones:
 ``RUN_DIR/DIRECTION/report.{md,json}`` always, docs/results/multi30k_<direction>.{json,md}
 (``--results-dir``) once every run is there. ``--smoke`` checks the whole path quickly (0.3
 minutes per run, the first 20 test and validation sentences: an untrained peer decodes to the
@@ -113,7 +116,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--test-sentences", type=int, help="the first N test (and validation) sentences")
     p.add_argument("--config", default=str(ROOT / "configs" / "multi30k_small.yaml"))
     p.add_argument("--set", dest="overrides", action="append", default=[], help="aiayn's config")
-    p.add_argument("--run-dir", help="the results (default runs/bench_multi30k[_smoke])")
+    p.add_argument(
+        "--run-dir", help="the runs' checkpoints and reports (default runs/bench_multi30k[_smoke])"
+    )
+    p.add_argument(
+        "--results-store",
+        help="where each run's result.json is kept (default: --run-dir); a folder under version"
+        " control carries a protocol spread over sessions to a fresh checkout",
+    )
     p.add_argument("--force", action="store_true", help="replace a run left without a result")
     p.add_argument("--results-dir", help="where complete reports go (default: docs/results)")
     p.add_argument(
@@ -167,6 +177,7 @@ def _checked(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.N
         args.test_sentences = args.test_sentences or SMOKE_TEST_SENTENCES
     default_dir = "runs/bench_multi30k_smoke" if args.smoke else "runs/bench_multi30k"
     args.run_dir = args.run_dir or str(ROOT / default_dir)
+    args.results_store = args.results_store or args.run_dir
     return args
 
 
@@ -617,11 +628,16 @@ def _budget(protocol_: dict[str, Any]) -> str:
 
 
 # -- the parent: the missing runs, one process each; the report ----------------------------------
+def work_path(args: argparse.Namespace, direction: str, system: str, seed: int) -> Path:
+    """``RUN_DIR/DIRECTION/SYSTEM/seed_N/run``: one run's training folder (checkpoints)."""
+    return protocol.result_path(Path(args.run_dir), direction, system, seed).parent / "run"
+
+
 def spawn(args: argparse.Namespace, system: str, direction: str, seed: int) -> None:
     """Run one system's worker for one seed in a fresh process; it writes its result file last
     (a run stopped before that leaves no result and is run again)."""
-    out = protocol.result_path(Path(args.run_dir), direction, system, seed)
-    work = out.parent / "run"
+    out = protocol.result_path(Path(args.results_store), direction, system, seed)
+    work = work_path(args, direction, system, seed)
     if work.exists():
         if not args.force:
             raise SystemExit(
@@ -638,11 +654,13 @@ def worker(args: argparse.Namespace) -> None:
     """One system, one seed, one direction: its result file, written at the very end."""
     out = Path(args.out)
     if args.worker == "aiayn":
-        result = run_aiayn(args, args.direction, args.seed, out.parent / "run")
+        work = work_path(args, args.direction, args.worker, args.seed)
+        result = run_aiayn(args, args.direction, args.seed, work)
     else:
         result = run_peer(args, args.direction, args.worker, args.seed)
     result |= {"system": args.worker, "seed": args.seed, "protocol": protocol_of(args)}
     result["machine"] = machine()
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
     tmp.replace(out)
@@ -656,7 +674,7 @@ def load_results(
     expected = protocol_of(args)
     for system in protocol.SYSTEMS:
         for seed in seeds:
-            path = protocol.result_path(Path(args.run_dir), direction, system, seed)
+            path = protocol.result_path(Path(args.results_store), direction, system, seed)
             if path.is_file():
                 result = json.loads(path.read_text(encoding="utf-8"))
                 protocol.check_protocol(
@@ -677,7 +695,7 @@ def runs_to_make(args: argparse.Namespace, direction: str, seeds: list[int]) -> 
     load_results(args, direction, seeds)
     if args.report_only:
         return []
-    todo = protocol.missing_runs(Path(args.run_dir), direction, args.systems, seeds)
+    todo = protocol.missing_runs(Path(args.results_store), direction, args.systems, seeds)
     return [(direction, system, seed) for system, seed in todo[: args.max_runs]]
 
 
@@ -712,7 +730,8 @@ def main() -> None:
     make_runs(args, [run for d in directions for run in runs_to_make(args, d, seeds)])
     for direction in directions:
         results = load_results(args, direction, seeds)
-        missing = protocol.missing_runs(Path(args.run_dir), direction, protocol.SYSTEMS, seeds)
+        store = Path(args.results_store)
+        missing = protocol.missing_runs(store, direction, protocol.SYSTEMS, seeds)
         write_reports(args, direction, seeds, results, missing)
 
 

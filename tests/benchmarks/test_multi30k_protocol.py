@@ -225,3 +225,28 @@ def test_the_decode_batch_is_part_of_the_protocol(
     with pytest.raises(SystemExit):
         train_multi30k.parse_args([*base, "--decode-tokens", "0"])
     assert "--decode-tokens must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_results_store_keeps_the_results_apart_from_the_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import train_multi30k
+
+    runs, store = tmp_path / "runs", tmp_path / "store"
+    base = ["--data-dir", str(tmp_path), "--run-dir", str(runs)]
+    assert train_multi30k.parse_args(base).results_store == str(runs)  # the default
+    args = train_multi30k.parse_args([*base, "--results-store", str(store)])
+    done = protocol.result_path(store, "en-de", "aiayn", 1)
+    done.parent.mkdir(parents=True)
+    done.write_text(json.dumps({"protocol": train_multi30k.protocol_of(args)}))
+    assert train_multi30k.runs_to_make(args, "en-de", [1]) == [
+        ("en-de", "peer-same", 1),
+        ("en-de", "peer-paper", 1),
+    ]
+    commands: list[list[str]] = []
+    monkeypatch.setattr(train_multi30k.subprocess, "run", lambda cmd, check: commands.append(cmd))
+    train_multi30k.spawn(args, "peer-same", "en-de", 1)
+    assert (runs / "en-de" / "peer-same" / "seed_1" / "run").is_dir()  # checkpoints: run folder
+    out = commands[0][commands[0].index("--out") + 1]
+    assert out == str(protocol.result_path(store, "en-de", "peer-same", 1))  # result: the store
+    assert not (store / "en-de" / "peer-same").exists()
