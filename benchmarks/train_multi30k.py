@@ -42,7 +42,7 @@ refused. ``STORE`` is ``--results-store``, by default the run folder, whose chec
 (``RUN_DIR/DIRECTION/SYSTEM/seed_N/run``) are too big to keep under version control: a store
 in the repository (docs/results/multi30k_runs) carries the finished runs to a fresh checkout.
 The report is assembled from the results there are and names the missing ones:
-``RUN_DIR/DIRECTION/report.{md,json}`` always, docs/results/multi30k_<direction>.{json,md}
+``STORE/DIRECTION/report.{md,json}`` always, docs/results/multi30k_<direction>.{json,md}
 (``--results-dir``) once every run is there. ``--smoke`` checks the whole path quickly (0.3
 minutes per run, the first 20 test and validation sentences: an untrained peer decodes to the
 length limit without a cache) in runs/bench_multi30k_smoke, its report under
@@ -116,16 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--test-sentences", type=int, help="the first N test (and validation) sentences")
     p.add_argument("--config", default=str(ROOT / "configs" / "multi30k_small.yaml"))
     p.add_argument("--set", dest="overrides", action="append", default=[], help="aiayn's config")
-    p.add_argument(
-        "--run-dir", help="the runs' checkpoints and reports (default runs/bench_multi30k[_smoke])"
-    )
-    p.add_argument(
-        "--results-store",
-        help="where each run's result.json is kept (default: --run-dir); a folder under version"
-        " control carries a protocol spread over sessions to a fresh checkout",
-    )
-    p.add_argument("--force", action="store_true", help="replace a run left without a result")
-    p.add_argument("--results-dir", help="where complete reports go (default: docs/results)")
+    _add_folder_args(p)
     p.add_argument(
         "--alphas",
         type=lambda text: tuple(float(x) for x in text.split(",")),
@@ -145,6 +136,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     return _checked(p, p.parse_args(argv))
+
+
+def _add_folder_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--run-dir", help="the runs' checkpoints and reports (default runs/bench_multi30k[_smoke])"
+    )
+    p.add_argument(
+        "--results-store",
+        help="where each run's result.json is kept (default: --run-dir); a folder under version"
+        " control carries a protocol spread over sessions to a fresh checkout",
+    )
+    p.add_argument("--force", action="store_true", help="replace a run left without a result")
+    p.add_argument("--results-dir", help="where complete reports go (default: docs/results)")
 
 
 def _add_peer_args(p: argparse.ArgumentParser) -> None:
@@ -529,8 +533,9 @@ def write_reports(
     results: dict[str, dict[int, dict[str, Any]]],
     missing: list[tuple[str, int]],
 ) -> None:
-    """RUN_DIR/DIRECTION/report.{md,json}; once nothing is missing, also the results folder's
-    multi30k_DIRECTION.{md,json} (docs/results; for --smoke, RUN_DIR/results)."""
+    """STORE/DIRECTION/report.{md,json}, beside the results it is made of; once nothing is
+    missing, also the results folder's multi30k_DIRECTION.{md,json} (docs/results; for --smoke,
+    RUN_DIR/results)."""
     if not any(results.values()):
         print(f"{direction}: no results yet")
         return
@@ -556,7 +561,7 @@ def write_reports(
         },
     }
     lines = markdown(direction, report, results)
-    folders = [Path(args.run_dir) / direction]
+    folders = [Path(args.results_store) / direction]
     if not missing:
         smoke = Path(args.run_dir) / "results"
         folders.append(
