@@ -142,6 +142,14 @@ def aiayn_steps(
     return data, config, batches, step
 
 
+def peer_config(config: Any) -> PeerConfig:
+    """The peer's layers from aiayn's model config, field by field; like aiayn's stacks, it ends
+    each stack with a LayerNorm exactly when the layers are pre-norm."""
+    names = [f.name for f in dataclasses.fields(PeerConfig) if f.name != "final_norm"]
+    sizes = {name: getattr(config, name) for name in names}
+    return PeerConfig(**sizes, final_norm=config.norm_first)
+
+
 def torch_steps(
     args: argparse.Namespace, run: RunConfig, n: int
 ) -> tuple[Any, Any, list[list[int]], Callable[[list[int]], None]]:
@@ -155,8 +163,7 @@ def torch_steps(
     tok = data.tokenizer
     config = run.model.replace(vocab_size=tok.vocab_size, pad_id=tok.pad_id)
     torch.manual_seed(run.train.seed)
-    sizes = {f.name: getattr(config, f.name) for f in dataclasses.fields(PeerConfig)}
-    model = TorchReference(PeerConfig(**sizes)).to(device).train()
+    model = TorchReference(peer_config(config)).to(device).train()
     compiled: Callable[..., Tensor] = torch.compile(model) if args.compile else model
     optimizer = torch.optim.Adam(
         model.parameters(),
