@@ -24,13 +24,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, machine, matmul_peaks, write_report
+from _common import Peak, command_line, machine, matmul_peaks, write_report
 from aiayn.attention.scaled_dot_product import _explicit_attention, _explicit_is_faster
 from aiayn.inference import PackedLinear
 from aiayn.inference.kernels import small_product
@@ -75,6 +76,23 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     peaks = {kind: matmul_peaks(kind) for kind in ("fp32", "int8")}
+    linear_rows = time_linears(args.calls)
+    attention_rows = time_attention(args.calls)
+    report = {
+        "command": command_line(),
+        "machine": machine(),
+        "matmul_peak_gflops": peaks["fp32"].flops / 1e9,  # the fastest fp32 kernel
+        "matmul_peaks": {k: p._asdict() for k, p in peaks.items()},
+        "linear": linear_rows,
+        "attention": attention_rows,
+    }
+    lines = markdown(report, peaks, args.threads)
+    write_report("cpu_kernels", report, lines)
+    print("\n".join(lines))
+
+
+def time_linears(calls: int) -> list[dict[str, Any]]:
+    """F.linear against the packed linear for every weight shape and row count, one row each."""
     linear_rows = []
     for preset, shapes in SHAPES.items():
         for d_in, d_out in shapes:
@@ -82,9 +100,9 @@ def main() -> None:
             packed = PackedLinear(layer, dense_small=False)  # oneDNN throughout
             for rows in (1, 4, 32, 128):
                 x = torch.randn(rows, d_in)
-                ours = best_us(lambda x=x, packed=packed: packed(x), args.calls)
+                ours = best_us(lambda x=x, packed=packed: packed(x), calls)
                 torchs = best_us(
-                    lambda x=x, layer=layer: F.linear(x, layer.weight, layer.bias), args.calls
+                    lambda x=x, layer=layer: F.linear(x, layer.weight, layer.bias), calls
                 )
                 flops = 2 * rows * d_in * d_out
                 linear_rows.append(
@@ -103,12 +121,17 @@ def main() -> None:
                     }
                 )
                 print(linear_rows[-1], flush=True)
+    return linear_rows
+
+
+def time_attention(calls: int) -> list[dict[str, Any]]:
+    """The fused attention kernel against the explicit one for every shape, one row each."""
     attention_rows = []
     for b, h, t, s in ATTENTION:
         q, k, v = torch.randn(b, h, t, 64), torch.randn(b, h, s, 64), torch.randn(b, h, s, 64)
-        fused = best_us(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v), args.calls)
+        fused = best_us(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v), calls)
         explicit = best_us(
-            lambda q=q, k=k, v=v: _explicit_attention(q, k, v, None, None, None, 0.0), args.calls
+            lambda q=q, k=k, v=v: _explicit_attention(q, k, v, None, None, None, 0.0), calls
         )
         attention_rows.append(
             {
@@ -119,16 +142,13 @@ def main() -> None:
             }
         )
         print(attention_rows[-1], flush=True)
-    report = {
-        "command": command_line(),
-        "machine": machine(),
-        "matmul_peak_gflops": peaks["fp32"].flops / 1e9,  # the fastest fp32 kernel
-        "matmul_peaks": {k: p._asdict() for k, p in peaks.items()},
-        "linear": linear_rows,
-        "attention": attention_rows,
-    }
+    return attention_rows
+
+
+def markdown(report: dict[str, Any], peaks: dict[str, Peak], threads: int) -> list[str]:
+    """The two tables, after a line naming the machine, the matmul peaks and the kernels."""
     lines = [
-        f"On {report['machine']['cpu']}, {args.threads} threads. Matmul peaks measured in the "
+        f"On {report['machine']['cpu']}, {threads} threads. Matmul peaks measured in the "
         f"same run, fastest kernel of each: fp32 {peaks['fp32'].describe()}; int8 "
         f"{peaks['int8'].describe('GOP/s')}. Kernels: F.linear is PyTorch's (MKL), packed is "
         "oneDNN's `mkldnn._linear_pointwise` on a weight packed once.",
@@ -137,7 +157,7 @@ def main() -> None:
         "| aiayn uses, weights in cache |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in linear_rows:
+    for r in report["linear"]:
         lines.append(
             f"| {r['preset']} | {r['d_in']} × {r['d_out']} | {r['rows']} "
             f"| {r['f_linear_us']:.0f} ({r['f_linear_gflops']:.0f}) "
@@ -149,13 +169,12 @@ def main() -> None:
         "| attention (B, H, T, S), d_k 64 | fused µs | explicit µs | aiayn uses |",
         "|---|---|---|---|",
     ]
-    for r in attention_rows:
+    for r in report["attention"]:
         lines.append(
             f"| {tuple(r['shape'])} | {r['fused_us']:.0f} | {r['explicit_us']:.0f} "
             f"| {r['aiayn_uses']} |"
         )
-    write_report("cpu_kernels", report, lines)
-    print("\n".join(lines))
+    return lines
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -211,15 +212,7 @@ def add_floors(
 @torch.inference_mode()
 def main() -> None:
     """Run every configuration and write the tables."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="base")
-    parser.add_argument("--vocab-size", type=int, default=8000)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--src-len", type=int, default=24)
-    parser.add_argument("--out-len", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--batches", default="1,32")
-    args = parser.parse_args()
+    args = parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # for both: they share this process
     torch.manual_seed(0)
@@ -234,87 +227,17 @@ def main() -> None:
         src = torch.randint(3, args.vocab_size, (batch, args.src_len))
         src[:, -1] = EOS
         for beam in (1, 4):
-
-            def run_ours(step_fn=inference_step, beam=beam, src=src, model=ours):  # type: ignore[no-untyped-def]
-                step, state = step_fn(model, src)
-                if beam == 1:
-                    return greedy_search(
-                        step,
-                        state,
-                        bos_id=BOS,
-                        eos_id=EOS,
-                        max_len=n,
-                        min_len=n,
-                        batch_size=src.size(0),
-                    )
-                return beam_search(
-                    step,
-                    state,
-                    batch_size=src.size(0),
-                    beam_size=beam,
-                    bos_id=BOS,
-                    eos_id=EOS,
-                    max_len=n,
-                    min_len=n,
-                    alpha=0.6,
-                )
-
-            def run_hf(beam=beam, src=src):  # type: ignore[no-untyped-def]
-                return theirs.generate(
-                    input_ids=src,
-                    attention_mask=(src != PAD).long(),
-                    num_beams=beam,
-                    do_sample=False,
-                    min_new_tokens=n + 1,
-                    max_new_tokens=n + 1,
-                    length_penalty=0.6,
-                    early_stopping=True,
-                    use_cache=True,
-                )
-
+            run_ours, run_hf = decoders(ours, theirs, src, beam, n)
             out = run_ours()
             lengths = {len(x) if beam == 1 else len(x[0].tokens) for x in out}
             assert lengths == {n}, lengths  # forced length reached
-            contenders = {
-                "ours": run_ours,
-                "plain": lambda: run_ours(model=plain),
-                "module": lambda: run_ours(encoder_decoder_step),
-                "hf": run_hf,
-            }
-            if batch == 1:
-                contenders["other_rule"] = lambda: run_ours(model=other_rule)
-            times = time_interleaved(contenders, args.repeats)  # seconds per decode
-            ours_s, plain_s, module_s, hf_s = (
-                spread(times[k]) for k in ("ours", "plain", "module", "hf")
-            )
-            row = {
-                "batch": batch,
-                "beam": beam,
-                "out_len": n,
-                "aiayn_tok_s": batch * n / ours_s["median"],
-                "hf_tok_s": batch * n / hf_s["median"],
-                "aiayn_torch_linear_tok_s": batch * n / plain_s["median"],
-                "aiayn_module_step_tok_s": batch * n / module_s["median"],
-                "aiayn_s": ours_s,
-                "aiayn_torch_linear_s": plain_s,
-                "aiayn_module_step_s": module_s,
-                "hf_s": hf_s,
-            }
-            row["ratio"] = row["aiayn_tok_s"] / row["hf_tok_s"]
-            row["ratio_torch_linear"] = row["aiayn_torch_linear_tok_s"] / row["hf_tok_s"]
-            row["ratio_module_step"] = row["aiayn_module_step_tok_s"] / row["hf_tok_s"]
-            row["aiayn_torch_linear_matmul_share"] = share_inside(
-                lambda: run_ours(model=plain), F, "linear"
-            )
-            row["hf_matmul_share"] = share_inside(run_hf, F, "linear")
-            row["ratio_ceiling_torch_linear"] = hf_s["median"] / (
-                row["aiayn_torch_linear_matmul_share"] * plain_s["median"]
-            )
+            times = time_contenders(run_ours, run_hf, plain, other_rule, batch, args.repeats)
+            row = speed_row(times, batch, beam, n)
+            row.update(linear_shares(row, run_ours, run_hf, plain))
             if beam == 1:
-                (no_cache,) = time_it(lambda src=src: run_ours(no_cache_step, 1, src), 1)
-                row["cache_speedup"] = no_cache / ours_s["median"]
+                row["cache_speedup"] = no_cache_seconds(run_ours, src) / row["aiayn_s"]["median"]
             if batch == 1:
-                add_floors(row, ours, plain, beam, hf_s["median"] / n, run_ours)
+                add_floors(row, ours, plain, beam, row["hf_s"]["median"] / n, run_ours)
                 other = statistics.median(times["other_rule"])
                 row["dense_small"] = dense_small
                 row["other_rule_tok_s"] = n / other
@@ -332,6 +255,136 @@ def main() -> None:
         "allocator": "glibc keeps freed memory (both)",
         "rows": rows,
     }
+    lines = speed_lines(rows) + floor_lines(rows)
+    write_report(f"decode_vs_hf_{args.preset}", report, lines)
+    print("\n".join(lines))
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="base")
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--src-len", type=int, default=24)
+    parser.add_argument("--out-len", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batches", default="1,32")
+    return parser.parse_args()
+
+
+def decoders(
+    ours: Transformer, theirs: Any, src: Tensor, beam: int, n: int
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """aiayn's decode of ``src`` (parts swappable) and HF's, both forced to ``n`` tokens."""
+
+    def run_ours(step_fn=inference_step, beam=beam, src=src, model=ours):  # type: ignore[no-untyped-def]
+        step, state = step_fn(model, src)
+        if beam == 1:
+            return greedy_search(
+                step,
+                state,
+                bos_id=BOS,
+                eos_id=EOS,
+                max_len=n,
+                min_len=n,
+                batch_size=src.size(0),
+            )
+        return beam_search(
+            step,
+            state,
+            batch_size=src.size(0),
+            beam_size=beam,
+            bos_id=BOS,
+            eos_id=EOS,
+            max_len=n,
+            min_len=n,
+            alpha=0.6,
+        )
+
+    def run_hf(beam=beam, src=src):  # type: ignore[no-untyped-def]
+        return theirs.generate(
+            input_ids=src,
+            attention_mask=(src != PAD).long(),
+            num_beams=beam,
+            do_sample=False,
+            min_new_tokens=n + 1,
+            max_new_tokens=n + 1,
+            length_penalty=0.6,
+            early_stopping=True,
+            use_cache=True,
+        )
+
+    return run_ours, run_hf
+
+
+def time_contenders(
+    run_ours: Callable[..., Any],
+    run_hf: Callable[..., Any],
+    plain: Transformer,
+    other_rule: Transformer,
+    batch: int,
+    repeats: int,
+) -> dict[str, list[float]]:
+    """Seconds per decode of each contender, timed in interleaved rounds."""
+    contenders = {
+        "ours": run_ours,
+        "plain": lambda: run_ours(model=plain),
+        "module": lambda: run_ours(encoder_decoder_step),
+        "hf": run_hf,
+    }
+    if batch == 1:
+        contenders["other_rule"] = lambda: run_ours(model=other_rule)
+    return time_interleaved(contenders, repeats)  # seconds per decode
+
+
+def speed_row(times: dict[str, list[float]], batch: int, beam: int, n: int) -> dict[str, Any]:
+    """One configuration's row: tokens/s and times of each contender, and aiayn's ratios to HF."""
+    ours_s, plain_s, module_s, hf_s = (spread(times[k]) for k in ("ours", "plain", "module", "hf"))
+    row: dict[str, Any] = {
+        "batch": batch,
+        "beam": beam,
+        "out_len": n,
+        "aiayn_tok_s": batch * n / ours_s["median"],
+        "hf_tok_s": batch * n / hf_s["median"],
+        "aiayn_torch_linear_tok_s": batch * n / plain_s["median"],
+        "aiayn_module_step_tok_s": batch * n / module_s["median"],
+        "aiayn_s": ours_s,
+        "aiayn_torch_linear_s": plain_s,
+        "aiayn_module_step_s": module_s,
+        "hf_s": hf_s,
+    }
+    row["ratio"] = row["aiayn_tok_s"] / row["hf_tok_s"]
+    row["ratio_torch_linear"] = row["aiayn_torch_linear_tok_s"] / row["hf_tok_s"]
+    row["ratio_module_step"] = row["aiayn_module_step_tok_s"] / row["hf_tok_s"]
+    return row
+
+
+def linear_shares(
+    row: dict[str, Any],
+    run_ours: Callable[..., Any],
+    run_hf: Callable[..., Any],
+    plain: Transformer,
+) -> dict[str, float]:
+    """The shares of time in `F.linear` of each side, and the ratio to HF that allows."""
+    plain_share = share_inside(lambda: run_ours(model=plain), F, "linear")
+    hf_share = share_inside(run_hf, F, "linear")
+    return {
+        "aiayn_torch_linear_matmul_share": plain_share,
+        "hf_matmul_share": hf_share,
+        "ratio_ceiling_torch_linear": row["hf_s"]["median"]
+        / (plain_share * row["aiayn_torch_linear_s"]["median"]),
+    }
+
+
+def no_cache_seconds(run_ours: Callable[..., Any], src: Tensor) -> float:
+    """One greedy decode of ``src`` re-running the decoder over the whole prefix at every step."""
+    (no_cache,) = time_it(lambda: run_ours(no_cache_step, 1, src), 1)
+    return no_cache
+
+
+def speed_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The table of tokens/s and ratios, one row per configuration."""
     lines = [
         "| batch | search | aiayn tok/s | HF generate tok/s | **ratio** | cache speed-up "
         "| aiayn, module step: tok/s, ratio | aiayn, PyTorch linears: tok/s, ratio "
@@ -348,34 +401,39 @@ def main() -> None:
             f"{r['ratio_torch_linear']:.2f}× | {r['aiayn_torch_linear_matmul_share']:.0%} / "
             f"{r['hf_matmul_share']:.0%} | {r['ratio_ceiling_torch_linear']:.2f}× |"
         )
+    return lines
+
+
+def floor_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The batch-1 floors table (nothing without batch-1 rows), after a blank line."""
     floors = [r for r in rows if "floor_linears_s" in r]
-    if floors:
-        lines += [
-            "",
-            f"Batch 1: one step reads {floors[0]['weight_mb']:.0f} MB of weights. Floors per "
-            "output token, and the most a decoder at that floor could reach over HF:",
-            "",
-            "| search | aiayn ms/token | HF ms/token | aiayn's time in its linears: ms, ceiling "
-            "| linears only: ms, ceiling | read only: ms, ceiling "
-            "| other small-product rule: tok/s |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for r in floors:
-            search = search_name(r["beam"])
-            other = ""
-            if "other_rule_tok_s" in r:
-                where = "oneDNN" if r["dense_small"] else "MKL"
-                other = f"{r['other_rule_tok_s']:.0f} (small products on {where})"
-            lines.append(
-                f"| {search} | {1e3 / r['aiayn_tok_s']:.2f} | {1e3 / r['hf_tok_s']:.2f} "
-                f"| {1e3 * r['in_linears_s']:.2f} ({r['in_linears_share']:.0%}), "
-                f"{r['ceiling_in_linears']:.2f}× "
-                f"| {1e3 * r['floor_linears_s']:.2f}, {r['ceiling_linears']:.2f}× "
-                f"| {1e3 * r['floor_read_s']:.2f}, {r['ceiling_read']:.2f}× "
-                f"| {other} |"
-            )
-    write_report(f"decode_vs_hf_{args.preset}", report, lines)
-    print("\n".join(lines))
+    if not floors:
+        return []
+    lines = [
+        "",
+        f"Batch 1: one step reads {floors[0]['weight_mb']:.0f} MB of weights. Floors per "
+        "output token, and the most a decoder at that floor could reach over HF:",
+        "",
+        "| search | aiayn ms/token | HF ms/token | aiayn's time in its linears: ms, ceiling "
+        "| linears only: ms, ceiling | read only: ms, ceiling "
+        "| other small-product rule: tok/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in floors:
+        search = search_name(r["beam"])
+        other = ""
+        if "other_rule_tok_s" in r:
+            where = "oneDNN" if r["dense_small"] else "MKL"
+            other = f"{r['other_rule_tok_s']:.0f} (small products on {where})"
+        lines.append(
+            f"| {search} | {1e3 / r['aiayn_tok_s']:.2f} | {1e3 / r['hf_tok_s']:.2f} "
+            f"| {1e3 * r['in_linears_s']:.2f} ({r['in_linears_share']:.0%}), "
+            f"{r['ceiling_in_linears']:.2f}× "
+            f"| {1e3 * r['floor_linears_s']:.2f}, {r['ceiling_linears']:.2f}× "
+            f"| {1e3 * r['floor_read_s']:.2f}, {r['ceiling_read']:.2f}× "
+            f"| {other} |"
+        )
+    return lines
 
 
 if __name__ == "__main__":

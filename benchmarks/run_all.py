@@ -149,8 +149,35 @@ def write_summary(
     from_results: bool,
 ) -> None:
     """Print the summary table and write docs/results/summary.{json,md}."""
+    lines = summary_header(threads, training, decoding, gpt2, translation, from_results)
+    lines += training_rows(training)
+    lines += decoding_rows(decoding)
+    lines += gpt2_rows(gpt2)
+    lines += translation_rows(translation)
+    summary = {
+        "command": command_line(),
+        "machine": machine(),
+        "training": training,
+        "decoding": decoding,
+        "gpt2": gpt2,
+        "translation": translation,
+    }
+    path = write_report("summary", summary, lines)
+    print("\n".join(lines))
+    print(f"wrote {path} and .json")
+
+
+def summary_header(
+    threads: int,
+    training: dict[str, Any],
+    decoding: dict[str, Any],
+    gpt2: dict[str, Any],
+    translation: dict[str, Any],
+    from_results: bool,
+) -> list[str]:
+    """The summary page down to the table's header: command, machine, peak, sources."""
     peak = training["matmul_peak_flops"]
-    lines = [
+    return [
         "# Benchmark summary",
         "",
         f"`{command_line()}`",
@@ -184,6 +211,11 @@ def write_summary(
         "| what | preset | aiayn | peer | ratio | aiayn, fraction of matmul peak |",
         "|---|---|---|---|---|---|",
     ]
+
+
+def training_rows(training: dict[str, Any]) -> list[str]:
+    """Summary rows of train_vs_torch.py: each aiayn variant against its torch peer."""
+    lines = []
     for preset, rows in training["presets"].items():
         for variant in [k for k in rows if k.startswith("aiayn")]:
             ours = rows[variant]
@@ -195,6 +227,12 @@ def write_summary(
                 f"{ours['tgt_tokens_per_s']['median'] / peer['tgt_tokens_per_s']['median']:.2f}× | "
                 f"{100 * ours['matmul_peak_fraction']['median']:.1f}% |"
             )
+    return lines
+
+
+def decoding_rows(decoding: dict[str, Any]) -> list[str]:
+    """Summary rows of the decode_vs_hf.py reports."""
+    lines = []
     for preset, report in decoding.items():
         for r in report["rows"]:
             search = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
@@ -202,19 +240,7 @@ def write_summary(
                 f"| decoding tok/s, batch {r['batch']}, {search} vs HF generate | {preset} | "
                 f"{r['aiayn_tok_s']:,.0f} | {r['hf_tok_s']:,.0f} | {r['ratio']:.2f}× | |"
             )
-    lines += gpt2_rows(gpt2)
-    lines += translation_rows(translation)
-    summary = {
-        "command": command_line(),
-        "machine": machine(),
-        "training": training,
-        "decoding": decoding,
-        "gpt2": gpt2,
-        "translation": translation,
-    }
-    path = write_report("summary", summary, lines)
-    print("\n".join(lines))
-    print(f"wrote {path} and .json")
+    return lines
 
 
 def peak_kernel(training: dict[str, Any]) -> str:

@@ -31,9 +31,9 @@ from _common import ROOT, command_line, machine, write_report
 from aiayn.checkpoint import load_checkpoint
 from aiayn.models import count_parameters
 from aiayn.models.vit import ViT
-from aiayn.training.config import load_run_config
+from aiayn.training.config import RunConfig, load_run_config
 from aiayn.training.images import ImageData, image_metrics
-from aiayn.training.trainer import Trainer
+from aiayn.training.trainer import Trainer, TrainResult
 
 GOAL_ACCURACY = 97.0
 """The issue's goal: test accuracy (%) within GOAL_MINUTES on 2 cores."""
@@ -43,26 +43,8 @@ GOAL_MINUTES = 5.0
 
 def main() -> None:
     """Train for the budget, score the checkpoints on the test images, write the report."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--minutes", type=float, default=5.0, help="training wall-clock budget")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
-    parser.add_argument("--config", default=str(ROOT / "configs" / "vit_digits.yaml"))
-    parser.add_argument(
-        "--run-dir", default="runs/bench_vit_digits", help="the run folder (emptied first)"
-    )
-    parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--note", default="", help="a remark stored with the results")
-    args = parser.parse_args()
-
-    shutil.rmtree(args.run_dir, ignore_errors=True)
-    overrides = [
-        f"run_dir={args.run_dir}",
-        f"train.max_minutes={args.minutes}",
-        f"train.threads={args.threads}",
-        "train.progress=false",
-        *args.overrides,
-    ]
-    config = load_run_config(args.config, overrides)
+    args = parse_args()
+    config = fresh_run_config(args)
     load_start = os.getloadavg()
     started = time.perf_counter()
     trainer = Trainer(config)
@@ -73,26 +55,7 @@ def main() -> None:
     data = trainer.data
     assert isinstance(data, ImageData) and data.test is not None
     images = images_seen(trainer)
-    checkpoints = {
-        "last": result.final_checkpoint,
-        "best": result.run_dir / "checkpoints" / "best",
-        "average of last 3": result.averaged_checkpoint,
-    }
-    rows: dict[str, dict[str, Any]] = {}
-    for label, path in checkpoints.items():
-        if path is None:
-            continue
-        ckpt = load_checkpoint(path, expect=ViT)
-        test = image_metrics(ckpt.model, data.test, config.train.max_tokens)
-        valid = image_metrics(ckpt.model, data.valid, config.train.max_tokens)
-        rows[label] = {
-            "checkpoint": str(path),
-            "step": int(ckpt.state["step"]),
-            "test_accuracy": test["accuracy"],
-            "test_correct": int(test["correct"]),
-            "test_loss": test["nll"],
-            "valid_accuracy": valid["accuracy"],
-        }
+    rows = score_checkpoints(result, data, config.train.max_tokens)
     history = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").open()]
     curve = [(h["step"], h["accuracy"]) for h in history if h["kind"] == "valid"]
     rates = [h["tgt_tokens_per_s"] for h in history if h["kind"] == "train"]
@@ -107,13 +70,7 @@ def main() -> None:
             **config.model.to_dict(),
         },
         "run_config": config.to_dict(),
-        "data": {
-            "train": len(data.train),
-            "valid": len(data.valid),
-            "test": len(data.test),
-            "image_mean": data.preprocessor.image_mean[0],
-            "image_std": data.preprocessor.image_std[0],
-        },
+        "data": data_summary(data),
         "training_minutes": result.minutes,
         "wall_minutes_incl_data_eval_and_test": wall / 60,
         "steps": result.steps,
@@ -124,17 +81,89 @@ def main() -> None:
         "valid_accuracy_curve": curve,
         "checkpoints": rows,
         "goal": {"test_accuracy": GOAL_ACCURACY, "minutes": GOAL_MINUTES, "threads": 2},
-        "goal_met": {
-            label: row["test_accuracy"] >= GOAL_ACCURACY
-            and args.minutes <= GOAL_MINUTES
-            and args.threads <= 2
-            for label, row in rows.items()
-        },
+        "goal_met": goals_met(rows, args),
         "note": args.note,
     }
     lines = markdown(report, args.minutes)
     write_report("train_vit_digits", report, lines)
     print("\n".join(lines))
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=5.0, help="training wall-clock budget")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--config", default=str(ROOT / "configs" / "vit_digits.yaml"))
+    parser.add_argument(
+        "--run-dir", default="runs/bench_vit_digits", help="the run folder (emptied first)"
+    )
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--note", default="", help="a remark stored with the results")
+    return parser.parse_args()
+
+
+def fresh_run_config(args: argparse.Namespace) -> RunConfig:
+    """Empty the run folder; the run config with the budget, threads and ``--set`` overrides."""
+    shutil.rmtree(args.run_dir, ignore_errors=True)
+    overrides = [
+        f"run_dir={args.run_dir}",
+        f"train.max_minutes={args.minutes}",
+        f"train.threads={args.threads}",
+        "train.progress=false",
+        *args.overrides,
+    ]
+    return load_run_config(args.config, overrides)
+
+
+def score_checkpoints(
+    result: TrainResult, data: ImageData, max_tokens: int
+) -> dict[str, dict[str, Any]]:
+    """Test and validation scores of the last, best and averaged checkpoints there are."""
+    assert data.test is not None
+    checkpoints = {
+        "last": result.final_checkpoint,
+        "best": result.run_dir / "checkpoints" / "best",
+        "average of last 3": result.averaged_checkpoint,
+    }
+    rows: dict[str, dict[str, Any]] = {}
+    for label, path in checkpoints.items():
+        if path is None:
+            continue
+        ckpt = load_checkpoint(path, expect=ViT)
+        test = image_metrics(ckpt.model, data.test, max_tokens)
+        valid = image_metrics(ckpt.model, data.valid, max_tokens)
+        rows[label] = {
+            "checkpoint": str(path),
+            "step": int(ckpt.state["step"]),
+            "test_accuracy": test["accuracy"],
+            "test_correct": int(test["correct"]),
+            "test_loss": test["nll"],
+            "valid_accuracy": valid["accuracy"],
+        }
+    return rows
+
+
+def data_summary(data: ImageData) -> dict[str, Any]:
+    """The sizes of the three splits and the images' normalisation."""
+    assert data.test is not None
+    return {
+        "train": len(data.train),
+        "valid": len(data.valid),
+        "test": len(data.test),
+        "image_mean": data.preprocessor.image_mean[0],
+        "image_std": data.preprocessor.image_std[0],
+    }
+
+
+def goals_met(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, bool]:
+    """Whether each checkpoint met the goal: the accuracy, within the minutes and threads."""
+    return {
+        label: row["test_accuracy"] >= GOAL_ACCURACY
+        and args.minutes <= GOAL_MINUTES
+        and args.threads <= 2
+        for label, row in rows.items()
+    }
 
 
 def images_seen(trainer: Trainer) -> int:

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import command_line, device_peak, fmt, machine, spread, sync, write_report
+from _common import Peak, command_line, device_peak, fmt, machine, spread, sync, write_report
 from _peer_nmt import PeerConfig, TorchReference
 from aiayn.data import Batch, TokenBatchSampler
 from aiayn.models.flops import training_flops
@@ -114,62 +114,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     run = run_config(args, args.preset, Path(args.run_dir), compile_=args.compile)
     n = args.warmup + args.steps
     if args.worker == "aiayn":
-        trainer = Trainer(run, resume=True)  # resume: reuse the tokenizer the parent trained
-        data, config = trainer.data, trainer.model_config
-        batches = trainer.sampler.batches(0)[:n]
-
-        def step(ids: list[int]) -> None:
-            trainer.train_step([ids])
-
+        data, config, batches, step = aiayn_steps(run, n)
     else:
-        data = prepare_data(run, reuse_tokenizer=True)
-        device = resolve_device(args.device)
-        if args.peer_settings == "same":
-            if device.type == "cpu":
-                keep_freed_memory()
-            configure_device(device)
-        tok = data.tokenizer
-        config = run.model.replace(vocab_size=tok.vocab_size, pad_id=tok.pad_id)
-        torch.manual_seed(run.train.seed)
-        sizes = {f.name: getattr(config, f.name) for f in dataclasses.fields(PeerConfig)}
-        model = TorchReference(PeerConfig(**sizes)).to(device).train()
-        compiled: Callable[..., Tensor] = torch.compile(model) if args.compile else model
-        optimizer = torch.optim.Adam(
-            model.parameters(),
-            lr=0.0,
-            betas=run.train.adam_betas,
-            eps=run.train.adam_eps,
-            fused=device.type == "cuda" or None,
-        )
-        amp = autocast_dtype(run.train.precision, device)
-        sampler = TokenBatchSampler(
-            data.train.src_lengths,
-            data.train.tgt_lengths,
-            run.train.max_tokens,
-            seed=run.train.seed,
-        )
-        batches = sampler.batches(0)[:n]
-        step_number = itertools.count(1)
-
-        def step(ids: list[int]) -> None:
-            batch: Batch = data.train.collate(ids)
-            if device.type == "cuda":
-                batch = batch.pin_memory().to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                logits = compiled(batch.src, batch.tgt_in)  # (B, T, V)
-            loss = F.cross_entropy(
-                logits.flatten(0, 1).float(),
-                batch.tgt_out.flatten(),
-                ignore_index=config.pad_id,
-                label_smoothing=TRANSLATION_LABEL_SMOOTHING,  # aiayn's default: §5.4
-                reduction="sum",
-            )
-            (loss / batch.num_tgt_tokens).backward()
-            lr = transformer_lr(next(step_number), config.d_model, run.train.warmup_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        data, config, batches, step = torch_steps(args, run, n)
 
     result = _time_steps(step, batches, args.warmup, args.device_name)
     timed = batches[args.warmup :]
@@ -179,6 +126,83 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     result["flops"] = training_flops(config, src_lengths, tgt_lengths)
     result["batch_shapes"] = [len(b) for b in timed]
     return result
+
+
+def aiayn_steps(
+    run: RunConfig, n: int
+) -> tuple[Any, Any, list[list[int]], Callable[[list[int]], None]]:
+    """aiayn's data, model config, first ``n`` batches and training step (its Trainer's)."""
+    trainer = Trainer(run, resume=True)  # resume: reuse the tokenizer the parent trained
+    data, config = trainer.data, trainer.model_config
+    batches = trainer.sampler.batches(0)[:n]
+
+    def step(ids: list[int]) -> None:
+        trainer.train_step([ids])
+
+    return data, config, batches, step
+
+
+def peer_config(config: Any) -> PeerConfig:
+    """The peer's layers from aiayn's model config, field by field; like aiayn's stacks, it ends
+    each stack with a LayerNorm exactly when the layers are pre-norm."""
+    names = [f.name for f in dataclasses.fields(PeerConfig) if f.name != "final_norm"]
+    sizes = {name: getattr(config, name) for name in names}
+    return PeerConfig(**sizes, final_norm=config.norm_first)
+
+
+def torch_steps(
+    args: argparse.Namespace, run: RunConfig, n: int
+) -> tuple[Any, Any, list[list[int]], Callable[[list[int]], None]]:
+    """The torch loop's data, model config, first ``n`` batches and training step."""
+    data = prepare_data(run, reuse_tokenizer=True)
+    device = resolve_device(args.device)
+    if args.peer_settings == "same":
+        if device.type == "cpu":
+            keep_freed_memory()
+        configure_device(device)
+    tok = data.tokenizer
+    config = run.model.replace(vocab_size=tok.vocab_size, pad_id=tok.pad_id)
+    torch.manual_seed(run.train.seed)
+    model = TorchReference(peer_config(config)).to(device).train()
+    compiled: Callable[..., Tensor] = torch.compile(model) if args.compile else model
+    optimizer = torch.optim.Adam(
+        model.parameters(),
+        lr=0.0,
+        betas=run.train.adam_betas,
+        eps=run.train.adam_eps,
+        fused=device.type == "cuda" or None,
+    )
+    amp = autocast_dtype(run.train.precision, device)
+    sampler = TokenBatchSampler(
+        data.train.src_lengths,
+        data.train.tgt_lengths,
+        run.train.max_tokens,
+        seed=run.train.seed,
+    )
+    batches = sampler.batches(0)[:n]
+    step_number = itertools.count(1)
+
+    def step(ids: list[int]) -> None:
+        batch: Batch = data.train.collate(ids)
+        if device.type == "cuda":
+            batch = batch.pin_memory().to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            logits = compiled(batch.src, batch.tgt_in)  # (B, T, V)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            batch.tgt_out.flatten(),
+            ignore_index=config.pad_id,
+            label_smoothing=TRANSLATION_LABEL_SMOOTHING,  # aiayn's default: §5.4
+            reduction="sum",
+        )
+        (loss / batch.num_tgt_tokens).backward()
+        lr = transformer_lr(next(step_number), config.d_model, run.train.warmup_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return data, config, batches, step
 
 
 def spawn(
@@ -220,7 +244,8 @@ def spawn(
     return result
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (the hidden options are the worker's)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--presets", default="small,base")
     parser.add_argument("--threads", type=int, default=2)
@@ -240,7 +265,11 @@ def main() -> None:
     parser.add_argument("--preset", help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     args.device_name = resolve_device(args.device).type
     if args.worker:
         if args.device_name == "cpu":
@@ -265,6 +294,30 @@ def main() -> None:
         },
         "presets": {},
     }
+    all_runs = run_presets(args, compile_presets)
+    measured.append(device_peak(args.device_name, dtype))
+    best = max(measured, key=lambda p: p.flops)
+    peaks = [p.flops for p in measured]
+    peak = best.flops
+    report["matmul_peak_flops"] = peak
+    report["matmul_peak_kernel"] = best.kernel
+    report["matmul_peak_measurements"] = peaks
+    report["matmul_peak_by_kernel"] = [p.by_kernel for p in measured]
+    lines = header_lines(args, report["machine"], best, peaks, peak_name, on_gpu)
+    for preset, runs in all_runs.items():
+        rows = preset_rows(runs, peak)
+        lines += preset_lines(preset, rows)
+        report["presets"][preset] = rows
+    suffix = "" if args.peer_settings == "same" else "_peer_default"
+    path = write_report(f"train_vs_torch_{args.device_name}{suffix}", report, lines)
+    print("\n".join(lines))
+    print(f"wrote {path} and .json")
+
+
+def run_presets(
+    args: argparse.Namespace, compile_presets: str
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Run every round of every preset, each in its own processes; the runs by preset and side."""
     all_runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets.split(","):
@@ -282,21 +335,25 @@ def main() -> None:
                     runs.setdefault(name, []).append(res)
                     rate = res["tgt_tokens"] / sum(res["step_seconds"])
                     print(f"{preset} round {r + 1} {name}: {rate:,.0f} tok/s", flush=True)
-    measured.append(device_peak(args.device_name, dtype))
-    best = max(measured, key=lambda p: p.flops)
-    peaks = [p.flops for p in measured]
-    peak = best.flops
-    report["matmul_peak_flops"] = peak
-    report["matmul_peak_kernel"] = best.kernel
-    report["matmul_peak_measurements"] = peaks
-    report["matmul_peak_by_kernel"] = [p.by_kernel for p in measured]
-    lines = [
+    return all_runs
+
+
+def header_lines(
+    args: argparse.Namespace,
+    machine_info: dict[str, Any],
+    best: Peak,
+    peaks: list[float],
+    peak_name: str,
+    on_gpu: bool,
+) -> list[str]:
+    """The Markdown page down to the table's header: command, machine, peak and protocol."""
+    return [
         f"# Training throughput: aiayn vs torch.nn.Transformer ({args.device_name})",
         "",
         f"`{command_line()}`",
         "",
-        f"Machine: {report['machine']['cpu']}"
-        + (f", {report['machine']['gpu']}" if on_gpu else f", {args.threads} threads")
+        f"Machine: {machine_info['cpu']}"
+        + (f", {machine_info['gpu']}" if on_gpu else f", {args.threads} threads")
         + f"; torch {torch.__version__}; both sides' linear layers run PyTorch's autograd "
         f"kernels; measured {peak_name} matmul peak, fastest kernel: {best.describe()} (the "
         "higher of "
@@ -309,31 +366,35 @@ def main() -> None:
         "| peak memory (MiB) |",
         "|---|---|---|---|---|---|",
     ]
-    for preset, runs in all_runs.items():
-        rows = {}
-        for name, results in runs.items():
-            rates = [x["tgt_tokens"] / sum(x["step_seconds"]) for x in results]
-            mfu = [x["flops"] / sum(x["step_seconds"]) / peak for x in results]
-            mem = [x["peak_memory_bytes"] / 2**20 for x in results]
-            rows[name] = {
-                "tgt_tokens_per_s": spread(rates),
-                "matmul_peak_fraction": spread(mfu),
-                "peak_memory_mib": spread(mem),
-                "runs": results,
-            }
-        torch_rate = rows["torch"]["tgt_tokens_per_s"]["median"]
-        for name, row in rows.items():
-            row["ratio_vs_torch"] = row["tgt_tokens_per_s"]["median"] / torch_rate
-            lines.append(
-                f"| {preset} | {name} | {fmt(row['tgt_tokens_per_s'])} | "
-                f"{row['ratio_vs_torch']:.2f}× | {fmt(row['matmul_peak_fraction'], 100, 1)}% | "
-                f"{fmt(row['peak_memory_mib'])} |"
-            )
-        report["presets"][preset] = rows
-    suffix = "" if args.peer_settings == "same" else "_peer_default"
-    path = write_report(f"train_vs_torch_{args.device_name}{suffix}", report, lines)
-    print("\n".join(lines))
-    print(f"wrote {path} and .json")
+
+
+def preset_rows(runs: dict[str, list[dict[str, Any]]], peak: float) -> dict[str, dict[str, Any]]:
+    """One preset's results by implementation: spreads over its rounds and the ratio to torch."""
+    rows = {}
+    for name, results in runs.items():
+        rates = [x["tgt_tokens"] / sum(x["step_seconds"]) for x in results]
+        mfu = [x["flops"] / sum(x["step_seconds"]) / peak for x in results]
+        mem = [x["peak_memory_bytes"] / 2**20 for x in results]
+        rows[name] = {
+            "tgt_tokens_per_s": spread(rates),
+            "matmul_peak_fraction": spread(mfu),
+            "peak_memory_mib": spread(mem),
+            "runs": results,
+        }
+    torch_rate = rows["torch"]["tgt_tokens_per_s"]["median"]
+    for row in rows.values():
+        row["ratio_vs_torch"] = row["tgt_tokens_per_s"]["median"] / torch_rate
+    return rows
+
+
+def preset_lines(preset: str, rows: dict[str, dict[str, Any]]) -> list[str]:
+    """One preset's table rows, one per implementation."""
+    return [
+        f"| {preset} | {name} | {fmt(row['tgt_tokens_per_s'])} | "
+        f"{row['ratio_vs_torch']:.2f}× | {fmt(row['matmul_peak_fraction'], 100, 1)}% | "
+        f"{fmt(row['peak_memory_mib'])} |"
+        for name, row in rows.items()
+    ]
 
 
 if __name__ == "__main__":

@@ -296,13 +296,7 @@ def run_config(
     )
     settings = hf_settings(options, specials)
     tokenizer = SimpleNamespace(pad_id=pad, eos_id=eos, bos_id=specials.decoder_start_id)
-    batches = [srcs[i : i + batch] for i in range(0, len(srcs), batch)]
-    inputs = []
-    for rows in batches:
-        width = max(map(len, rows)) + 1
-        ids = torch.tensor([[*r, eos] + [pad] * (width - len(r) - 1) for r in rows])
-        mask = torch.tensor([[1] * (len(r) + 1) + [0] * (width - len(r) - 1) for r in rows])
-        inputs.append((ids, mask))
+    inputs = padded_batches(srcs, batch, eos, pad)
     outputs: dict[str, list[list[int]]] = {}
 
     def run_hf() -> None:
@@ -330,17 +324,46 @@ def run_config(
     if weights is not None:
         fns["read"] = read
     times = time_interleaved(fns, args.rounds)
+    row = config_row(times, outputs, batch, beam, len(srcs), m)
+    if weights is not None:
+        row.update(floor_fields(row, times["read"], reads))
+    return row
+
+
+def padded_batches(
+    srcs: list[list[int]], batch: int, eos: int, pad: int
+) -> list[tuple[Tensor, Tensor]]:
+    """``srcs`` in batches of ``batch`` for `generate`: ids (EOS appended, padded) and mask."""
+    batches = [srcs[i : i + batch] for i in range(0, len(srcs), batch)]
+    inputs = []
+    for rows in batches:
+        width = max(map(len, rows)) + 1
+        ids = torch.tensor([[*r, eos] + [pad] * (width - len(r) - 1) for r in rows])
+        mask = torch.tensor([[1] * (len(r) + 1) + [0] * (width - len(r) - 1) for r in rows])
+        inputs.append((ids, mask))
+    return inputs
+
+
+def config_row(
+    times: dict[str, list[float]],
+    outputs: dict[str, list[list[int]]],
+    batch: int,
+    beam: int,
+    sentences: int,
+    m: int,
+) -> dict[str, Any]:
+    """One configuration's row: identical outputs, generated tokens, times, tokens/s, ratio."""
     same = [a == b for a, b in zip(outputs["aiayn"], outputs["hf"], strict=True)]
     generated = [[min(len(t) + 1, m) for t in outputs[k]] for k in ("aiayn", "hf")]
     row: dict[str, Any] = {
         "batch": batch,
         "beam": beam,
-        "sentences": len(srcs),
+        "sentences": sentences,
         "identical": sum(same),
         "mismatched_sentences": [i for i, s in enumerate(same) if not s],
         "aiayn_tokens": sum(generated[0]),
         "hf_tokens": sum(generated[1]),
-        "eos_before_limit": sum(n < m for n in generated[1]) / len(srcs),
+        "eos_before_limit": sum(n < m for n in generated[1]) / sentences,
         "aiayn_s": spread(times["aiayn"]),
         "hf_s": spread(times["hf"]),
     }
@@ -348,17 +371,22 @@ def run_config(
     row["hf_tok_s"] = row["hf_tokens"] / row["hf_s"]["median"]
     row["ratio"] = row["aiayn_tok_s"] / row["hf_tok_s"]
     row["goal"] = GOALS.get(batch)
-    if weights is not None:
-        row["read_s"] = spread([t / reads for t in times["read"]])
-        read_s = row["read_s"]["median"]
-        row["aiayn_s_per_token"] = row["aiayn_s"]["median"] / row["aiayn_tokens"]
-        row["hf_s_per_token"] = row["hf_s"]["median"] / row["hf_tokens"]
-        row["aiayn_floor_fraction"] = read_s / row["aiayn_s_per_token"]
-        row["hf_floor_fraction"] = read_s / row["hf_s_per_token"]
     return row
 
 
-def main() -> None:
+def floor_fields(row: dict[str, Any], read_times: list[float], reads: int) -> dict[str, Any]:
+    """The weight-read floor (``reads`` reads per timed call) and each side's fraction of it."""
+    fields: dict[str, Any] = {"read_s": spread([t / reads for t in read_times])}
+    read_s = fields["read_s"]["median"]
+    fields["aiayn_s_per_token"] = row["aiayn_s"]["median"] / row["aiayn_tokens"]
+    fields["hf_s_per_token"] = row["hf_s"]["median"] / row["hf_tokens"]
+    fields["aiayn_floor_fraction"] = read_s / fields["aiayn_s_per_token"]
+    fields["hf_floor_fraction"] = read_s / fields["hf_s_per_token"]
+    return fields
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line (one sentence count per batch size)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=list(MODELS), default="t5-small")
     parser.add_argument("--threads", type=int, default=2)
@@ -375,6 +403,11 @@ def main() -> None:
     args = parser.parse_args()
     if len(args.sentences) != len(args.batches):
         parser.error("--sentences needs one count per batch size")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as `aiayn translate` sets it on CPU; HF runs in this process too
     load_before = os.getloadavg()
