@@ -140,12 +140,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _add_folder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--run-dir", help="the runs' checkpoints and reports (default runs/bench_multi30k[_smoke])"
+        "--run-dir", help="the runs' checkpoints (default runs/bench_multi30k[_smoke])"
     )
     p.add_argument(
         "--results-store",
-        help="where each run's result.json is kept (default: --run-dir); a folder under version"
-        " control carries a protocol spread over sessions to a fresh checkout",
+        help="where each run's result.json and the report are kept (default: --run-dir); a folder"
+        " under version control carries a protocol spread over sessions to a fresh checkout",
     )
     p.add_argument("--force", action="store_true", help="replace a run left without a result")
     p.add_argument("--results-dir", help="where complete reports go (default: docs/results)")
