@@ -5,6 +5,7 @@ let the long experiment be spread over several sessions.
 - :func:`same_recipe`: the peer gets aiayn's recipe, field by field, from the same
   :class:`~aiayn.training.config.RunConfig` (configs/multi30k_small.yaml plus the same
   ``--set`` overrides); a setting the peer does not implement is refused by name.
+- :func:`peer_config`: the peer's layers, aiayn's sizes given a recipe.
 - :func:`paper_recipe`: the paper's recipe for 100k-step runs (post-norm, warm-up 4,000, dropout
   0.1, ε_ls 0.1, its last weights, beam α 0.6), the second row.
 - :func:`summarize`, :func:`significant`: mean, min–max and standard deviation over seeds; a
@@ -173,6 +174,30 @@ def recipe_line(r: PeerRecipe) -> str:
         f"lr scale {r.lr_scale:g}, label smoothing {r.label_smoothing:g}, Adam "
         f"{tuple(r.adam_betas)} ε {r.adam_eps:g}, weight decay {r.weight_decay:g}, clip "
         f"{r.clip_norm}, {averaging}, {alpha}"
+    )
+
+
+def peer_config(run: Any, recipe: PeerRecipe, vocab_size: int) -> Any:
+    """The peer's layers (a ``_peer_nmt.PeerConfig``): aiayn's sizes from ``run``, the
+    recipe's norm placement, dropout and embeddings."""
+    import _peer_nmt as peer
+
+    m = run.model
+    return peer.PeerConfig(
+        vocab_size=vocab_size,
+        d_model=m.d_model,
+        num_heads=m.num_heads,
+        num_encoder_layers=m.num_encoder_layers,
+        num_decoder_layers=m.num_decoder_layers,
+        d_ff=m.d_ff,
+        dropout=recipe.dropout,
+        attention_dropout=recipe.attention_dropout,
+        norm_first=recipe.norm_first,
+        final_norm=recipe.final_norm,
+        activation=recipe.activation,
+        layer_norm_eps=recipe.layer_norm_eps,
+        share_embeddings=recipe.share_embeddings,
+        tie_output=recipe.tie_output,
     )
 
 

@@ -139,9 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _add_folder_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--run-dir", help="the runs' checkpoints (default runs/bench_multi30k[_smoke])"
-    )
+    p.add_argument("--run-dir", help="the runs' checkpoints (default runs/bench_multi30k[_smoke])")
     p.add_argument(
         "--results-store",
         help="where each run's result.json and the report are kept (default: --run-dir); a folder"
@@ -412,7 +410,8 @@ def run_peer(args: argparse.Namespace, direction: str, system: str, seed: int) -
     data = peer.Encoded.of(tokenizer, pairs, run.data.max_tokens_per_sentence)
     seconds = time.perf_counter() - started
     print(f"{system}: {len(data.src)} pairs, BPE of {tokenizer.get_vocab_size()} ({seconds:.1f}s)")
-    model = peer.TorchReference(peer_config(run, recipe, tokenizer.get_vocab_size())).to(device)
+    layers = protocol.peer_config(run, recipe, tokenizer.get_vocab_size())
+    model = peer.TorchReference(layers).to(device)
     amp = _peer_amp(run.train.precision, device)
     settings = peer_settings(args, system, recipe, seed)
     log = peer.train_for(model, data, settings, device=device, amp=amp)
@@ -458,29 +457,6 @@ def peer_settings(
     steps = args.steps[system] if args.steps else None
     taken = {n: getattr(recipe, n) for n in names}
     return peer.TrainSettings(minutes=args.minutes, steps=steps, seed=seed, **taken)
-
-
-def peer_config(run: Any, recipe: protocol.PeerRecipe, vocab_size: int) -> Any:
-    """The peer's layers: aiayn's sizes, the recipe's norm placement, dropout and embeddings."""
-    import _peer_nmt as peer
-
-    m = run.model
-    return peer.PeerConfig(
-        vocab_size=vocab_size,
-        d_model=m.d_model,
-        num_heads=m.num_heads,
-        num_encoder_layers=m.num_encoder_layers,
-        num_decoder_layers=m.num_decoder_layers,
-        d_ff=m.d_ff,
-        dropout=recipe.dropout,
-        attention_dropout=recipe.attention_dropout,
-        norm_first=recipe.norm_first,
-        final_norm=recipe.final_norm,
-        activation=recipe.activation,
-        layer_norm_eps=recipe.layer_norm_eps,
-        share_embeddings=recipe.share_embeddings,
-        tie_output=recipe.tie_output,
-    )
 
 
 def peer_weights(

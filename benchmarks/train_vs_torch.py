@@ -28,7 +28,6 @@ Writes docs/results/train_vs_torch_DEVICE.{json,md} (``_peer_default`` added wit
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import os
@@ -46,8 +45,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _multi30k_protocol as protocol
 from _common import Peak, command_line, device_peak, fmt, machine, spread, sync, write_report
-from _peer_nmt import PeerConfig, TorchReference
+from _peer_nmt import TorchReference
 from aiayn.data import Batch, TokenBatchSampler
 from aiayn.models.flops import training_flops
 from aiayn.performance import configure_device, keep_freed_memory
@@ -142,14 +142,6 @@ def aiayn_steps(
     return data, config, batches, step
 
 
-def peer_config(config: Any) -> PeerConfig:
-    """The peer's layers from aiayn's model config, field by field; like aiayn's stacks, it ends
-    each stack with a LayerNorm exactly when the layers are pre-norm."""
-    names = [f.name for f in dataclasses.fields(PeerConfig) if f.name != "final_norm"]
-    sizes = {name: getattr(config, name) for name in names}
-    return PeerConfig(**sizes, final_norm=config.norm_first)
-
-
 def torch_steps(
     args: argparse.Namespace, run: RunConfig, n: int
 ) -> tuple[Any, Any, list[list[int]], Callable[[list[int]], None]]:
@@ -163,7 +155,8 @@ def torch_steps(
     tok = data.tokenizer
     config = run.model.replace(vocab_size=tok.vocab_size, pad_id=tok.pad_id)
     torch.manual_seed(run.train.seed)
-    model = TorchReference(peer_config(config)).to(device).train()
+    layers = protocol.peer_config(run, protocol.same_recipe(run), tok.vocab_size)
+    model = TorchReference(layers).to(device).train()
     compiled: Callable[..., Tensor] = torch.compile(model) if args.compile else model
     optimizer = torch.optim.Adam(
         model.parameters(),

@@ -250,3 +250,24 @@ def test_a_results_store_keeps_the_results_apart_from_the_checkpoints(
     out = commands[0][commands[0].index("--out") + 1]
     assert out == str(protocol.result_path(store, "en-de", "peer-same", 1))  # result: the store
     assert not (store / "en-de" / "peer-same").exists()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_train_vs_torch_gives_the_peer_aiayns_layers(norm_first: bool, tmp_path: Path) -> None:
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import _peer_nmt as peer
+    import train_vs_torch
+    from aiayn.models.transformer import Transformer
+
+    flags = SimpleNamespace(
+        vocab_size=300, max_tokens=512, device="cpu", precision="auto", threads=1
+    )
+    run = train_vs_torch.run_config(flags, "tiny", tmp_path)
+    run = replace(run, model=run.model.replace(norm_first=norm_first))
+    layers = protocol.peer_config(run, protocol.same_recipe(run), 300)
+    assert layers.final_norm == norm_first  # a final LayerNorm per stack exactly with pre-norm
+    theirs = sum(p.numel() for p in peer.TorchReference(layers).parameters())
+    ours = sum(p.numel() for p in Transformer(run.model.replace(vocab_size=300)).parameters())
+    assert theirs == ours

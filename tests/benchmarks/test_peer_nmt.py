@@ -194,15 +194,3 @@ def test_token_batches_translate_as_sentence_batches_do(beam_size: int) -> None:
     for budget in (8, 40, 4096):  # a sentence per batch at 8 // beam, all at 4096
         assert run(max_tokens=budget) == one_by_one
     assert any(one_by_one)  # something was decoded
-
-
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_train_vs_torch_gives_the_peer_aiayns_layers(norm_first: bool) -> None:
-    from train_vs_torch import peer_config
-
-    config = preset("tiny", norm_first=norm_first)
-    peer_model = peer.TorchReference(peer_config(config))
-    ours = Transformer(config)
-    assert peer_config(config).final_norm == norm_first
-    count = sum(p.numel() for p in peer_model.parameters())
-    assert count == sum(p.numel() for p in ours.parameters())
