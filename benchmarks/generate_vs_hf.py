@@ -122,7 +122,7 @@ def run_batch(
 
         fns["aiayn int8"] = keep_int8
     times = time_interleaved(fns, args.repeats)
-    return batch_row(times, batch, new, identical, want, int8_out if int8 is not None else None)
+    return batch_row(times, batch, new, identical, want, int8_out)
 
 
 def batch_row(
@@ -131,9 +131,10 @@ def batch_row(
     new: int,
     identical: bool,
     want: list[list[int]],
-    int8_out: list[list[list[int]]] | None,
+    int8_out: list[list[list[int]]],
 ) -> dict[str, Any]:
-    """One batch size's row from its times: tokens/s, ratios and floor fractions of each side."""
+    """One batch size's row from its times: tokens/s, ratios and floor fractions of each side
+    (int8's where it was timed; ``int8_out`` holds its outputs)."""
     tokens = batch * new
     row: dict[str, Any] = {"batch": batch, "identical_outputs": identical, "new_tokens": new}
     for name, t in times.items():
@@ -144,7 +145,7 @@ def batch_row(
         row[f"{name} tok/s"] = tokens / s
         row[f"{name} vs hf"] = hf_s / s
         row[f"{name} floor fraction"] = statistics.median(times["read"]) / (s / new)
-    if int8_out is not None:
+    if "aiayn int8" in times:
         s = statistics.median(times["aiayn int8"])
         row["aiayn int8 tok/s"] = tokens / s
         row["aiayn int8 vs packed"] = statistics.median(times["aiayn packed"]) / s

@@ -149,7 +149,8 @@ def write_summary(
     from_results: bool,
 ) -> None:
     """Print the summary table and write docs/results/summary.{json,md}."""
-    lines = summary_header(threads, training, decoding, gpt2, translation, from_results)
+    sources = [training, *decoding.values(), *gpt2.values(), *translation.values()]
+    lines = summary_header(threads, training, sources if from_results else [])
     lines += training_rows(training)
     lines += decoding_rows(decoding)
     lines += gpt2_rows(gpt2)
@@ -168,14 +169,10 @@ def write_summary(
 
 
 def summary_header(
-    threads: int,
-    training: dict[str, Any],
-    decoding: dict[str, Any],
-    gpt2: dict[str, Any],
-    translation: dict[str, Any],
-    from_results: bool,
+    threads: int, training: dict[str, Any], sources: list[dict[str, Any]]
 ) -> list[str]:
-    """The summary page down to the table's header: command, machine, peak, sources."""
+    """The summary page down to the table's header: command, machine, peak, and the commands
+    of the result files ``sources`` it was assembled from (none: no such line)."""
     peak = training["matmul_peak_flops"]
     return [
         "# Benchmark summary",
@@ -192,20 +189,11 @@ def summary_header(
         *(
             [
                 "Assembled from the result files of: "
-                + "; ".join(
-                    f"`{r['command']}`"
-                    for r in [
-                        training,
-                        *decoding.values(),
-                        *gpt2.values(),
-                        *translation.values(),
-                    ]
-                    if "command" in r
-                )
+                + "; ".join(f"`{r['command']}`" for r in sources if "command" in r)
                 + ".",
                 "",
             ]
-            if from_results
+            if sources
             else []
         ),
         "| what | preset | aiayn | peer | ratio | aiayn, fraction of matmul peak |",
