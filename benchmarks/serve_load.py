@@ -3,7 +3,7 @@ and against offline decoding of the same inputs.
 
     python benchmarks/serve_load.py [--translation CKPT] [--lm CKPT] [--clients 1,8,32,64]
                                     [--requests 400] [--max-new-tokens 32] [--name serve_load]
-                                    [--decode-workers 2 | 1,2,3]
+                                    [--decode-workers 2 | 1,2,3] [--device auto]
 
 Scenarios: a translation model (default: the `small` preset, random weights, a tokenizer
 trained on Multi30k's English side; or `--translation`, e.g. a trained checkpoint) decoding
@@ -18,7 +18,8 @@ with `--no-batching` (one request at a time). Reported: throughput
 (sentences/s and output tokens/s), p50 and p99 latency, errors, and mismatches against the
 offline answer of each input; and the offline throughput of the same inputs (`translate_ids` /
 `generate_ids` in this process, all inputs at once: the ceiling; and, for each number of
-clients N, N consecutive inputs per call: the ceiling with N requests in flight). Writes
+clients N, N consecutive inputs per call: the ceiling with N requests in flight). The servers
+and the offline decoding run on the same `--device` (`auto`: a GPU where there is one). Writes
 docs/results/NAME.{json,md}.
 """
 
@@ -55,6 +56,7 @@ from aiayn.decoding.translate import options_for_checkpoint, translate_ids
 from aiayn.models import Transformer
 from aiayn.models.gpt2 import GPT2, GPT2_PRESETS
 from aiayn.serving import ServeOptions
+from aiayn.validation import device_flag, resolve_device
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
 
@@ -93,15 +95,16 @@ def _best_of_two(run: Callable[[], list[Any]]) -> tuple[list[Any], float]:
 
 
 def _offline(
-    kind: str, ckpt: Path, inputs: list[str], cap: int, at_a_time: int | None = None
+    kind: str, ckpt: Path, inputs: list[str], cap: int, device: str, at_a_time: int | None = None
 ) -> tuple[list[str], float, int]:
-    """(each input's answer, seconds, output tokens): all inputs at once (the library's own
-    batching), or ``at_a_time`` consecutive inputs per call (what that many clients can have in
-    flight)."""
+    """(each input's answer, seconds, output tokens) on ``device``: all inputs at once (the
+    library's own batching), or ``at_a_time`` consecutive inputs per call (what that many
+    clients can have in flight)."""
     chunk = at_a_time or len(inputs)
     calls = [slice(i, i + chunk) for i in range(0, len(inputs), chunk)]
     if kind == "generate":
         c = load_checkpoint(ckpt, expect=GPT2)
+        c.model.to(device)
         tok = load_lm_tokenizer(c.tokenizer_path)
         ids = [tok.encode(p) or [c.model.config.bos_id] for p in inputs]
         options = GenerateOptions(max_new_tokens=cap, batch_size=64)
@@ -112,6 +115,7 @@ def _offline(
         texts = [continuation(tok, p, n) for p, n in zip(ids, news, strict=True)]
         return texts, seconds, sum(map(len, news))
     c = load_checkpoint(ckpt)
+    c.model.to(device)
     tok = load_translation_tokenizer(c.path)
     beam = 4 if kind == "beam4" else 1
     o = options_for_checkpoint(c.state.get("generation"), beam_size=beam, max_new_tokens=cap)
@@ -206,13 +210,14 @@ def _free_port() -> int:
 
 
 def _serve(
-    ckpt: Path, workers: int | None, threads: int | None = None
+    ckpt: Path, device: str, workers: int | None, threads: int | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """A server of ``ckpt`` with ``workers`` decode workers (None: batching off), on
-    ``threads`` CPU threads (None: torch's default)."""
+    """A server of ``ckpt`` on ``device`` with ``workers`` decode workers (None: batching
+    off), on ``threads`` CPU threads (None: torch's default)."""
     port = _free_port()
     argv = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(ckpt), "--port",
-            str(port), "--queue-size", "4096", "--timeout-s", "3600"]  # fmt: skip
+            str(port), "--queue-size", "4096", "--timeout-s", "3600",
+            "--device", device]  # fmt: skip
     argv += ["--no-batching"] if workers is None else ["--decode-workers", str(workers)]
     env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -257,9 +262,19 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--scenarios", default="greedy,beam4,generate")
     p.add_argument("--name", default="serve_load")
-    p.add_argument("--decode-workers", default=str(ServeOptions().decode_workers),
-                   help="decode workers of the batched server; several (1,2) compare them")
+    p.add_argument(
+        "--decode-workers",
+        default=str(ServeOptions().decode_workers),
+        help="decode workers of the batched server; several (1,2) compare them",
+    )
+    p.add_argument(
+        "--device",
+        type=device_flag,
+        default="auto",
+        help="where the servers and the offline decoding run: auto, cpu, cuda[:N]",
+    )
     args = p.parse_args()
+    args.device = str(resolve_device(args.device))
     args.decode_workers = [int(w) for w in args.decode_workers.split(",")]
     args.load_start = os.getloadavg()[0]
     clients = [int(c) for c in args.clients.split(",")]
@@ -279,17 +294,21 @@ def _measure(args: argparse.Namespace, clients: list[int], inputs: list[str],
     rows = []
     for kind in args.scenarios.split(","):
         prompts = [" ".join(t.split()[:4]) for t in inputs] if kind == "generate" else inputs
-        expected, seconds, tokens = _offline(kind, ckpts[kind], prompts, args.max_new_tokens)
+        expected, seconds, tokens = _offline(
+            kind, ckpts[kind], prompts, args.max_new_tokens, args.device
+        )
         rows.append(_offline_row(kind, 0, len(prompts), seconds, tokens))
         for n in clients:  # the ceiling at n requests in flight: n inputs per call
-            found, at_n, n_tokens = _offline(kind, ckpts[kind], prompts, args.max_new_tokens, n)
+            found, at_n, n_tokens = _offline(
+                kind, ckpts[kind], prompts, args.max_new_tokens, args.device, n
+            )
             assert found == expected, "offline answers depend on the batch"
             rows.append(_offline_row(kind, n, len(prompts), at_n, n_tokens))
         # the unbatched baseline at its best: one request's small operations can run faster
         # on one thread than split over all of them, so it runs both ways
         servers = [*((w, None) for w in args.decode_workers), (None, None), (None, 1)]
         for workers, threads in servers:
-            proc, base = _serve(ckpts[kind], workers, threads)
+            proc, base = _serve(ckpts[kind], args.device, workers, threads)
             try:  # a few requests first, not measured: first-call costs stay out of the rows
                 asyncio.run(_load(base, kind, prompts[:8], 4, args.max_new_tokens))
                 for n in clients:
@@ -326,14 +345,20 @@ def _cpu_text(row: dict[str, Any]) -> str:
     return f"{client / (client + server):.0%} | {server * 1000 / row['requests']:.1f}"
 
 
+def _gpu(device: str) -> str:
+    """The GPU's name after a comma where ``device`` is a CUDA device, else nothing."""
+    return f", {torch.cuda.get_device_name(device)}" if device.startswith("cuda") else ""
+
+
 def _report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     md = [
         "# aiayn serve under load",
         "",
         f"Command: `{command_line()}`",
         "",
-        f"Machine: {machine()['cpu']}, {os.cpu_count()} cores; load average (1 min) at the "
-        f"start {args.load_start:.1f}, at the end {os.getloadavg()[0]:.1f}.",
+        f"Machine: {machine()['cpu']}, {os.cpu_count()} cores{_gpu(args.device)}; servers and "
+        f"offline decoding on {args.device}; load average (1 min) at the start "
+        f"{args.load_start:.1f}, at the end {os.getloadavg()[0]:.1f}.",
         "",
         "| scenario | clients | mode | sentences/s | tokens/s | p50 ms | p99 ms | errors "
         "| mismatches | clients' CPU share | server CPU ms per request |",
@@ -352,7 +377,7 @@ def _report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
            "The clients run in this benchmark's process, on the same cores as the server: "
            "their share of the CPU seconds spent during a load is CPU the server did not "
            "have."]  # fmt: skip
-    data = {"command": command_line(), "machine": machine(), "rows": rows}
+    data = {"command": command_line(), "machine": machine(), "device": args.device, "rows": rows}
     print(write_report(args.name, data, md))
 
 

@@ -11,6 +11,8 @@ signed 16-bit integer, reach a threshold:
 
 Elsewhere (CUDA) it is :func:`torch.nn.functional.dropout`, whose fused kernel is already fast.
 Both use torch's default generator, so ``torch.manual_seed`` and saved RNG states reproduce them.
+
+Shape legend:  N elements of ``x`` (any shape)   W = ⌈N / 4⌉ 64-bit words
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if x.device.type != "cpu":
         return F.dropout(x, p, training=True)
     dropped = round(p * _LEVELS)  # p' · 2¹⁶
-    words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
-    bits = words.view(torch.int16)[: x.numel()].view(x.shape)  # uniform on [−2¹⁵, 2¹⁵)
+    words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # (W,)
+    # (W,) int64 -> (4W,) int16 -> (N,) -> x's shape; uniform on [−2¹⁵, 2¹⁵)
+    bits = words.view(torch.int16)[: x.numel()].view(x.shape)
     keep = bits >= dropped - _LEVELS // 2  # P(keep) = 1 − p'
     return (x * keep).mul_(_LEVELS / (_LEVELS - dropped))  # x · keep / (1 − p')
 

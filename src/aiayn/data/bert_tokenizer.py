@@ -38,6 +38,8 @@ asks for them). Where this tokenizer differs from Hugging Face's:
 
 :meth:`BertTokenizer.save` writes ``tokenizer.json`` and a manifest, ``bert_tokenizer.json``,
 into an aiayn checkpoint folder; :func:`load_bert_tokenizer` reads them back.
+
+Shape legend:  B texts of a batch   T the longest one's tokens (the others padded on the right)
 """
 
 from __future__ import annotations
@@ -293,7 +295,7 @@ class BertTokenizer:
         ids = [r.ids + [self.pad_id] * (width - len(r.ids)) for r in rows]
         types = [r.token_types + [0] * (width - len(r.ids)) for r in rows]
         mask = [[True] * len(r.ids) + [False] * (width - len(r.ids)) for r in rows]
-        shape = (len(rows), width)
+        shape = (len(rows), width)  # (B, T): B rows of T values each, flattened in order
         return BertBatch(
             torch.tensor(ids, dtype=torch.long).reshape(shape),
             torch.tensor(types, dtype=torch.long).reshape(shape),
