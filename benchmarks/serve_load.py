@@ -345,18 +345,15 @@ def _cpu_text(row: dict[str, Any]) -> str:
     return f"{client / (client + server):.0%} | {server * 1000 / row['requests']:.1f}"
 
 
-def _gpu(device: str) -> str:
-    """The GPU's name after a comma where ``device`` is a CUDA device, else nothing."""
-    return f", {torch.cuda.get_device_name(device)}" if device.startswith("cuda") else ""
-
-
 def _report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    info = machine()
+    gpu = f", {info['gpu']}" if args.device.startswith("cuda") else ""
     md = [
         "# aiayn serve under load",
         "",
         f"Command: `{command_line()}`",
         "",
-        f"Machine: {machine()['cpu']}, {os.cpu_count()} cores{_gpu(args.device)}; servers and "
+        f"Machine: {info['cpu']}, {os.cpu_count()} cores{gpu}; servers and "
         f"offline decoding on {args.device}; load average (1 min) at the start "
         f"{args.load_start:.1f}, at the end {os.getloadavg()[0]:.1f}.",
         "",
@@ -377,7 +374,7 @@ def _report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
            "The clients run in this benchmark's process, on the same cores as the server: "
            "their share of the CPU seconds spent during a load is CPU the server did not "
            "have."]  # fmt: skip
-    data = {"command": command_line(), "machine": machine(), "device": args.device, "rows": rows}
+    data = {"command": command_line(), "machine": info, "device": args.device, "rows": rows}
     print(write_report(args.name, data, md))
 
 

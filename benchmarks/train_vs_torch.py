@@ -142,6 +142,11 @@ def aiayn_steps(
     return data, config, batches, step
 
 
+def peer_layers(run: RunConfig, vocab_size: int) -> Any:
+    """The torch loop's layers: the Multi30k protocol's same-recipe peer of ``run``."""
+    return protocol.peer_config(run, protocol.same_recipe(run), vocab_size)
+
+
 def torch_steps(
     args: argparse.Namespace, run: RunConfig, n: int
 ) -> tuple[Any, Any, list[list[int]], Callable[[list[int]], None]]:
@@ -155,8 +160,7 @@ def torch_steps(
     tok = data.tokenizer
     config = run.model.replace(vocab_size=tok.vocab_size, pad_id=tok.pad_id)
     torch.manual_seed(run.train.seed)
-    layers = protocol.peer_config(run, protocol.same_recipe(run), tok.vocab_size)
-    model = TorchReference(layers).to(device).train()
+    model = TorchReference(peer_layers(run, tok.vocab_size)).to(device).train()
     compiled: Callable[..., Tensor] = torch.compile(model) if args.compile else model
     optimizer = torch.optim.Adam(
         model.parameters(),

@@ -266,7 +266,7 @@ def test_train_vs_torch_gives_the_peer_aiayns_layers(norm_first: bool, tmp_path:
     )
     run = train_vs_torch.run_config(flags, "tiny", tmp_path)
     run = replace(run, model=run.model.replace(norm_first=norm_first))
-    layers = protocol.peer_config(run, protocol.same_recipe(run), 300)
+    layers = train_vs_torch.peer_layers(run, 300)
     assert layers.final_norm == norm_first  # a final LayerNorm per stack exactly with pre-norm
     theirs = sum(p.numel() for p in peer.TorchReference(layers).parameters())
     ours = sum(p.numel() for p in Transformer(run.model.replace(vocab_size=300)).parameters())
