@@ -117,9 +117,10 @@ def main() -> None:
             targets = pad([data[i][1] for i in chunk])  # (B, T)
             decoder_in = F.pad(targets[:, :-1], (1, 0), value=config.pad_id)  # start: pad
             log_probs = model(sources, decoder_in)  # (B, T, V)
-            loss = F.nll_loss(
-                log_probs.transpose(1, 2), targets, ignore_index=config.pad_id
-            ) * 0.9 - 0.1 * log_probs.mean(-1)[targets != config.pad_id].mean()
+            loss = (
+                F.nll_loss(log_probs.transpose(1, 2), targets, ignore_index=config.pad_id) * 0.9
+                - 0.1 * log_probs.mean(-1)[targets != config.pad_id].mean()
+            )
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -784,12 +784,8 @@ CASES = {
         "classify-image --checkpoint {vit} {tmp}/img.png --top-k 9", 2, "--top-k"
     ),
     # -- serve (refused before anything is served) ------------------------------------------
-    "serve/missing checkpoint": Case(
-        "serve --checkpoint {tmp}/nope --port 0", 2, "{tmp}/nope"
-    ),
-    "serve/bad model name": Case(
-        "serve --checkpoint 'a b={mt}' --port 0", 2, "model name 'a b'"
-    ),
+    "serve/missing checkpoint": Case("serve --checkpoint {tmp}/nope --port 0", 2, "{tmp}/nope"),
+    "serve/bad model name": Case("serve --checkpoint 'a b={mt}' --port 0", 2, "model name 'a b'"),
     "serve/name given twice": Case(
         "serve --checkpoint x={mt} --checkpoint x={mt} --port 0", 2, "'x' is given twice"
     ),

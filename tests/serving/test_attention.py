@@ -139,7 +139,6 @@ def test_runs_between_the_translations_steps(checkpoints: dict[str, Path], serve
         assert answer == (alone if i % 2 else single)
 
 
-
 def test_an_answer_over_the_weight_bound_is_refused(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
