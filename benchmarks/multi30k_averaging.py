@@ -81,6 +81,21 @@ def parse_variants(text: str) -> list[Variant]:
     return out
 
 
+def parse_alphas(text: str) -> list[float]:
+    """``--alphas``: the α grid tuned on validation; it holds 0.6, the protocol's fixed α.
+
+    >>> parse_alphas("0.6,1,1.5")
+    [0.6, 1.0, 1.5]
+    """
+    try:
+        alphas = [float(a) for a in text.split(",")]
+    except ValueError:
+        alphas = []
+    if 0.6 not in alphas or not all(0 <= a < float("inf") for a in alphas):
+        raise ValueError(f"--alphas: {text!r} is not a list of finite α >= 0 that holds 0.6")
+    return alphas
+
+
 def picked(window: list[int], recipe: Variant, variant: Variant) -> list[int]:
     """The steps of ``window`` (the recipe's averaging checkpoints, ascending) that ``variant``
     averages: every m-th from the last, m = (variant's spacing) / (recipe's spacing); a
@@ -249,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     try:
         args.variants = parse_variants(args.variants)
-        args.alphas = [float(a) for a in args.alphas.split(",")]
+        args.alphas = parse_alphas(args.alphas)
         studies = {d: study_direction(args, d) for d in args.direction}
     except ValueError as error:
         p.error(str(error))

@@ -58,6 +58,15 @@ def test_bad_variants_are_refused_naming_the_entry(text: str) -> None:
         avg.parse_variants(text)
 
 
+@pytest.mark.parametrize("text", ["1,1.5", "0.6,x", "0.6,-1", "0.6,inf", ""])
+def test_an_alpha_grid_without_the_fixed_alpha_or_with_a_bad_value_exits_2(
+    text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        avg.main(["--data-dir", "d", "--direction", "en-de", "--alphas", text])
+    assert exit_.value.code == 2 and f"--alphas: {text!r} is not a list" in capsys.readouterr().err
+
+
 def _run(tmp: Path) -> tuple[Path, list[Path], Tokenizer]:
     """A run folder with four window checkpoints of random tiny models, and its tokenizer."""
     tokenizer = Tokenizer.train(TEXTS * 20, 300, min_frequency=1)
