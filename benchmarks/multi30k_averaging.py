@@ -32,7 +32,7 @@ import argparse
 import statistics
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ ROWS = ("validation, greedy", "validation, beam 4, α 0.6", "test, greedy", "tes
 TUNED = "test, beam 4, α tuned on validation"
 RECORDED = {"test, greedy": "averaged, greedy", "test, beam 4, α 0.6": "averaged, beam 4, α 0.6",
             TUNED: "final, beam 4, α tuned on validation"}  # fmt: skip
-"""The recipe's rows and the result.json rows that recorded them (its averaged weights)."""
+"""The test rows, and the protocol's names for them (its rows of the averaged weights)."""
 
 
 @dataclass(frozen=True)
@@ -98,47 +98,52 @@ def parse_alphas(text: str) -> list[float]:
 
 def picked(window: list[int], recipe: Variant, variant: Variant) -> list[int]:
     """The steps of ``window`` (the recipe's averaging checkpoints, ascending) that ``variant``
-    averages: every m-th from the last, m = (variant's spacing) / (recipe's spacing); a
-    ValueError naming the variant when its points are not among the recipe's.
+    averages: those at its :func:`~aiayn.training.averaging.averaging_points` (as fractions of
+    the budget); a ValueError naming the variant when its points are not all the recipe's.
 
     >>> picked(list(range(1, 11)), Variant(10, 0.3), Variant(5, 0.3))   # every second
     [2, 4, 6, 8, 10]
     >>> picked(list(range(1, 11)), Variant(10, 0.3), Variant(3, 0.09))  # the last 3
     [8, 9, 10]
     """
+    from aiayn.training.averaging import averaging_points
+
     if len(window) != recipe.n:
         raise ValueError(f"{len(window)} window checkpoints where the recipe writes {recipe.n}")
-    m = (variant.window / variant.n) / (recipe.window / recipe.n)
-    if abs(m - round(m)) > 1e-6 or round(m) < 1 or (variant.n - 1) * round(m) >= recipe.n:
+    ours = averaging_points(1.0, recipe.window, recipe.n)
+    at = [[i for i, p in enumerate(ours) if abs(p - x) < 1e-9]
+          for x in averaging_points(1.0, variant.window, variant.n)]  # fmt: skip
+    if not all(at):
         raise ValueError(
             f"--variants {variant.name}: its checkpoints are not among the {recipe.name} "
             f"recipe's (spacing {variant.window / variant.n:g} of the budget, not a multiple of "
             f"{recipe.window / recipe.n:g} reaching back at most {recipe.window:g})"
         )
-    step = round(m)
-    return [window[-1 - j * step] for j in range(variant.n - 1, -1, -1)]
+    return [window[i[0]] for i in at]
 
 
-def window_steps(run_folder: Path) -> dict[int, Path]:
-    """step -> averaging checkpoint of a run folder (``checkpoints/window/step_N``)."""
-    from aiayn.training.averaging import WINDOW_DIR
+def window_steps(run_folder: Path, recipe: Variant, steps: int) -> dict[int, Path]:
+    """step -> averaging checkpoint of a run folder (``checkpoints/window/step_N``), as the
+    trainer lists them."""
+    from aiayn.training.averaging import WINDOW_DIR, AveragingPlan, AveragingWindow
 
     folder = run_folder / "checkpoints" / WINDOW_DIR
-    found = {int(p.name.removeprefix("step_")): p for p in folder.glob("step_*") if p.is_dir()}
+    plan = AveragingPlan.of(recipe.n, recipe.window, steps)
+    found = dict(AveragingWindow(folder, plan).written())
     if not found:
         raise ValueError(f"{folder}: no averaging checkpoints (was the run folder deleted?)")
-    return dict(sorted(found.items()))
+    return found
 
 
 def score_variant(
-    args: argparse.Namespace, paths: list[Path], sets: dict[str, tuple[list[str], list[str]]]
+    args: argparse.Namespace, direction: str, paths: list[Path], val: tuple[list[str], list[str]]
 ) -> dict[str, dict[str, Any]]:
-    """The average of ``paths`` scored on every row of :data:`ROWS`."""
+    """The average of ``paths`` scored on every row of :data:`ROWS`: the protocol's rows of
+    averaged weights (:func:`train_multi30k.scored_rows`), and greedy search on ``val``."""
     from aiayn.checkpoint import average_checkpoints, load_checkpoint
     from aiayn.data import Tokenizer
     from aiayn.decoding.translate import DecodeOptions, translate_texts
-    from aiayn.evaluation.tuning import tune_alpha
-    from train_multi30k import score
+    from train_multi30k import score, scored_rows
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = load_checkpoint(average_checkpoints(paths, Path(tmp) / "averaged"))
@@ -148,19 +153,10 @@ def score_variant(
         options = DecodeOptions(beam_size=beam, alpha=alpha)
         return translate_texts(ckpt.model, tokenizer, sources, options)
 
-    (val_src, val_ref), (test_src, test_ref) = sets["val"], sets["test_2016_flickr"]
-    alpha, table = tune_alpha(lambda a: translate(val_src, 4, a), val_ref, args.alphas)
-    rows = {
-        "validation, greedy": score(translate(val_src, 1, 0.6), val_ref),
-        "validation, beam 4, α 0.6": {"bleu": table[0.6].bleu, "brevity_penalty": table[0.6].bp},
-        "test, greedy": score(translate(test_src, 1, 0.6), test_ref),
-        "test, beam 4, α 0.6": score(translate(test_src, 4, 0.6), test_ref),
-        TUNED: score(translate(test_src, 4, alpha), test_ref),
-    }
-    rows[TUNED]["alpha"] = alpha
-    tuned = {f"{a:g}": asdict(s) for a, s in table.items()}
-    rows["validation, beam 4, α tuned"] = {"alpha": alpha, "bleu": table[alpha].bleu}
-    rows["validation, beam 4, α tuned"]["table"] = tuned
+    found, _ = scored_rows(args, direction, {"averaged": translate}, tune=True)
+    rows = {ours: found[theirs] for ours, theirs in RECORDED.items()}
+    rows["validation, greedy"] = score(translate(val[0], 1, 0.6), val[1])
+    rows["validation, beam 4, α 0.6"] = rows[TUNED]["validation"]["0.6"]
     return rows
 
 
@@ -169,17 +165,19 @@ def study_direction(args: argparse.Namespace, direction: str) -> dict[str, Any]:
     from train_multi30k import eval_set
 
     runs = aiayn_runs(Path(args.results_store), direction)
-    sets = {s: eval_set(args, direction, s) for s in ("val", "test_2016_flickr")}
+    val = eval_set(args, direction, "val")
     out: dict[str, Any] = {"seeds": {}, "recorded": {}}
     for seed, result in runs.items():
         train = result["recipe"]["train"]
         recipe = Variant(int(train["average_last"]), float(train["average_window"]))
-        window = window_steps(Path(result["recipe"]["run_dir"]))
+        window = window_steps(Path(result["recipe"]["run_dir"]), recipe, result["steps"])
         by_variant: dict[str, Any] = {}
         for variant in [*(v for v in args.variants if v != recipe), recipe]:
             steps = picked(list(window), recipe, variant)
-            print(f"{direction} seed {seed} {variant.name}: steps {steps}", flush=True)
-            rows = score_variant(args, [window[s] for s in steps], sets)
+            label = f"{direction} seed {seed} {variant.name}"
+            print(f"{label}: steps {steps}", flush=True)
+            worker = argparse.Namespace(**vars(args), worker=label)
+            rows = score_variant(worker, direction, [window[s] for s in steps], val)
             by_variant[variant.name] = {"steps": steps, "of_steps": result["steps"], "rows": rows}
         out["recipe"] = recipe.name
         out["seeds"][seed] = by_variant
@@ -216,13 +214,14 @@ def reproduced(study: dict[str, Any]) -> float | None:
     )  # fmt: skip
 
 
-def markdown(direction: str, study: dict[str, Any]) -> list[str]:
-    """One direction's table: a line per variant, a column per row of :data:`ROWS`."""
+def markdown(direction: str, study: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """One direction's table (``rows``: its :func:`summary`): a line per variant, a column per
+    row of :data:`ROWS`."""
     seeds = study["seeds"]
     first = next(iter(seeds.values()))
     verdict = {True: " (beyond)", False: "", None: ""}
     cells: dict[str, list[str]] = {}
-    for r in summary(study):
+    for r in rows:
         mean, span, _ = spread_text(r["bleu"])
         diff = "" if r["variant"] == study["recipe"] else f", {r['difference']:+.2f}"
         cell = f"{mean} ({span}){diff}{verdict[r['significant']]}"
@@ -286,10 +285,11 @@ def write(args: argparse.Namespace, studies: dict[str, dict[str, Any]]) -> None:
         f"checkpoints evenly spaced over the last w of the budget. Scored on {machine()['cpu']}.",
         "",
     ]
+    summaries = {d: summary(s) for d, s in studies.items()}
     for direction, study in studies.items():
-        lines += markdown(direction, study)
+        lines += markdown(direction, study, summaries[direction])
     data = {"command": command_line(), "machine": machine(), "directions": studies,
-            "summary": {d: summary(s) for d, s in studies.items()}}  # fmt: skip
+            "summary": summaries}  # fmt: skip
     print(write_report(args.name, data, lines))
 
 
