@@ -15,7 +15,9 @@ Vaswani et al. (2017):
   snapshots evenly spaced over the last ``window`` fraction of the budget, the last at its end,
   averaged; nothing from before the window;
 - greedy search and beam search with GNMT's length penalty (§6.1: beam 4, α = 0.6, output at most
-  the source length + 50).
+  the source length + 50);
+- its weights, layer sizes and BPE saved in a run folder (:func:`save_weights`) and read back
+  (:func:`load_weights`), so that a run can be decoded again without training it again.
 
 ``benchmarks/train_vs_torch.py`` times :class:`TorchReference` against aiayn's training step;
 ``benchmarks/train_multi30k.py`` trains this whole system against ``aiayn train``.
@@ -29,7 +31,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -623,3 +626,38 @@ def _select(
         tokens += [PAD] * (k - live)
     device = prefix.device
     return torch.tensor(rows, device=device), torch.tensor(tokens, device=device), scores
+
+
+# -- saved weights -----------------------------------------------------------------------------
+WEIGHTS_FILE = "peer_weights.pt"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def save_weights(
+    folder: Path, config: PeerConfig, tokenizer: Any, weights: dict[str, dict[str, Tensor]]
+) -> None:
+    """``folder``/peer_weights.pt (the layer sizes and each of ``weights``, a state dict by label:
+    "last", "averaged") and ``folder``/tokenizer.json (the BPE): what :func:`load_weights`
+    needs to decode them again. Files already there are replaced: the folder is the run's own."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / TOKENIZER_FILE))
+    states = {
+        label: {name: tensor.detach().cpu() for name, tensor in state.items()}
+        for label, state in weights.items()
+    }
+    torch.save({"config": asdict(config), "weights": states}, folder / WEIGHTS_FILE)
+
+
+def load_weights(folder: Path, label: str, device: torch.device) -> tuple[TorchReference, Any]:
+    """The model with the weights saved under ``label`` (in eval mode, on ``device``) and its BPE
+    (a ``tokenizers.Tokenizer``), from a folder :func:`save_weights` wrote."""
+    from tokenizers import Tokenizer
+
+    saved = torch.load(folder / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+    if label not in saved["weights"]:
+        raise ValueError(
+            f"{folder / WEIGHTS_FILE} has no {label!r} weights: {list(saved['weights'])}"
+        )
+    model = TorchReference(PeerConfig(**saved["config"]))
+    model.load_state_dict(saved["weights"][label])
+    return model.to(device).eval(), Tokenizer.from_file(str(folder / TOKENIZER_FILE))

@@ -391,7 +391,8 @@ def peer_recipe(args: argparse.Namespace, system: str, run: Any) -> protocol.Pee
 
 def run_peer(args: argparse.Namespace, direction: str, system: str, seed: int) -> dict[str, Any]:
     """Train the peer (benchmarks/_peer_nmt.py) with its recipe on the same pairs for the same
-    budget; score its last and (with averaging) its averaged weights."""
+    budget; save its weights in its run folder (``_peer_nmt.load_weights`` reads them); score
+    its last and (with averaging) its averaged weights."""
     import _peer_nmt as peer
     from aiayn.data import filter_pairs, read_parallel
 
@@ -415,6 +416,8 @@ def run_peer(args: argparse.Namespace, direction: str, system: str, seed: int) -
     amp = _peer_amp(run.train.precision, device)
     settings = peer_settings(args, system, recipe, seed)
     log = peer.train_for(model, data, settings, device=device, amp=amp)
+    saved = {"last": model.state_dict(), **({"averaged": log.averaged} if log.averaged else {})}
+    peer.save_weights(work_path(args, direction, system, seed), layers, tokenizer, saved)
     rows, outputs = scored_rows(
         args,
         direction,

@@ -4,6 +4,8 @@ LayerNorms aiayn's has (equal parameter counts), its schedule is eq. (3) times t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -194,3 +196,32 @@ def test_token_batches_translate_as_sentence_batches_do(beam_size: int) -> None:
     for budget in (8, 40, 4096):  # a sentence per batch at 8 // beam, all at 4096
         assert run(max_tokens=budget) == one_by_one
     assert any(one_by_one)  # something was decoded
+
+
+def test_saved_weights_decode_as_the_model_did(tmp_path: Path) -> None:
+    texts = ["a small dog runs .", "ein kleiner hund rennt .", "a big cat sleeps ."] * 4
+    tokenizer = peer.train_bpe(texts, vocab_size=60, min_frequency=1)
+    config = peer.PeerConfig(
+        vocab_size=tokenizer.get_vocab_size(), d_model=16, num_heads=2, d_ff=32
+    )
+    torch.manual_seed(0)
+    model, other = peer.TorchReference(config), peer.TorchReference(config)
+    weights = {"last": model.state_dict(), "averaged": other.state_dict()}
+    peer.save_weights(tmp_path, config, tokenizer, weights)
+    cpu = torch.device("cpu")
+    for label, original in (("last", model), ("averaged", other)):
+        loaded, loaded_bpe = peer.load_weights(tmp_path, label, cpu)
+        assert loaded.config == config
+        state = loaded.state_dict()
+        assert all(torch.equal(state[k], v) for k, v in original.state_dict().items())
+        sources = ["a small cat runs .", "ein hund"]
+        for beam in (1, 2):
+            ours = peer.translate(
+                loaded, loaded_bpe, sources, beam_size=beam, extra_len=5, device=cpu
+            )
+            theirs = peer.translate(
+                original, tokenizer, sources, beam_size=beam, extra_len=5, device=cpu
+            )
+            assert ours == theirs
+    with pytest.raises(ValueError, match="no 'best' weights"):
+        peer.load_weights(tmp_path, "best", cpu)
