@@ -124,6 +124,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the α grid tuned on the validation set (default 0.6,1,1.5,2)",
     )
     p.add_argument(
+        "--alpha-grow-by",
+        type=alpha_arg,
+        default=0.5,
+        help="while the grid's largest α scores best on validation, try it plus this much "
+        "(default 0.5; 0: the grid as given)",
+    )
+    p.add_argument(
+        "--alpha-grow-to", type=alpha_arg, default=4.0, help="the largest α grown to (default 4)"
+    )
+    p.add_argument(
         "--decode-tokens",
         type=int,
         help="both sides decode in batches of this many source tokens × beam (aiayn's"
@@ -183,6 +193,17 @@ def _checked(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.N
     return args
 
 
+def alpha_arg(text: str) -> float:
+    """A finite number >= 0 (``--alpha-grow-by``, ``--alpha-grow-to``), checked before any run."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
 def _steps_arg(text: str) -> dict[str, int]:
     try:
         return protocol.parse_steps(text)
@@ -201,6 +222,7 @@ def protocol_of(args: argparse.Namespace) -> dict[str, Any]:
         "overrides": list(args.overrides),
         "test_sentences": args.test_sentences,
         "alphas": list(args.alphas),
+        "alpha_growth": [args.alpha_grow_by, args.alpha_grow_to],
         "device": args.device,
         "threads": args.threads,
         "peer_paper": [args.peer_warmup, args.peer_dropout, args.peer_norm_first],
@@ -286,16 +308,25 @@ def tuned_row(
     refs: list[str],
 ) -> tuple[dict[str, Any], list[str]]:
     """Beam 4 with α chosen on the validation set (``aiayn tune-alpha``'s rule, never the test
-    set), then scored on the test set; the row records the α and the validation table."""
+    set; the grid grown past its largest α while that one scores best, :func:`growth`), then
+    scored on the test set; the row records the α and the validation table."""
     from aiayn.evaluation.tuning import tune_alpha
 
     val_src, val_ref = eval_set(args, direction, "val")
-    alpha, table = tune_alpha(lambda a: translate(val_src, 4, a), val_ref, args.alphas)
+    alpha, table = tune_alpha(
+        lambda a: translate(val_src, 4, a), val_ref, args.alphas, **growth(args)
+    )
     hyps = translate(sources, 4, alpha)
     row: dict[str, Any] = score(hyps, refs)
     row["alpha"] = alpha
     row["validation"] = {f"{a:g}": asdict(s) for a, s in table.items()}
     return row, hyps
+
+
+def growth(args: argparse.Namespace) -> dict[str, float]:
+    """``tune_alpha``'s growth of the grid: ``--alpha-grow-by`` up to ``--alpha-grow-to``. A
+    peer whose best α is the grid's largest may do better still beyond it: it gets that α."""
+    return {"grow_by": args.alpha_grow_by, "grow_to": args.alpha_grow_to}
 
 
 # -- the aiayn worker ----------------------------------------------------------------------------
@@ -333,9 +364,6 @@ def aiayn_config(
 
 def run_aiayn(args: argparse.Namespace, direction: str, seed: int, run_dir: Path) -> dict[str, Any]:
     """Train with ``aiayn train``'s trainer, score the last and the averaged checkpoint."""
-    from aiayn.checkpoint import load_checkpoint
-    from aiayn.data import Tokenizer
-    from aiayn.decoding.translate import DecodeOptions, translate_texts
     from aiayn.training.trainer import resolve_device, train
 
     config = aiayn_config(args, direction, run_dir, seed)
@@ -349,18 +377,7 @@ def run_aiayn(args: argparse.Namespace, direction: str, seed: int, run_dir: Path
     ):
         if path is None:
             continue
-        ckpt = load_checkpoint(path, map_location=device)
-        tokenizer = Tokenizer.load(ckpt.tokenizer_path)
-        parameters = sum(p.numel() for p in ckpt.model.parameters())
-
-        def translate(
-            sources: list[str], beam: int, alpha: float, m: Any = ckpt.model, t: Any = tokenizer
-        ) -> list[str]:
-            batch = {"max_tokens": args.decode_tokens} if args.decode_tokens else {}
-            options = DecodeOptions(beam_size=beam, alpha=alpha, **batch)
-            return translate_texts(m, t, sources, options)
-
-        weights[label] = translate
+        weights[label], parameters = aiayn_translate(args, path, device)
     rows, outputs = scored_rows(args, direction, weights, tune=True)
     metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
     rates = [m["tgt_tokens_per_s"] for m in metrics if m["kind"] == "train"]
@@ -375,6 +392,26 @@ def run_aiayn(args: argparse.Namespace, direction: str, seed: int, run_dir: Path
         "outputs": outputs,
         "recipe": {**config.to_dict(), "parameters": parameters, "config_file": args.config},
     }
+
+
+def aiayn_translate(
+    args: argparse.Namespace, path: Path, device: torch.device
+) -> tuple[Translate, int]:
+    """The checkpoint at ``path`` as a :data:`Translate` (``--decode-tokens`` batches), and its
+    parameter count."""
+    from aiayn.checkpoint import load_checkpoint
+    from aiayn.data import Tokenizer
+    from aiayn.decoding.translate import DecodeOptions, translate_texts
+
+    ckpt = load_checkpoint(path, map_location=device)
+    tokenizer = Tokenizer.load(ckpt.tokenizer_path)
+
+    def translate(sources: list[str], beam: int, alpha: float) -> list[str]:
+        batch = {"max_tokens": args.decode_tokens} if args.decode_tokens else {}
+        options = DecodeOptions(beam_size=beam, alpha=alpha, **batch)
+        return translate_texts(ckpt.model, tokenizer, sources, options)
+
+    return translate, sum(p.numel() for p in ckpt.model.parameters())
 
 
 # -- the peer worker -----------------------------------------------------------------------------
@@ -468,20 +505,26 @@ def peer_weights(
     """ "last" (the model as trained) and, when averaged, "averaged" (a copy with the average)."""
     import copy
 
-    def translator(m: Any) -> Translate:
-        def translate(sources: list[str], beam: int, alpha: float) -> list[str]:
-            return peer.translate(
-                m, tokenizer, sources, beam_size=beam, alpha=alpha, device=device, max_tokens=tokens
-            )
-
-        return translate
-
-    weights = {"last": translator(model)}
+    weights = {"last": peer_translate(peer, model, tokenizer, device, tokens)}
     if log.averaged is not None:
         averaged = copy.deepcopy(model)
         averaged.load_state_dict(log.averaged)
-        weights["averaged"] = translator(averaged)
+        weights["averaged"] = peer_translate(peer, averaged, tokenizer, device, tokens)
     return weights
+
+
+def peer_translate(
+    peer: Any, model: Any, tokenizer: Any, device: torch.device, tokens: int | None
+) -> Translate:
+    """A peer model as a :data:`Translate` (batches of ``tokens`` source tokens × beam, else
+    of 64 sentences)."""
+
+    def translate(sources: list[str], beam: int, alpha: float) -> list[str]:
+        return peer.translate(
+            model, tokenizer, sources, beam_size=beam, alpha=alpha, device=device, max_tokens=tokens
+        )
+
+    return translate
 
 
 def _peer_amp(precision: str, device: torch.device) -> torch.dtype | None:
@@ -570,6 +613,8 @@ def markdown(direction: str, report: dict[str, Any], results: Any) -> list[str]:
         f"({report['test_sentences']} sentences); trained on {'; '.join(report['trained_on'])}. "
         f"sacreBLEU `{report['signature']}`. Runs missing: {missing}.",
         "",
+        _alpha_text(report["protocol"], results),
+        "",
         *report_mod.score_table(results),
         "",
         *report_mod.training_table(results),
@@ -587,6 +632,26 @@ def markdown(direction: str, report: dict[str, Any], results: Any) -> list[str]:
         "",
         *report_mod.recipe_lines(results),
     ]
+
+
+def _alpha_text(protocol_: dict[str, Any], results: Any) -> str:
+    """How the tuned rows' α was chosen, and which results were re-tuned after training."""
+    grid = ", ".join(f"{a:g}" for a in protocol_["alphas"])
+    by, to = protocol_["alpha_growth"]
+    grown = f", grown by {by:g} while its largest α scores best (up to {to:g})" if by else ""
+    text = f"The tuned rows' α: the best on the validation set of {grid}{grown}."
+    retuned = [
+        f"{system} seed {seed}"
+        for system, runs in results.items()
+        for seed, result in runs.items()
+        if "retuned" in result
+    ]
+    if retuned:
+        text += (
+            f" Re-tuned after training from the saved weights (benchmarks/multi30k_retune.py): "
+            f"{', '.join(retuned)}."
+        )
+    return text
 
 
 def _trained_on(results: dict[str, dict[int, dict[str, Any]]]) -> list[str]:

@@ -88,6 +88,29 @@ def test_tune_alpha_refuses_the_test_set_and_greedy(
     assert not (checkpoint / TUNED_ALPHA_FILE).exists()
 
 
+def test_tune_alpha_grows_past_the_grid_by_the_rule(
+    checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["tune-alpha", "--checkpoint", str(checkpoint), "--beam", "2", "--alphas", "0,1.5"]
+    assert main([*base, "--grow-by", "0.5", "--grow-to", "1.9"]) == 2
+    assert "--grow-to 1.9 leaves no room" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base, "--grow-by", "inf"])
+    assert "--grow-by" in capsys.readouterr().err
+    assert main([*base, "--grow-by", "0.5", "--grow-to", "3"]) == 0
+    err = capsys.readouterr().err
+    saved = json.loads((checkpoint / TUNED_ALPHA_FILE).read_text())
+    table = {float(a): LengthScore(**s) for a, s in saved["scores"].items()}
+    tried = sorted(table)
+    assert tried[:2] == [0.0, 1.5] and tried[2:] == [2.0, 2.5, 3.0][: len(tried) - 2]
+    for i in range(2, len(tried)):  # each α past the grid: the one before it was the best
+        assert choose_alpha({a: table[a] for a in tried[:i]}) == tried[i - 1]
+    assert saved["alpha"] == choose_alpha(table)
+    stopped_inside = saved["alpha"] != tried[-1]
+    assert stopped_inside or tried[-1] == 3.0  # the rule's two ends: a best inside, or the bound
+    assert ("largest tried" in err) == (not stopped_inside)
+
+
 def test_alpha_auto_without_tuning_is_one_line(checkpoint: Path) -> None:
     args = build_parser().parse_args(
         ["translate", "--checkpoint", str(checkpoint), "--alpha", "auto"]

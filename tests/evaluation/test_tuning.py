@@ -13,6 +13,7 @@ from aiayn.evaluation.tuning import (
     LengthScore,
     choose_alpha,
     length_score,
+    next_alpha,
     read_tuned_alpha,
     tune_alpha,
     tuned_record,
@@ -65,6 +66,44 @@ def test_tune_alpha_decodes_each_alpha_and_picks_the_best() -> None:
     assert alpha == 1.0 and scores[1.0].ratio == 1.0 and scores[0.0].ratio == 0.5
     with pytest.raises(UserError, match="grid"):
         tune_alpha(decode, refs, [-1.0])
+
+
+def test_the_grid_grows_while_its_largest_alpha_scores_best() -> None:
+    refs = ["a b c d e f g h"]
+    lengths = {0.6: 3, 1.0: 4, 1.5: 6, 2.0: 7, 2.5: 8, 3.0: 9, 3.5: 10}  # longer with α
+
+    decoded: list[float] = []
+
+    def decode(alpha: float) -> list[str]:
+        decoded.append(alpha)
+        return [" ".join("abcdefghij"[: lengths[alpha]])]
+
+    grid = [0.6, 1.0, 1.5, 2.0]
+    assert tune_alpha(decode, refs, grid)[0] == 2.0  # the edge of the grid as given
+    decoded.clear()
+    alpha, scores = tune_alpha(decode, refs, grid, grow_by=0.5, grow_to=4.0)
+    # 2.5 gives all 8 words (BLEU 100); 3.0 is longer and no better: the growth stops there
+    assert (alpha, decoded) == (2.5, [0.6, 1.0, 1.5, 2.0, 2.5, 3.0])
+    assert list(scores) == [0.6, 1.0, 1.5, 2.0, 2.5, 3.0]
+    # a table measured before is not decoded again: only the growth is
+    decoded.clear()
+    known = {a: scores[a] for a in grid}
+    again = tune_alpha(decode, refs, grid, known=known, grow_by=0.5, grow_to=4.0)
+    assert again == (alpha, scores) and decoded == [2.5, 3.0]
+    decoded.clear()  # bounded by grow_to: 2.5 is beyond 2.4
+    assert tune_alpha(decode, refs, grid, grow_by=0.5, grow_to=2.4)[0] == 2.0
+    assert decoded == grid
+    with pytest.raises(UserError, match="grow_by"):
+        tune_alpha(decode, refs, grid, grow_by=float("nan"), grow_to=4.0)
+
+
+def test_next_alpha_by_hand() -> None:
+    table = {1.0: _score(30.0, 0.9), 2.0: _score(31.0, 0.95)}
+    assert next_alpha(table, 0.5, 4.0) == 2.5
+    assert next_alpha(table, 0.0, 4.0) is None  # no growth asked
+    assert next_alpha({**table, 2.5: _score(30.5, 1.02)}, 0.5, 4.0) is None  # 2.0 is inside
+    assert next_alpha({0.1: _score(1.0, 0.5), 0.2: _score(2.0, 0.6)}, 0.1, 1.0) == 0.3
+    assert next_alpha({}, 0.5, 4.0) is None
 
 
 def test_tuned_alpha_round_trip_and_refusals(tmp_path: Path) -> None:

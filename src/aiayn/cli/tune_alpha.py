@@ -1,7 +1,8 @@
 """``aiayn tune-alpha``: choose beam search's length penalty α on the validation set.
 
-Decodes the validation set at each α of a grid, prints BLEU, brevity penalty and length ratio
-per α, and saves the best (highest BLEU) as ``tuned_alpha.json`` in the checkpoint folder, where
+Decodes the validation set at each α of a grid (grown past its largest α while that one scores
+best, with ``--grow-by``), prints BLEU, brevity penalty and length ratio per α, and saves the
+best (highest BLEU) as ``tuned_alpha.json`` in the checkpoint folder, where
 ``aiayn translate/evaluate --alpha auto`` reads it (:mod:`aiayn.evaluation.tuning`). The
 validation set is the run's own (``data.valid_src``/``valid_tgt`` or ``data.valid`` of the
 config the checkpoint was trained with) unless ``--src``/``--ref`` name one; the run's test set
@@ -43,6 +44,16 @@ def register(subparsers: Any) -> None:
         help="comma-separated grid (default: 0,0.3,0.6,0.9,1.2,1.5,2)",
     )
     p.add_argument(
+        "--grow-by",
+        type=_alpha,
+        default=0.0,
+        help="while the grid's largest alpha scores best, try it plus this much (default 0: "
+        "the grid as given)",
+    )
+    p.add_argument(
+        "--grow-to", type=_alpha, default=4.0, help="the largest alpha grown to (default 4)"
+    )
+    p.add_argument(
         "--beam", type=flag(DecodeOptions, "beam_size"), default=4, help="beam size (default 4)"
     )
     p.add_argument(
@@ -75,20 +86,25 @@ def _alphas(text: str) -> tuple[float, ...]:
     return values
 
 
+def _alpha(text: str) -> float:
+    """One finite number >= 0 (``--grow-by``, ``--grow-to``)."""
+    try:
+        (value,) = _alphas(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"expected one finite number >= 0: {text!r}") from None
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     """Tune, print the table, save the choice."""
     from aiayn.checkpoint import load_checkpoint, load_translation_tokenizer
     from aiayn.data import normalize
     from aiayn.decoding.translate import DecodeOptions, translate_texts
-    from aiayn.errors import UserError
     from aiayn.evaluation.tuning import DEFAULT_ALPHAS, LengthScore, tune_alpha, tuned_record
     from aiayn.models.transformer import EncoderDecoder
     from aiayn.validation import resolve_device
 
-    if args.beam == 1:
-        raise UserError("--beam 1 is greedy search, which has no length penalty: give --beam >= 2")
-    if (args.src is None) != (args.ref is None):
-        raise UserError("give --src and --ref together (or neither: the run's validation set)")
+    _check_flags(args)
     ckpt = load_checkpoint(
         args.checkpoint,
         map_location=resolve_device(args.device),
@@ -112,9 +128,18 @@ def run(args: argparse.Namespace) -> int:
         )
 
     print(f"{len(sources)} validation sentences ({source}), beam {args.beam}", file=sys.stderr)
-    alpha, scores = tune_alpha(decode, references, args.alphas or DEFAULT_ALPHAS, report=report)
+    alpha, scores = tune_alpha(
+        decode,
+        references,
+        args.alphas or DEFAULT_ALPHAS,
+        report=report,
+        grow_by=args.grow_by,
+        grow_to=args.grow_to,
+    )
     best = scores[alpha]
     print(f"best: alpha {alpha:g} (BLEU {best.bleu:.2f}, BP {best.bp:.3f}, ratio {best.ratio:.3f})")
+    if alpha == max(scores):
+        print(_edge_note(alpha, args.grow_by), file=sys.stderr)
     if args.dry_run:
         return 0
     record = tuned_record(
@@ -128,6 +153,29 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"saved: {record.save(Path(ckpt.path), force=args.force)}")
     return 0
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """A UserError for flags that do not go together."""
+    from aiayn.errors import UserError
+    from aiayn.evaluation.tuning import DEFAULT_ALPHAS
+
+    if args.beam == 1:
+        raise UserError("--beam 1 is greedy search, which has no length penalty: give --beam >= 2")
+    if (args.src is None) != (args.ref is None):
+        raise UserError("give --src and --ref together (or neither: the run's validation set)")
+    largest = max(args.alphas or DEFAULT_ALPHAS)
+    if args.grow_by and args.grow_to < largest + args.grow_by:
+        raise UserError(
+            f"--grow-to {args.grow_to:g} leaves no room to grow past the grid's largest alpha "
+            f"({largest:g}) by --grow-by {args.grow_by:g}"
+        )
+
+
+def _edge_note(alpha: float, grow_by: float) -> str:
+    """The line for a best α that is the largest tried: BLEU may still rise beyond it."""
+    further = "a larger --grow-to" if grow_by else "--grow-by 0.5"
+    return f"note: alpha {alpha:g} is the largest tried, so BLEU may rise beyond it ({further})"
 
 
 def validation_pairs(

@@ -4,7 +4,8 @@ Beam search ranks finished hypotheses by log P(Y | X) / lp(|Y|) (GNMT's lp, Wu e
 eq. 14; see :mod:`aiayn.decoding.beam`). log P only falls as Y grows, so with a small α the
 beam prefers short outputs; how large α must be depends on the model (the paper tuned α = 0.6
 for its WMT models on the development set, §6.1). :func:`tune_alpha` decodes the validation set
-at each α of a grid and keeps the one with the highest BLEU (:func:`choose_alpha`); the result
+at each α of a grid and keeps the one with the highest BLEU (:func:`choose_alpha`), the grid
+grown past its largest α while that α scores best if asked (:func:`next_alpha`); the result
 is saved beside the model (``tuned_alpha.json`` in the checkpoint folder) and read back by
 ``--alpha auto`` (:func:`read_tuned_alpha`). docs/quality.md has the measurements behind it.
 
@@ -171,17 +172,62 @@ def tune_alpha(
     alphas: Sequence[float] = DEFAULT_ALPHAS,
     *,
     report: Callable[[float, LengthScore], None] | None = None,
+    known: Mapping[float, LengthScore] | None = None,
+    grow_by: float = 0.0,
+    grow_to: float = 0.0,
 ) -> tuple[float, dict[float, LengthScore]]:
     """Decode at each α of ``alphas`` (``decode``), score against ``references`` and return
-    (:func:`choose_alpha`'s α, every α's score); ``report`` sees each score as it comes."""
+    (:func:`choose_alpha`'s α, every α's score, by α); ``report`` sees each score as it comes.
+
+    ``known``: scores measured before (a saved table), not decoded again. With ``grow_by`` > 0
+    the grid grows past its largest α while that α scores best (:func:`next_alpha`), by
+    ``grow_by`` at a time up to ``grow_to``: a best α at the grid's edge says only that BLEU may
+    still rise beyond it."""
+    _check_grid(alphas, grow_by, grow_to)
+    scores: dict[float, LengthScore] = dict(known or {})
+
+    def measure(alpha: float) -> None:
+        if alpha not in scores:
+            scores[alpha] = length_score(decode(alpha), references)
+            if report is not None:
+                report(alpha, scores[alpha])
+
+    for alpha in sorted(set(alphas)):
+        measure(alpha)
+    while (more := next_alpha(scores, grow_by, grow_to)) is not None:
+        measure(more)
+    return choose_alpha(scores), dict(sorted(scores.items()))
+
+
+def next_alpha(scores: Mapping[float, LengthScore], grow_by: float, grow_to: float) -> float | None:
+    """The α to decode next when the best α of ``scores`` (:func:`choose_alpha`) is also the
+    largest: the largest + ``grow_by``, if that is at most ``grow_to``; otherwise None (and
+    always None for ``grow_by`` 0: the grid as given).
+
+    >>> s = lambda bleu: LengthScore(bleu, 1.0, 1.0, 0, 0)
+    >>> next_alpha({1.0: s(30.0), 2.0: s(31.0)}, 0.5, 4.0)  # the best is the edge: beyond it
+    2.5
+    >>> print(next_alpha({1.0: s(30.0), 2.0: s(29.0)}, 0.5, 4.0))  # the best is inside
+    None
+    >>> print(next_alpha({3.5: s(30.0), 4.0: s(31.0)}, 0.5, 4.0))  # the edge is the bound
+    None
+    """
+    if grow_by <= 0 or not scores:
+        return None
+    largest = max(scores)
+    more = round(largest + grow_by, 9)  # 2.0 + 0.5 is 2.5, not 2.5000000001
+    if choose_alpha(scores) != largest or more > grow_to + 1e-9:
+        return None
+    return more
+
+
+def _check_grid(alphas: Sequence[float], grow_by: float, grow_to: float) -> None:
+    """A UserError naming the bad value: α, ``grow_by`` and ``grow_to`` finite numbers >= 0."""
     if not alphas or any(not (a >= 0 and math.isfinite(a)) for a in alphas):
         raise UserError(f"the α grid must be finite numbers >= 0, got {list(alphas)}")
-    scores: dict[float, LengthScore] = {}
-    for alpha in sorted(set(alphas)):
-        scores[alpha] = length_score(decode(alpha), references)
-        if report is not None:
-            report(alpha, scores[alpha])
-    return choose_alpha(scores), scores
+    for name, value in (("grow_by", grow_by), ("grow_to", grow_to)):
+        if not (value >= 0 and math.isfinite(value)):
+            raise UserError(f"{name} must be a finite number >= 0, got {value}")
 
 
 def tuned_record(
