@@ -42,7 +42,7 @@ import _multi30k_protocol as protocol
 from _common import RESULTS, command_line, machine
 from _multi30k_report import spread_text
 from multi30k_candidates import aiayn_runs
-from train_multi30k import alpha_arg
+from train_multi30k import alpha_flag
 
 ROWS = ("validation, greedy", "validation, beam 4, α 0.6", "test, greedy", "test, beam 4, α 0.6",
         "test, beam 4, α tuned on validation")  # fmt: skip
@@ -262,11 +262,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--alphas", default="0.6,1,1.5,2", help="the α grid tuned on validation")
     p.add_argument(
         "--alpha-grow-by",
-        type=alpha_arg,
+        type=alpha_flag(),
         default=0.5,
         help="while the grid's largest α scores best, try it plus this much",
     )
-    p.add_argument("--alpha-grow-to", type=alpha_arg, default=4.0, help="the largest α grown to")
+    p.add_argument("--alpha-grow-to", type=alpha_flag(), default=4.0, help="the largest α grown to")
     p.add_argument("--test-sentences", type=int, help="only the first N sentences of each set")
     p.add_argument("--name", default="multi30k_averaging", help="docs/results/NAME.{json,md}")
     args = p.parse_args(argv)

@@ -142,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args = bench.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    base = bench.aiayn_config(args, bench.DIRECTIONS[0], Path("unused")).train.seed
-    seeds = protocol.seeds_of(base, args.seeds)
+    seeds = bench.seeds_of(args)
     device = resolve_device(args.device)
     configure_device(device)  # as the runs' own processes decoded (TF32 on CUDA)
     gone: list[Path] = []
@@ -151,11 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         left = retune_direction(args, direction, seeds, device)
         gone += left
         if not left:
-            results = bench.load_results(args, direction, seeds)
-            missing = protocol.missing_runs(
-                Path(args.results_store), direction, protocol.SYSTEMS, seeds
-            )
-            bench.write_reports(args, direction, seeds, results, missing)
+            bench.report_direction(args, direction, seeds)
     for path in gone:
         print(f"{path}: its α is the grid's largest and its weights are gone: make the run again "
               "(remove the file, then run train_multi30k.py)", file=sys.stderr)  # fmt: skip

@@ -125,13 +125,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--alpha-grow-by",
-        type=alpha_arg,
+        type=alpha_flag(),
         default=0.5,
         help="while the grid's largest α scores best on validation, try it plus this much "
         "(default 0.5; 0: the grid as given)",
     )
     p.add_argument(
-        "--alpha-grow-to", type=alpha_arg, default=4.0, help="the largest α grown to (default 4)"
+        "--alpha-grow-to",
+        type=alpha_flag(),
+        default=4.0,
+        help="the largest α grown to (default 4)",
     )
     p.add_argument(
         "--decode-tokens",
@@ -193,15 +196,12 @@ def _checked(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.N
     return args
 
 
-def alpha_arg(text: str) -> float:
-    """A finite number >= 0 (``--alpha-grow-by``, ``--alpha-grow-to``), checked before any run."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+def alpha_flag() -> Any:
+    """DecodeOptions.alpha's rule (finite, >= 0) as an argparse type: checked before any run."""
+    from aiayn.decoding.translate import DecodeOptions
+    from aiayn.validation import flag
+
+    return flag(DecodeOptions, "alpha")
 
 
 def _steps_arg(text: str) -> dict[str, int]:
@@ -773,15 +773,25 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    base = aiayn_config(args, DIRECTIONS[0], Path("unused")).train.seed
-    seeds = protocol.seeds_of(base, args.seeds)
+    seeds = seeds_of(args)
     directions = DIRECTIONS if args.direction == "both" else (args.direction,)
     make_runs(args, [run for d in directions for run in runs_to_make(args, d, seeds)])
     for direction in directions:
-        results = load_results(args, direction, seeds)
-        store = Path(args.results_store)
-        missing = protocol.missing_runs(store, direction, protocol.SYSTEMS, seeds)
-        write_reports(args, direction, seeds, results, missing)
+        report_direction(args, direction, seeds)
+
+
+def seeds_of(args: argparse.Namespace) -> list[int]:
+    """The protocol's seeds: ``--seeds`` of them from the config's train.seed."""
+    return protocol.seeds_of(
+        aiayn_config(args, DIRECTIONS[0], Path("unused")).train.seed, args.seeds
+    )
+
+
+def report_direction(args: argparse.Namespace, direction: str, seeds: list[int]) -> None:
+    """The direction's reports, from the results in the store (naming the missing runs)."""
+    results = load_results(args, direction, seeds)
+    missing = protocol.missing_runs(Path(args.results_store), direction, protocol.SYSTEMS, seeds)
+    write_reports(args, direction, seeds, results, missing)
 
 
 if __name__ == "__main__":

@@ -45,13 +45,16 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--grow-by",
-        type=_alpha,
+        type=flag(DecodeOptions, "alpha"),
         default=0.0,
         help="while the grid's largest alpha scores best, try it plus this much (default 0: "
         "the grid as given)",
     )
     p.add_argument(
-        "--grow-to", type=_alpha, default=4.0, help="the largest alpha grown to (default 4)"
+        "--grow-to",
+        type=flag(DecodeOptions, "alpha"),
+        default=4.0,
+        help="the largest alpha grown to (default 4)",
     )
     p.add_argument(
         "--beam", type=flag(DecodeOptions, "beam_size"), default=4, help="beam size (default 4)"
@@ -84,15 +87,6 @@ def _alphas(text: str) -> tuple[float, ...]:
     if any(not 0 <= v < float("inf") for v in values):
         raise argparse.ArgumentTypeError(f"each alpha must be a finite number >= 0: {text!r}")
     return values
-
-
-def _alpha(text: str) -> float:
-    """One finite number >= 0 (``--grow-by``, ``--grow-to``)."""
-    try:
-        (value,) = _alphas(text)
-    except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"expected one finite number >= 0: {text!r}") from None
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
