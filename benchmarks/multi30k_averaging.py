@@ -42,7 +42,7 @@ import _multi30k_protocol as protocol
 from _common import RESULTS, command_line, machine
 from _multi30k_report import spread_text
 from multi30k_candidates import aiayn_runs
-from train_multi30k import alpha_flag
+from train_multi30k import add_alpha_growth_flags, alpha_rule
 
 ROWS = ("validation, greedy", "validation, beam 4, α 0.6", "test, greedy", "test, beam 4, α 0.6",
         "test, beam 4, α tuned on validation")  # fmt: skip
@@ -260,13 +260,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="n/w: n checkpoints over the last w of the budget (the recipe's own "
                         "setting is always added)")  # fmt: skip
     p.add_argument("--alphas", default="0.6,1,1.5,2", help="the α grid tuned on validation")
-    p.add_argument(
-        "--alpha-grow-by",
-        type=alpha_flag(),
-        default=0.5,
-        help="while the grid's largest α scores best, try it plus this much",
-    )
-    p.add_argument("--alpha-grow-to", type=alpha_flag(), default=4.0, help="the largest α grown to")
+    add_alpha_growth_flags(p)
     p.add_argument("--test-sentences", type=int, help="only the first N sentences of each set")
     p.add_argument("--name", default="multi30k_averaging", help="docs/results/NAME.{json,md}")
     args = p.parse_args(argv)
@@ -292,9 +286,7 @@ def write(args: argparse.Namespace, studies: dict[str, dict[str, Any]]) -> None:
         "its difference from the recipe's setting, “(beyond)” when it exceeds the larger "
         "min–max range of the two. The choice reads the validation columns only. n/w: n "
         f"checkpoints evenly spaced over the last w of the budget. Scored on {machine()['cpu']}. "
-        f"The tuned row's α: the best on validation of {', '.join(f'{a:g}' for a in args.alphas)}"
-        f", grown by {args.alpha_grow_by:g} while its largest α scores best (up to "
-        f"{args.alpha_grow_to:g}).",
+        f"The tuned row's α: {alpha_rule(args.alphas, args.alpha_grow_by, args.alpha_grow_to)}.",
         "",
     ]
     summaries = {d: summary(s) for d, s in studies.items()}

@@ -177,9 +177,7 @@ def retune_direction(
             if done == "no weights":
                 gone.append(path)
             elif done != "current":
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
-                tmp.replace(path)
+                bench.write_result(path, result)
     return gone
 
 

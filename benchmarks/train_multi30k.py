@@ -123,19 +123,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=(0.6, 1.0, 1.5, 2.0),
         help="the α grid tuned on the validation set (default 0.6,1,1.5,2)",
     )
-    p.add_argument(
-        "--alpha-grow-by",
-        type=alpha_flag(),
-        default=0.5,
-        help="while the grid's largest α scores best on validation, try it plus this much "
-        "(default 0.5; 0: the grid as given)",
-    )
-    p.add_argument(
-        "--alpha-grow-to",
-        type=alpha_flag(),
-        default=4.0,
-        help="the largest α grown to (default 4)",
-    )
+    add_alpha_growth_flags(p)
     p.add_argument(
         "--decode-tokens",
         type=int,
@@ -196,12 +184,23 @@ def _checked(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.N
     return args
 
 
-def alpha_flag() -> Any:
-    """DecodeOptions.alpha's rule (finite, >= 0) as an argparse type: checked before any run."""
+def add_alpha_growth_flags(p: argparse.ArgumentParser) -> None:
+    """``--alpha-grow-by`` and ``--alpha-grow-to`` (:func:`growth`), by DecodeOptions.alpha's
+    rule (finite, >= 0): checked before any run."""
     from aiayn.decoding.translate import DecodeOptions
     from aiayn.validation import flag
 
-    return flag(DecodeOptions, "alpha")
+    alpha = flag(DecodeOptions, "alpha")
+    p.add_argument(
+        "--alpha-grow-by",
+        type=alpha,
+        default=0.5,
+        help="while the grid's largest α scores best on validation, try it plus this much "
+        "(default 0.5; 0: the grid as given)",
+    )
+    p.add_argument(
+        "--alpha-grow-to", type=alpha, default=4.0, help="the largest α grown to (default 4)"
+    )
 
 
 def _steps_arg(text: str) -> dict[str, int]:
@@ -636,10 +635,7 @@ def markdown(direction: str, report: dict[str, Any], results: Any) -> list[str]:
 
 def _alpha_text(protocol_: dict[str, Any], results: Any) -> str:
     """How the tuned rows' α was chosen, and which results were re-tuned after training."""
-    grid = ", ".join(f"{a:g}" for a in protocol_["alphas"])
-    by, to = protocol_["alpha_growth"]
-    grown = f", grown by {by:g} while its largest α scores best (up to {to:g})" if by else ""
-    text = f"The tuned rows' α: the best on the validation set of {grid}{grown}."
+    text = f"The tuned rows' α: {alpha_rule(protocol_['alphas'], *protocol_['alpha_growth'])}."
     retuned = [
         f"{system} seed {seed}"
         for system, runs in results.items()
@@ -652,6 +648,13 @@ def _alpha_text(protocol_: dict[str, Any], results: Any) -> str:
             f"{', '.join(retuned)}."
         )
     return text
+
+
+def alpha_rule(alphas: list[float], grow_by: float, grow_to: float) -> str:
+    """The tuned α's rule in words: the validation set's best of the grid, and its growth."""
+    grid = ", ".join(f"{a:g}" for a in alphas)
+    grown = f", grown by {grow_by:g} while its largest α scores best (up to {grow_to:g})"
+    return f"the best on the validation set of {grid}{grown if grow_by else ''}"
 
 
 def _trained_on(results: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
@@ -709,6 +712,11 @@ def worker(args: argparse.Namespace) -> None:
         result = run_peer(args, args.direction, args.worker, args.seed)
     result |= {"system": args.worker, "seed": args.seed, "protocol": protocol_of(args)}
     result["machine"] = machine()
+    write_result(out, result)
+
+
+def write_result(out: Path, result: dict[str, Any]) -> None:
+    """``result`` as ``out`` whole or not at all (a stopped write leaves the old file, or none)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")

@@ -29,6 +29,7 @@ from aiayn.checkpoint.checksums import add_checksum, read_checksums
 from aiayn.checkpoint.files import ADDED_FILES, read_small
 from aiayn.errors import UserError
 from aiayn.limits import MAX_BEAM_SIZE, MAX_CHECKPOINT_JSON_BYTES
+from aiayn.validation import NonNegativeFloat, check_value
 
 TUNED_ALPHA_FILE = ADDED_FILES[0]
 """The file in a checkpoint folder that ``aiayn tune-alpha`` writes and ``--alpha auto`` reads
@@ -222,12 +223,12 @@ def next_alpha(scores: Mapping[float, LengthScore], grow_by: float, grow_to: flo
 
 
 def _check_grid(alphas: Sequence[float], grow_by: float, grow_to: float) -> None:
-    """A UserError naming the bad value: α, ``grow_by`` and ``grow_to`` finite numbers >= 0."""
+    """A UserError naming the bad value: α, ``grow_by`` and ``grow_to`` follow the rule of
+    :class:`~aiayn.decoding.translate.DecodeOptions`'s α (a finite number >= 0)."""
     if not alphas or any(not (a >= 0 and math.isfinite(a)) for a in alphas):
         raise UserError(f"the α grid must be finite numbers >= 0, got {list(alphas)}")
     for name, value in (("grow_by", grow_by), ("grow_to", grow_to)):
-        if not (value >= 0 and math.isfinite(value)):
-            raise UserError(f"{name} must be a finite number >= 0, got {value}")
+        check_value(value, NonNegativeFloat, name)
 
 
 def tuned_record(
