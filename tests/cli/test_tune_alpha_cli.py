@@ -91,7 +91,8 @@ def test_tune_alpha_refuses_the_test_set_and_greedy(
 def test_tune_alpha_grows_past_the_grid_by_the_rule(
     checkpoint: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    base = ["tune-alpha", "--checkpoint", str(checkpoint), "--beam", "2", "--alphas", "0,1.5"]
+    # a grid of one α: that α is its largest and its best, so the rule must grow past it
+    base = ["tune-alpha", "--checkpoint", str(checkpoint), "--beam", "2", "--alphas", "1.5"]
     assert main([*base, "--grow-by", "0.5", "--grow-to", "1.9"]) == 2
     assert "--grow-to 1.9 leaves no room" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -102,8 +103,8 @@ def test_tune_alpha_grows_past_the_grid_by_the_rule(
     saved = json.loads((checkpoint / TUNED_ALPHA_FILE).read_text())
     table = {float(a): LengthScore(**s) for a, s in saved["scores"].items()}
     tried = sorted(table)
-    assert tried[:2] == [0.0, 1.5] and tried[2:] == [2.0, 2.5, 3.0][: len(tried) - 2]
-    for i in range(2, len(tried)):  # each α past the grid: the one before it was the best
+    assert tried[:2] == [1.5, 2.0] and tried[2:] == [2.5, 3.0][: len(tried) - 2]
+    for i in range(1, len(tried)):  # each α past the grid: the one before it was the best
         assert choose_alpha({a: table[a] for a in tried[:i]}) == tried[i - 1]
     assert saved["alpha"] == choose_alpha(table)
     stopped_inside = saved["alpha"] != tried[-1]
