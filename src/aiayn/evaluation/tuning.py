@@ -225,8 +225,10 @@ def next_alpha(scores: Mapping[float, LengthScore], grow_by: float, grow_to: flo
 def _check_grid(alphas: Sequence[float], grow_by: float, grow_to: float) -> None:
     """A UserError naming the bad value: α, ``grow_by`` and ``grow_to`` follow the rule of
     :class:`~aiayn.decoding.translate.DecodeOptions`'s α (a finite number >= 0)."""
-    if not alphas or any(not (a >= 0 and math.isfinite(a)) for a in alphas):
-        raise UserError(f"the α grid must be finite numbers >= 0, got {list(alphas)}")
+    if not alphas:
+        raise UserError("the α grid must hold at least one α, got none")
+    for alpha in alphas:
+        check_value(alpha, NonNegativeFloat, "each α of the grid")
     for name, value in (("grow_by", grow_by), ("grow_to", grow_to)):
         check_value(value, NonNegativeFloat, name)
 
