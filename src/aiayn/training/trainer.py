@@ -112,6 +112,9 @@ class TrainResult:
     valid: dict[str, float]
     averaged_checkpoint: Path | None = None
     averaged_valid: dict[str, float] | None = None
+    test_checkpoint: Path | None = None
+    """The checkpoint whose weights translated the test set: the averaged one, or the final one
+    when the average validates worse than the last weights (or nothing was averaged)."""
     test: dict[str, Any] | None = None
     samples: list[tuple[str, str]] = field(default_factory=list)
 
@@ -855,6 +858,9 @@ class Trainer:
         """:meth:`_finish`'s work on rank 0, with the full ``model``."""
         averaged = None if self.window is None else self._average(result)
         model = model if averaged is None else averaged
+        result.test_checkpoint = (
+            result.final_checkpoint if averaged is None else result.averaged_checkpoint
+        )
         was_training = model.training
         model.eval()
         try:
