@@ -17,6 +17,10 @@ A candidate that changes what a step costs (the vocabulary size, the batch size)
 number of steps in the same minutes: given as ``--rate-candidate DIR``, it is replayed at its own
 step budget (the baseline's scaled by the two recipes' measured step rates), and its table names
 both budgets; a plain ``--candidate`` of another budget is refused.
+
+The page names the machines each side trained on (CPU model, or GPU, and torch), and a
+candidate's table says so when they are not the baseline's: BLEU moves with the host, so a
+comparison across hosts is marked where it is read.
 """
 
 from __future__ import annotations
@@ -84,14 +88,15 @@ def compare(
 
 
 def table(
-    name: str, overrides: list[str], rows: list[dict[str, Any]], budget: str = ""
+    name: str, overrides: list[str], rows: list[dict[str, Any]], notes: str = ""
 ) -> list[str]:
-    """One candidate's markdown table (``budget``: its own, when not the baseline's)."""
+    """One candidate's markdown table (``notes``: its own budget or machines, where they are
+    not the baseline's)."""
     verdict = {True: "yes", False: "no", None: "n/a (< 2 seeds)"}
     out = [
         f"### {name}: {' '.join(f'`{o}`' for o in overrides) or '(no overrides)'}",
         "",
-        f"Seeds {', '.join(map(str, rows[0]['seeds']))}.{budget}",
+        f"Seeds {', '.join(map(str, rows[0]['seeds']))}.{notes}",
         "",
         "| checkpoint, search | baseline | candidate | difference | exceeds the spread |",
         "|---|---|---|---|---|",
@@ -115,7 +120,7 @@ def report(args: argparse.Namespace) -> str:
         "",
         f"Baseline `{args.baseline}`: {first['protocol']['config']} with "
         f"{' '.join(f'`{o}`' for o in first['protocol']['overrides']) or 'no overrides'}, "
-        f"{budget} per run, trained on {_machine(first['machine'])}. BLEU on "
+        f"{budget} per run, trained on {machines(base, list(base))}. BLEU on "
         "test_2016_flickr (sacreBLEU, detokenized, cased); mean (min–max) over seeds; a difference "
         "exceeds the spread when it is larger than the larger min–max range of the two sides.",
         "",
@@ -124,9 +129,20 @@ def report(args: argparse.Namespace) -> str:
     for path, own_steps in paths:
         cand = aiayn_runs(Path(path), args.direction)
         overrides = changes(first, cand[min(cand)], path, own_steps=own_steps)
-        own = f" Its budget: {_budget(cand[min(cand)])} (the baseline's: {budget})."
-        lines += table(Path(path).name, overrides, compare(base, cand), own if own_steps else "")
+        rows = compare(base, cand)
+        notes = f" Its budget: {_budget(cand[min(cand)])} (the baseline's: {budget})."
+        notes = notes if own_steps else ""
+        on, base_on = machines(cand, rows[0]["seeds"]), machines(base, rows[0]["seeds"])
+        if on != base_on:
+            notes += f" **Another host:** trained on {on}; the baseline on {base_on}."
+        lines += table(Path(path).name, overrides, rows, notes)
     return "\n".join(lines)
+
+
+def machines(runs: dict[int, dict[str, Any]], seeds: list[int]) -> str:
+    """The machines ``seeds`` of ``runs`` trained on, each once, in seed order."""
+    named = dict.fromkeys(_machine(runs[s]["machine"]) for s in sorted(seeds))
+    return "; ".join(named)
 
 
 def _budget(result: dict[str, Any]) -> str:

@@ -16,14 +16,20 @@ PROTOCOL = {"minutes": None, "steps": {"aiayn": 100, "peer-same": 80}, "config":
             "threads": 2, "overrides": ["train.precision=fp32"]}  # fmt: skip
 
 
-def _write(root: Path, seed: int, bleu: dict[str, float], **protocol: object) -> None:
+def _write(
+    root: Path,
+    seed: int,
+    bleu: dict[str, float],
+    machine: dict[str, str] | None = None,
+    **protocol: object,
+) -> None:
     path = root / "en-de" / "aiayn" / f"seed_{seed}" / "result.json"
     path.parent.mkdir(parents=True)
     result = {
         "seed": seed,
         "scores": {row: {"bleu": b} for row, b in bleu.items()},
         "protocol": {**PROTOCOL, **protocol},
-        "machine": {"gpu": "G", "torch": "t"},
+        "machine": machine or {"gpu": "G", "torch": "t"},
     }
     path.write_text(json.dumps(result), encoding="utf-8")
 
@@ -97,3 +103,25 @@ def test_no_candidate_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
         cand.main(["--direction", "en-de", "--baseline", "runs/x"])
     assert exit_.value.code == 2
     assert "give at least one --candidate or --rate-candidate" in capsys.readouterr().err
+
+
+def test_a_candidate_from_another_host_is_marked_in_its_table(tmp_path: Path) -> None:
+    base, same, other = tmp_path / "base", tmp_path / "same", tmp_path / "other"
+    amd, intel = {"cpu": "AMD (family 26)", "torch": "t"}, {"cpu": "Intel (family 6)", "torch": "t"}
+    over = ["train.precision=fp32", "model.dropout=0.3"]
+    for seed in (1, 2):
+        _write(base, seed, {"a": 30.0}, amd)
+        _write(same, seed, {"a": 31.0}, amd, overrides=over)
+    _write(other, 1, {"a": 31.0}, amd, overrides=over)
+    _write(other, 2, {"a": 31.0}, intel, overrides=over)  # one seed moved host
+    out = tmp_path / "page.md"
+    cand.main(["--direction", "en-de", "--baseline", str(base), "--candidate", str(same),
+               "--candidate", str(other), "--out", str(out)])  # fmt: skip
+    page = out.read_text(encoding="utf-8")
+    assert "trained on AMD (family 26), torch t. BLEU" in page
+    mine, theirs = page.split("### other")
+    assert "Another host" not in mine
+    assert (
+        "Seeds 1, 2. **Another host:** trained on AMD (family 26), torch t; Intel (family 6), "
+        "torch t; the baseline on AMD (family 26), torch t."
+    ) in theirs
