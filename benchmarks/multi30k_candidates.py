@@ -130,8 +130,8 @@ def report(args: argparse.Namespace) -> str:
         cand = aiayn_runs(Path(path), args.direction)
         overrides = changes(first, cand[min(cand)], path, own_steps=own_steps)
         rows = compare(base, cand)
-        notes = f" Its budget: {_budget(cand[min(cand)])} (the baseline's: {budget})."
-        notes = notes if own_steps else ""
+        own = f" Its budget: {_budget(cand[min(cand)])} (the baseline's: {budget})."
+        notes = own if own_steps else ""
         on, base_on = machines(cand, rows[0]["seeds"]), machines(base, rows[0]["seeds"])
         if on != base_on:
             notes += f" **Another host:** trained on {on}; the baseline on {base_on}."
