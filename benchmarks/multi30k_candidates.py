@@ -1,7 +1,8 @@
 """Recipe candidates for configs/multi30k_small.yaml, each against the runs it changes: aiayn's
 BLEU per row (mean and min–max over seeds) of each candidate's runs beside the baseline's, the
 difference of the means, and whether it exceeds the spread (the larger min–max range of the two
-sides, :func:`_multi30k_protocol.significant`, as benchmarks/train_multi30k.py's report).
+sides, :func:`_multi30k_protocol.significant`, as benchmarks/train_multi30k.py's report); first,
+the baseline alone over every seed it ran.
 
     python benchmarks/multi30k_candidates.py --direction en-de --baseline runs/gpu_multi30k \
         --candidate runs/cand_dropout0.3 --candidate runs/cand_window0.3 \
@@ -108,6 +109,25 @@ def table(
     return [*out, ""]
 
 
+def baseline_table(base: dict[int, dict[str, Any]]) -> list[str]:
+    """The baseline alone over every seed it ran (a candidate's table uses only the seeds both
+    sides ran): per row, BLEU mean (min–max) and each seed's BLEU in seed order."""
+    seeds = sorted(base)
+    out = [
+        f"The baseline over all its seeds ({', '.join(map(str, seeds))}):",
+        "",
+        "| checkpoint, search | BLEU mean (min–max) | per seed |",
+        "|---|---|---|",
+    ]
+    for row in base[seeds[0]]["scores"]:
+        if not all(row in base[s]["scores"] for s in seeds):
+            continue
+        bleu = [base[s]["scores"][row]["bleu"] for s in seeds]
+        mean, span, _ = spread_text(protocol.summarize(bleu))
+        out.append(f"| {row} | {mean} ({span}) | {', '.join(f'{b:.2f}' for b in bleu)} |")
+    return [*out, ""]
+
+
 def report(args: argparse.Namespace) -> str:
     """The markdown page: the command, the baseline, then one table per candidate."""
     base = aiayn_runs(Path(args.baseline), args.direction)
@@ -124,6 +144,7 @@ def report(args: argparse.Namespace) -> str:
         "test_2016_flickr (sacreBLEU, detokenized, cased); mean (min–max) over seeds; a difference "
         "exceeds the spread when it is larger than the larger min–max range of the two sides.",
         "",
+        *baseline_table(base),
     ]
     paths = [(p, False) for p in args.candidate] + [(p, True) for p in args.rate_candidate]
     for path, own_steps in paths:

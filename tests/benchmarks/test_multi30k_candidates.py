@@ -53,6 +53,8 @@ def test_rows_compared_on_shared_seeds_with_the_spread_rule(tmp_path: Path) -> N
     page = out.read_text(encoding="utf-8")
     assert "### new: `model.dropout=0.3`" in page and "| a | 30.50 (30.00–31.00) |" in page
     assert "| 32.75 (32.50–33.00) | +2.25 | yes |" in page and "100 steps" in page
+    assert "all its seeds (1, 2, 3)" in page  # the baseline alone keeps its seed 3
+    assert "| a | 50.33 (30.00–90.00) | 30.00, 31.00, 90.00 |" in page
 
 
 def test_a_candidate_of_another_budget_is_refused_by_name(
