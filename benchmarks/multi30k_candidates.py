@@ -33,7 +33,7 @@ from typing import Any
 
 import _multi30k_protocol as protocol
 from _common import command_line
-from _multi30k_report import spread_text
+from _multi30k_report import row_names, spread_text, values
 
 SAME = ("minutes", "steps", "config", "config_sha256", "test_sentences", "alphas", "device",
         "threads")  # fmt: skip
@@ -119,10 +119,10 @@ def baseline_table(base: dict[int, dict[str, Any]]) -> list[str]:
         "| checkpoint, search | BLEU mean (min–max) | per seed |",
         "|---|---|---|",
     ]
-    for row in base[seeds[0]]["scores"]:
-        if not all(row in base[s]["scores"] for s in seeds):
+    for row in row_names(base):
+        bleu = values(base, row)
+        if len(bleu) < len(seeds):  # the per-seed column lists every seed or the row is left out
             continue
-        bleu = [base[s]["scores"][row]["bleu"] for s in seeds]
         mean, span, _ = spread_text(protocol.summarize(bleu))
         out.append(f"| {row} | {mean} ({span}) | {', '.join(f'{b:.2f}' for b in bleu)} |")
     return [*out, ""]

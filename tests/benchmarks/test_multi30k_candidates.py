@@ -36,7 +36,7 @@ def _write(
 
 def test_rows_compared_on_shared_seeds_with_the_spread_rule(tmp_path: Path) -> None:
     base, new = tmp_path / "base", tmp_path / "new"
-    _write(base, 1, {"a": 30.0, "b": 20.0})
+    _write(base, 1, {"a": 30.0, "b": 20.0, "c": 10.0})  # row c: seed 1 only, in no table
     _write(base, 2, {"a": 31.0, "b": 21.0})
     _write(base, 3, {"a": 90.0, "b": 90.0})  # the candidate did not run seed 3: left out
     over = ["train.precision=fp32", "model.dropout=0.3"]
@@ -54,7 +54,7 @@ def test_rows_compared_on_shared_seeds_with_the_spread_rule(tmp_path: Path) -> N
     assert "### new: `model.dropout=0.3`" in page and "| a | 30.50 (30.00–31.00) |" in page
     assert "| 32.75 (32.50–33.00) | +2.25 | yes |" in page and "100 steps" in page
     assert "all its seeds (1, 2, 3)" in page  # the baseline alone keeps its seed 3
-    assert "| a | 50.33 (30.00–90.00) | 30.00, 31.00, 90.00 |" in page
+    assert "| a | 50.33 (30.00–90.00) | 30.00, 31.00, 90.00 |" in page and "| c |" not in page
 
 
 def test_a_candidate_of_another_budget_is_refused_by_name(
