@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from aiayn.attention.native import native_attention_unavailable
-from aiayn.layers.native import native_fp32_unavailable, native_int8_unavailable
+from aiayn.kernels.attention import native_attention_unavailable
+from aiayn.kernels.linear import native_fp32_unavailable, native_int8_unavailable
 from aiayn.settings import performance
 
 ROOT = Path(__file__).resolve().parents[1]

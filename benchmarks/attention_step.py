@@ -11,7 +11,7 @@ folded; then longer queries (8 to 128), where the query-length cut-off
 is timed, interleaved round by round (one batch of calls per kernel per round, as many as take
 about ``--batch-us`` µs; median over ``--rounds``):
 
-- aiayn's kernel (:mod:`aiayn.attention.native`) on the calling thread, and with the heads
+- aiayn's kernel (:mod:`aiayn.kernels.attention`) on the calling thread, and with the heads
   shared over the threads (a ``min_parallel_macs`` of 0);
 - PyTorch's fused ``F.scaled_dot_product_attention``;
 - the explicit Q Kᵀ → softmax → · V (``_explicit_attention``);
@@ -51,12 +51,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, machine, write_report
 from aiayn.attention import scaled_dot_product_attention
-from aiayn.attention.native import native_attention, native_attention_unavailable
 from aiayn.attention.scaled_dot_product import _explicit_attention
 from aiayn.config import preset
 from aiayn.decoding import beam_search, greedy_search, inference_step
 from aiayn.inference import pack_for_inference
 from aiayn.inference.quantize import quantize_model
+from aiayn.kernels.attention import native_attention, native_attention_unavailable
 from aiayn.models import Transformer
 from aiayn.performance import keep_freed_memory
 from aiayn.settings import performance_settings

@@ -11,7 +11,7 @@ encoders), times, interleaved round by round (``_common.time_interleaved``):
   AVX-512F; left out where it does not run);
 - W8A16: ``torch.ops.aten._weight_int8pack_mm`` (int8 weights, fp32 activations);
 - W8A8, rows quantised on the fly (aiayn's :class:`~aiayn.layers.quantized.Int8Kernel`, each
-  of its kernels forced): aiayn's own VNNI kernel (:mod:`aiayn.layers.native`, quantisation
+  of its kernels forced): aiayn's own VNNI kernel (:mod:`aiayn.kernels.linear`, quantisation
   and scaling fused; left out where it does not run), ``torch._int_mm`` and oneDNN's
   ``qlinear_pointwise``;
 - PyTorch's dynamic quantised linear (``torch.ops.quantized.linear_dynamic``, fbgemm; one
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command_line, machine, time_interleaved, write_report
 from aiayn.inference import PackedLinear
 from aiayn.inference.kernels import NativeFp32
-from aiayn.layers.native import native_int8
+from aiayn.kernels.linear import native_int8
 from aiayn.layers.quantized import QuantizedLinear
 from aiayn.settings import performance_settings
 

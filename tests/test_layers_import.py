@@ -25,6 +25,7 @@ import aiayn
 SRC = Path(aiayn.__file__).resolve().parent
 
 LAYERS = (
+    "kernels",
     "attention",
     "layers",
     "models",

@@ -6,16 +6,21 @@ thresholds") gives the command that times the two kernels and the figures that s
 No threshold changes what is computed: tests hold the kernels on either side of it equal, so a
 machine that is faster with other values may change them freely.
 
-The modules read :func:`performance` at call time; :func:`performance_settings` changes fields
+Every field can be set from the environment (:data:`PREFIX`) for tuning. The modules read
+:func:`performance` at call time; :func:`performance_settings` changes fields
 for a block (a benchmark trying other cut-offs, a test forcing one side).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+import os
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
+
+from aiayn.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ class PerformanceSettings:
             ``topk``.
         int8_native_max_rows: int8 linear layers (:class:`aiayn.layers.quantized.Int8Kernel`)
             run products of up to this many rows on aiayn's own kernel
-            (:mod:`aiayn.layers.native`) where it runs, larger ones on the library kernels
+            (:mod:`aiayn.kernels.linear`) where it runs, larger ones on the library kernels
             below.
         int8_onednn_max_rows: int8 products of more rows than the above (or all, where aiayn's
             kernel does not run) and up to this many run on oneDNN's ``qlinear_pointwise``,
@@ -55,7 +60,7 @@ class PerformanceSettings:
             exactly in int32 and scale in one order, so the choice changes no output.
         fp32_native_max_rows: fp32 products of up to this many rows on a packed linear
             (:class:`aiayn.inference.kernels.LinearKernel`) run on aiayn's fp32 kernel
-            (:mod:`aiayn.layers.native`) where it runs, more rows on oneDNN's; 0: never (and
+            (:mod:`aiayn.kernels.linear`) where it runs, more rows on oneDNN's; 0: never (and
             :class:`~aiayn.inference.kernels.PackedLinear` then keeps no copy of the weight in
             its layout).
         argmax_chunk: greedy search's choice of the next token on CPU
@@ -66,7 +71,7 @@ class PerformanceSettings:
         native_attention_max_queries: attention without gradients on CPU in float32 with
             one query, or at most this many over more keys (T < S: a sentence's beams folded
             into T queries over its source), runs on aiayn's own kernel
-            (:mod:`aiayn.attention.native`) where it runs; 0 turns it off. Other calls keep
+            (:mod:`aiayn.kernels.attention`) where it runs; 0 turns it off. Other calls keep
             the choice between the fused kernel and the plain ops above.
         native_attention_min_parallel_macs: that kernel shares the heads (B·H) out over threads
             from this many multiply–adds in a call (B·H·T·S·(d_k + d_v)), each thread getting
@@ -81,6 +86,9 @@ class PerformanceSettings:
             generation model by default (:attr:`aiayn.serving.ServeOptions.decode_workers`):
             a decoding step at a server's batch sizes leaves cores idle (its Python
             bookkeeping and its small products run on one), which a second worker's steps use.
+        kernel_build_timeout_s: the longest a build of aiayn's C++ kernels may take
+            (:mod:`aiayn.kernels.build`) before it is stopped and the library kernels run
+            instead; a build takes about 30 s on a 2-core machine.
     """
 
     explicit_attention_max_queries: int = 8
@@ -100,13 +108,44 @@ class PerformanceSettings:
     native_attention_min_parallel_macs: int = 1 << 17
     beam_merge_max_tokens: int = 3072
     serve_decode_workers: int = 2
+    kernel_build_timeout_s: float = 300.0
 
 
-_current = PerformanceSettings()
+PREFIX = "AIAYN_"
+"""A field is set from the environment by its name in capitals after this prefix, e.g.
+``AIAYN_INT8_NATIVE_MAX_ROWS=64`` (for tuning on a machine: the values are read once)."""
+
+
+def from_environment(environ: Mapping[str, str]) -> PerformanceSettings:
+    """The defaults with every field named in ``environ`` (``AIAYN_<FIELD>``) set from it; a
+    value that is not a number of the field's kind, or is negative, is refused by name."""
+    changes: dict[str, int | float] = {}
+    for field in fields(PerformanceSettings):
+        name = PREFIX + field.name.upper()
+        text = environ.get(name)
+        if text is None or not text.strip():
+            continue
+        kind = int if field.type in (int, "int") else float
+        try:
+            value = kind(text.strip())
+        except ValueError:
+            raise ConfigError(
+                f"{name}={text!r}: not {'an integer' if kind is int else 'a number'}"
+            ) from None
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{name}={text!r}: must be finite and at least 0")
+        changes[field.name] = value
+    return PerformanceSettings(**changes)  # type: ignore[arg-type]
+
+
+_current: PerformanceSettings | None = None
 
 
 def performance() -> PerformanceSettings:
-    """The settings in force."""
+    """The settings in force (the defaults, with the environment's changes read on first use)."""
+    global _current
+    if _current is None:
+        _current = from_environment(os.environ)
     return _current
 
 
@@ -115,7 +154,7 @@ def performance_settings(**changes: Any) -> Iterator[PerformanceSettings]:
     """The settings in force with ``changes`` (fields by name) inside the block, restored after
     it: ``with performance_settings(small_product_max_macs=0): ...``."""
     global _current
-    previous = _current
+    previous = performance()
     _current = replace(previous, **changes)
     try:
         yield _current

@@ -15,8 +15,8 @@ from aiayn.decoding import beam_search, encoder_decoder_step, greedy_search
 from aiayn.inference import PackedLinear, pack_for_inference, packing_available
 from aiayn.inference.kernels import POST_OPS
 from aiayn.inference.packed import step_weight_bytes
+from aiayn.kernels.linear import native_fp32, native_fp32_unavailable
 from aiayn.layers import ACTIVATIONS
-from aiayn.layers.native import native_fp32, native_fp32_unavailable
 from aiayn.models import Transformer
 from aiayn.settings import performance_settings
 

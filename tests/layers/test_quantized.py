@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aiayn.kernels import cpu
+from aiayn.kernels.int8 import LIBRARY_KERNELS, exact_library_kernels, onednn_available
+from aiayn.kernels.linear import native_int8_unavailable
 from aiayn.layers import quantized
-from aiayn.layers.native import native_int8_unavailable
 from aiayn.layers.quantized import (
     QuantizedLinear,
     absmax_scales,
@@ -64,31 +66,94 @@ def test_the_layer_is_close_to_fp32_on_its_dequantised_weight(bias: bool) -> Non
     torch.testing.assert_close(y, on_dequantised, atol=0.05, rtol=0.05)
 
 
-KERNELS = ("native", "onednn", "onednn, rows quantised in PyTorch", "int_mm")
+KERNELS = ("native", "onednn", "onednn, rows quantised in PyTorch", "int_mm", "reference")
+LEVELS = ("avx512_vnni", "avx2", "generic")
+ROWS = (1, 3, 5, 40, 1100)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("rows", [1, 3, 40])
-def test_every_cpu_kernel_and_the_reference_agree(
-    kernel: str, rows: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every CPU kernel (aiayn's, oneDNN with the rows quantised by aiayn's kernel or by
-    PyTorch, _int_mm) sums the same exact integers and scales them in one order: the same bits
-    as the reference, which sums the same integers exactly in fp32 at these sizes."""
-    if kernel.startswith(("native", "onednn,")) and quantized.native_int8() is None:
-        pytest.skip(f"aiayn's int8 kernel: {native_int8_unavailable()}")
-    if kernel.startswith("onednn") and not quantized.onednn_int8_available():
-        pytest.skip("this PyTorch has no oneDNN int8 kernel")
-    if kernel.endswith("PyTorch"):
-        monkeypatch.setattr(quantized, "native_int8", lambda: None)
+def _saturating_layer() -> QuantizedLinear:
+    """A layer whose int8 weights are all ±127 in patterns (then random): the operands on
+    which a kernel whose 16-bit pair sums saturate goes wrong (:mod:`aiayn.kernels.int8`)."""
     torch.manual_seed(1)
     linear = nn.Linear(66, 50)  # neither a whole number of the native kernel's blocks
-    layer = QuantizedLinear.of(linear)
+    with torch.no_grad():
+        linear.weight[:4] = torch.tensor([[1.0], [-1.0], [1.0], [-1.0]])
+        linear.weight[2, 1::2] = -1.0
+        linear.weight[3, 1::2] = 1.0
+    return QuantizedLinear.of(linear)
+
+
+def _inputs(rows: int) -> torch.Tensor:
+    """Rows of ±1 patterns (every magnitude quantises to 127), a row of zeros, then random."""
     x = torch.randn(rows, 66) * 3
-    x[0] = 0.0  # a row of zeros: scale 1
+    patterns = torch.ones(4, 66)
+    patterns[1] = -1.0
+    patterns[2, 1::2] = -1.0
+    patterns[3, ::2] = -1.0
+    x[: min(rows, 4)] = patterns[: min(rows, 4)]
+    x[-1] = 0.0  # a row of zeros: scale 1
+    return x
+
+
+def _skip_unless_runs(kernel: str, level: str) -> None:
+    """Skip a kernel that does not run on this host under ``level``, saying why."""
+    if level != cpu.level() and cpu.rank(level) > cpu.rank(cpu.level()):
+        pytest.skip(f"this CPU is below {level}")
+    if kernel == "native" and quantized.native_int8() is None:
+        pytest.skip(f"aiayn's int8 kernel under {level}: {native_int8_unavailable()}")
+    if kernel.startswith("onednn") and not onednn_available():
+        pytest.skip("this PyTorch has no oneDNN int8 kernel")
+    if (
+        kernel.split(",")[0] in LIBRARY_KERNELS
+        and kernel.split(",")[0] not in exact_library_kernels()
+    ):
+        pytest.skip(f"{kernel} is not exact in this process, so it never runs (tested below)")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("rows", ROWS)
+def test_every_cpu_kernel_and_the_reference_agree(
+    kernel: str, rows: int, level: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every CPU kernel, under every CPU class cap (aiayn's in its AVX-512 VNNI and AVX2
+    builds, oneDNN with the rows quantised by aiayn's kernel or by PyTorch, _int_mm, the
+    reference's operations) sums the same exact integers and scales them in one order: the
+    reference's bits, on inputs that saturate 16-bit pair sums too."""
+    with cpu.capped(level):
+        _skip_unless_runs(kernel, level)
+        if kernel.endswith("PyTorch"):
+            monkeypatch.setattr(quantized, "native_quantize_rows", lambda: None)
+        layer, x = _saturating_layer(), _inputs(rows)
+        want = int8_linear_reference(x, layer.weight, layer.scales, layer.bias)
+        name = kernel.split(",")[0]
+        kernel_of = layer.kernel()
+        if name == "reference":
+            got = int8_linear_reference(x, kernel_of.weight, kernel_of.scales, kernel_of.bias)
+        else:
+            got = getattr(kernel_of, name)(x)
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("rows", ROWS)
+def test_the_kernel_chosen_on_every_cpu_class_gives_the_reference_bits(
+    level: str, rows: int
+) -> None:
+    """What a layer runs, under each CPU class cap and with each side of the thresholds forced,
+    is never a kernel that is not exact here, and gives the reference's bits."""
+    layer, x = _saturating_layer(), _inputs(rows)
     want = int8_linear_reference(x, layer.weight, layer.scales, layer.bias)
-    got = getattr(layer.kernel(), kernel.split(",")[0])(x)
-    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    residual = torch.randn(rows, 50)
+    exact = exact_library_kernels()
+    with cpu.capped(level):
+        for native, onednn in ((1024, 1 << 20), (0, 1 << 20), (0, 0), (1 << 20, 0)):
+            with performance_settings(int8_native_max_rows=native, int8_onednn_max_rows=onednn):
+                chosen = quantized.Int8Kernel.choice(x)
+                assert chosen not in LIBRARY_KERNELS or chosen in exact, chosen
+                torch.testing.assert_close(layer(x), want, atol=0, rtol=0)
+                got = layer.kernel()(x, residual)  # the residual added after the bias
+                torch.testing.assert_close(got, want + residual, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("native_rows", [0, 2, 1 << 20])

@@ -15,7 +15,7 @@ whose keys are all blocked returns a zero vector (and zero weights), never NaN, 
 and in every floating dtype.
 
 Paths, all held to the explicit one (:func:`_explicit_attention`) by tests: aiayn's own kernel
-(:mod:`aiayn.attention.native`) for the short queries of decoding steps on CPU, PyTorch's fused
+(:mod:`aiayn.kernels.attention`) for the short queries of decoding steps on CPU, PyTorch's fused
 kernel, and the explicit ops; :class:`~aiayn.settings.PerformanceSettings` sets where each one
 takes over (docs/performance.md, "Tuned thresholds").
 """
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.attention.masks import Causal, Mask, mask_fill_value
-from aiayn.attention.native import native_attend
+from aiayn.kernels.attention import native_attend
 from aiayn.settings import performance
 
 
@@ -95,7 +95,7 @@ def scaled_dot_product_attention(
 def _native(
     query: Tensor, key: Tensor, value: Tensor, mask: Mask, bias: Tensor | None, scale: float | None
 ) -> Tensor | None:
-    """Attention on aiayn's kernel (:mod:`aiayn.attention.native`), (B, H, T, d_v), for the
+    """Attention on aiayn's kernel (:mod:`aiayn.kernels.attention`), (B, H, T, d_v), for the
     calls it takes, else None (the caller's other paths run): float32 CPU operands (B, H, ·, ·)
     without gradients, the queries of a decoding step (one, or up to
     ``native_attention_max_queries`` over more keys: a sentence's beams over its source, new

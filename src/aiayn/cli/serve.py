@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,12 @@ def run(args: argparse.Namespace) -> int:
         keep_freed_memory()  # decoding reallocates its caches every step: keep them mapped
         torch.set_num_threads(intra_op_threads(torch.get_num_threads(), options))
     models = [load_served_model(n, d, options, metrics, device=args.device) for n, d in named]
+    if resolve_device(args.device).type == "cpu":  # ready only with its kernels built
+        from aiayn.kernels import prepare
+        from aiayn.kernels.dispatch import report
+
+        for line in (*prepare(), *report()):
+            print(f"aiayn serve: {line}", file=sys.stderr, flush=True)
     app = create_app(models, options, metrics, api_key=api_key, cors_origins=args.cors_origin)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info")
     # uvicorn handles SIGTERM while it serves (stop accepting, answer the requests in flight),

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.kernels.linear import fp32_blocks, native_fp32, padded_to_blocks
 from aiayn.layers import ACTIVATIONS, FeedForward, GatedFeedForward, RMSNorm
-from aiayn.layers.native import fp32_blocks, native_fp32, padded_to_blocks
 from aiayn.layers.quantized import Int8Kernel, QuantizedLinear
 from aiayn.settings import performance
 
@@ -70,7 +70,7 @@ def small_product(x: Tensor, d_out: int) -> bool:
 
 class NativeFp32(NamedTuple):
     """A weight in the layout of aiayn's fp32 kernel for a few rows
-    (:func:`~aiayn.layers.native.fp32_blocks`), its bias padded to whole blocks, and D_out."""
+    (:func:`~aiayn.kernels.linear.fp32_blocks`), its bias padded to whole blocks, and D_out."""
 
     blocks: Tensor  # (NB, D_in, 16)
     bias: Tensor | None  # (NB·16,)
@@ -93,7 +93,7 @@ class NativeFp32(NamedTuple):
             residual = residual.reshape(rows.size(0), self.d_out).contiguous()  # (N, D_out)
         ops = native_fp32()
         assert ops is not None  # kept only where it runs
-        y = ops.linear_fp32(rows, self.blocks, self.bias, residual, self.d_out)  # (N, D_out)
+        y = ops(rows, self.blocks, self.bias, residual, self.d_out)  # (N, D_out)
         return y.view(*x.shape[:-1], self.d_out)
 
 

@@ -16,16 +16,19 @@ the batch or the order of summation: the decoding step with a key/value cache co
 as the full forward does. Only the final scaling is fp32 arithmetic, done in one order by every
 kernel.
 
-Kernels, on CPU: aiayn's own (:mod:`aiayn.layers.native`: AVX-512 VNNI, the row
-quantisation, the sum and the scaling in one call; where it builds and the CPU has VNNI), oneDNN's
-``qlinear_pointwise`` on a weight packed once for it (unsigned activations x_q + 128 with zero
-point 128, as VNNI's u8 × s8 products want; the same exact sum), or PyTorch's ``torch._int_mm``
-(int8 × int8 -> int32) on the weight laid out (D_in, D_out). Which one runs is chosen by the
-number of rows at call time (:attr:`~aiayn.settings.PerformanceSettings.int8_native_max_rows`
-and ``int8_onednn_max_rows``, measured in docs/performance.md); on a device other than the CPU
-the product runs as fp32 on the int8 values (exact while the sums stay below 2^24). Norms, softmax,
-residuals and losses stay fp32: only ``nn.Linear`` layers are replaced
-(:func:`quantize_linears`).
+Kernels, on CPU (chosen per call by :func:`aiayn.kernels.int8.choose_int8`): aiayn's own
+(:mod:`aiayn.kernels.linear`: an AVX-512 VNNI build and an AVX2 build, the row quantisation, the
+sum and the scaling in one call), oneDNN's ``qlinear_pointwise`` on a weight packed once for it
+(unsigned activations x_q + 128 with zero point 128, the same exact sum), or PyTorch's
+``torch._int_mm`` (int8 × int8 -> int32) on the weight laid out (D_in, D_out). A library kernel
+runs only where it is exact in this process (:func:`aiayn.kernels.int8.exact_library_kernels`:
+without VNNI, oneDNN's u8 × s8 products saturate); where none is and aiayn's kernel does not
+run (a CPU below AVX2), the reference's operations run, with sums in float64 (exact). Which one
+runs is chosen by the number of rows at call time
+(:attr:`~aiayn.settings.PerformanceSettings.int8_native_max_rows` and ``int8_onednn_max_rows``,
+measured in docs/performance.md); on a device other than the CPU the product runs as fp32 on
+the int8 values (exact while the sums stay below 2^24). Norms, softmax, residuals and losses
+stay fp32: only ``nn.Linear`` layers are replaced (:func:`quantize_linears`).
 
 Inference only: no gradients flow to the int8 weights.
 
@@ -40,9 +43,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from aiayn.layers.native import (
+from aiayn.kernels import int8 as library
+from aiayn.kernels.linear import (
     native_int8,
     native_int8_unavailable,
+    native_quantize_rows,
     padded_to_blocks,
     vnni_blocks,
 )
@@ -84,12 +89,13 @@ def dequantize_weight(weight: Tensor, scales: Tensor) -> Tensor:
 
 
 def int8_linear_reference(x: Tensor, weight: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
-    """The scheme of the module docstring in plain fp32 operations (any device): (N, D_in) ->
-    (N, D_out). The products of int8 values are exact in fp32; their sums are while below
-    2^24."""
+    """The scheme of the module docstring in plain operations (any device): (N, D_in) ->
+    (N, D_out). On CPU the sums are in float64, exact (|Σ| ≤ 127² · D_in < 2^53), and so the
+    bits every CPU kernel gives; elsewhere in fp32, exact while below 2^24."""
     x_scales = absmax_scales(x)  # (N,)
-    x_q = quantize_rows(x, x_scales).float()  # (N, D_in)
-    acc = x_q @ weight.float().t()  # (N, D_in) @ (D_in, D_out): integer-valued
+    exact = torch.float64 if x.device.type == "cpu" else torch.float32
+    x_q = quantize_rows(x, x_scales).to(exact)  # (N, D_in)
+    acc = x_q @ weight.to(exact).t()  # (N, D_in) @ (D_in, D_out): integer-valued
     return _epilogue(acc, scales, x_scales, bias)
 
 
@@ -99,21 +105,15 @@ def _epilogue(acc: Tensor, scales: Tensor, x_scales: Tensor, bias: Tensor | None
     return y if bias is None else y.add_(bias)
 
 
-def onednn_int8_available() -> bool:
-    """Whether this PyTorch build has oneDNN's int8 linear kernel."""
-    onednn = getattr(torch.ops, "onednn", None)
-    return torch.backends.mkldnn.is_available() and hasattr(onednn, "qlinear_pointwise")
-
-
 class Int8Kernel:
     """y = x Wᵀ + b for one int8 weight (or a block of its rows) on CPU, by the scheme of the
     module docstring: (N, D_in) -> (N, D_out).
 
-    Three CPU kernels compute the same bits, chosen by the number of rows N at call time
-    (:class:`~aiayn.settings.PerformanceSettings`): aiayn's own (:mod:`aiayn.layers.native`,
-    where it builds and the CPU has VNNI) up to ``int8_native_max_rows``, then oneDNN's
-    ``qlinear_pointwise`` up to ``int8_onednn_max_rows``, then ``torch._int_mm``. Each one's
-    weight layout is made when it first runs.
+    Four CPU kernels compute the same bits, chosen by the number of rows N at call time
+    (:func:`aiayn.kernels.int8.choose_int8`): aiayn's own (:mod:`aiayn.kernels.linear`, for
+    the CPU class in force), oneDNN's ``qlinear_pointwise`` and ``torch._int_mm`` where each
+    is exact here, and the reference's operations. Each one's weight layout is made when it
+    first runs.
 
     Args:
         weight: (D_out, D_in) int8.
@@ -136,20 +136,28 @@ class Int8Kernel:
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """(N, D_in) -> (N, D_out), on the kernel chosen for N rows; plus ``residual`` (N, D_out)
         where given, added after the bias (by aiayn's kernel inside its call)."""
-        if not self.cpu or x.device.type != "cpu":
-            y = int8_linear_reference(x, self.weight, self.scales, self.bias)
+        kernel = self.choice(x) if self.cpu else "reference"
+        if kernel == "native":
+            return self._native_on(native_int8(), x, residual)
+        if kernel == "onednn":
+            y = self.onednn(x)
+        elif kernel == "int_mm":
+            y = self.int_mm(x)
         else:
-            settings, rows, ops = performance(), x.size(0), native_int8()
-            if rows <= settings.int8_native_max_rows and ops is not None:
-                return self._native_on(ops, x, residual)
-            if rows <= settings.int8_onednn_max_rows and onednn_int8_available():
-                y = self.onednn(x)
-            else:
-                y = self.int_mm(x)
+            y = int8_linear_reference(x, self.weight, self.scales, self.bias)
         return y if residual is None else y.add_(residual)
 
+    @staticmethod
+    def choice(x: Tensor) -> str:
+        """The kernel a call on ``x`` (N, D_in) runs (one of :data:`aiayn.kernels.int8.KERNELS`)."""
+        if x.device.type != "cpu":
+            return "reference"
+        native = native_int8() is not None
+        exact = library.exact_library_kernels()
+        return library.choose_int8(x.size(0), native, exact, performance())
+
     def native(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        """aiayn's kernel (where it runs here: :func:`~aiayn.layers.native.native_int8`), with
+        """aiayn's kernel (where it runs here: :func:`~aiayn.kernels.linear.native_int8`), with
         ``residual`` added after the bias where given."""
         ops = native_int8()
         if ops is None:
@@ -158,7 +166,7 @@ class Int8Kernel:
         return self._native_on(ops, x, residual)
 
     def _native_on(self, ops: Any, x: Tensor, residual: Tensor | None) -> Tensor:
-        """:meth:`native` with the kernel's operations ``ops`` already looked up."""
+        """:meth:`native` with the kernel's operation ``ops`` already looked up."""
         if self._native is None:  # its layout, made when it first runs
             blocks, compensation = vnni_blocks(self.weight)
             n = self.weight.size(0)
@@ -168,36 +176,28 @@ class Int8Kernel:
         x = x.float().contiguous()
         if residual is not None:
             residual = residual.float().contiguous()
-        return ops.linear(x, blocks, compensation, scales, bias, residual, self.weight.size(0))
+        return ops(x, blocks, compensation, scales, bias, residual, self.weight.size(0))
 
     def int_mm(self, x: Tensor) -> Tensor:
         """PyTorch's ``torch._int_mm`` on the activations quantised by PyTorch operations."""
         x_scales = absmax_scales(x)  # (N,)
         if self._columns is None:
             self._columns = self.weight.t().contiguous()  # (D_out, D_in) -> (D_in, D_out)
-        acc = torch._int_mm(quantize_rows(x, x_scales), self._columns)  # (N, D_in) @ (D_in, D_out)
+        acc = library.int_mm_sums(quantize_rows(x, x_scales), self._columns)  # (N, D_out)
         return _epilogue(acc, self.scales, x_scales, self.bias)
 
     def onednn(self, x: Tensor) -> Tensor:
         """oneDNN's u8 × s8 product on the activations shifted by 128 (zero point 128),
         quantised by aiayn's kernel where it runs, else by PyTorch operations."""
         if self._packed is None:
-            self._packed = (
-                torch.ops.onednn.qlinear_prepack(self.weight, None),
-                torch.ones_like(self.scales),  # oneDNN's scales: the scaling runs after
-                torch.zeros(self.weight.size(0), dtype=torch.long),
-            )
-        packed, unit_scales, zero_points = self._packed
-        native = native_int8()
-        if native is not None:
-            unsigned, x_scales = native.quantize_rows(x.float().contiguous())  # (N, D_in) u8
+            self._packed = library.onednn_pack(self.weight)
+        quantize = native_quantize_rows()
+        if quantize is not None:
+            unsigned, x_scales = quantize(x.float().contiguous())  # (N, D_in) u8
         else:
             x_scales = absmax_scales(x)  # (N,)
             unsigned = quantize_rows(x, x_scales).to(torch.int16).add_(128).to(torch.uint8)
-        acc = torch.ops.onednn.qlinear_pointwise(
-            *(unsigned, 1.0, 128, packed, unit_scales, zero_points, None),
-            *(1.0, 0, torch.float32, "none", [], ""),
-        )  # (N, D_in) @ (D_in, D_out), the exact sum as fp32
+        acc = library.onednn_sums(unsigned, self._packed)  # (N, D_out), the exact sum as fp32
         return _epilogue(acc, self.scales, x_scales, self.bias)
 
 

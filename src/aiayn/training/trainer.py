@@ -42,6 +42,7 @@ from aiayn.checkpoint import (
 )
 from aiayn.errors import UserError
 from aiayn.evaluation.perplexity import perplexity
+from aiayn.kernels import prepare
 from aiayn.models import count_parameters
 from aiayn.performance import configure_device, keep_freed_memory
 from aiayn.training import distributed as dist
@@ -654,6 +655,8 @@ class Trainer:
         with nothing saved after them (no final, ``best`` or averaged checkpoint)."""
         cfg = self.cfg
         self._log_setup()
+        if self.device.type == "cpu":  # kernels built before the clock starts, never inside it
+            log("; ".join(prepare()))
         progress = _Progress(cfg, self.step, enabled=cfg.progress and self.dist.is_main)
         started = time.perf_counter()
         try:

@@ -1,8 +1,10 @@
-"""aiayn's own attention kernel (aiayn.attention.native) against the explicit reference of
+"""aiayn's own attention kernel (aiayn.kernels.attention) against the explicit reference of
 eq. (1): every mask, bias and scale option, every query length it takes, key lengths and head
 sizes of every remainder, strided keys and values, the parallel branch; which calls
-scaled_dot_product_attention sends to it and which it keeps on the other paths. Held to run
-where it can: on a CPU with AVX-512 and a C++ compiler, it must build."""
+scaled_dot_product_attention sends to it and which it keeps on the other paths. Each of these
+runs for every build the CPU has (``attend`` on AVX-512, ``attend_avx2`` on AVX2 and FMA), the
+CPU class capped to the build's (aiayn.kernels.cpu.capped); which build a class picks is tested
+too. Held to run where it can: on a CPU with AVX2 and FMA and a C++ compiler, it must build."""
 
 from __future__ import annotations
 
@@ -20,8 +22,15 @@ import torch
 
 from aiayn.attention import CAUSAL, scaled_dot_product_attention
 from aiayn.attention import scaled_dot_product as sdp
-from aiayn.attention.native import native_attend, native_attention, native_attention_unavailable
-from aiayn.native_build import SWITCH
+from aiayn.kernels import cpu
+from aiayn.kernels.attention import (
+    VARIANTS,
+    native_attend,
+    native_attention,
+    native_attention_unavailable,
+    variant_name,
+)
+from aiayn.kernels.build import SWITCH
 from aiayn.settings import performance, performance_settings
 from data_builders import cpu_has
 
@@ -29,12 +38,30 @@ SERIAL = 1 << 62  # a min_parallel_macs that no call reaches: heads on the calli
 MAX_T = performance().native_attention_max_queries
 MASKS = ("none", "keys (B,1,1,S)", "queries (1,1,T,S)", "full (B,H,T,S)", "rows fully blocked")
 BIASES = ("none", "heads (1,H,T,S)", "full (B,H,T,S)")
+BUILDS = tuple(VARIANTS)  # the CPU classes of the kernel's builds: "avx512", "avx2"
 
 
-def _attend() -> Any:
+@pytest.fixture(params=BUILDS)
+def level(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The test runs with the CPU class capped to a build's (all of it: calls through
+    scaled_dot_product_attention included); skipped where the CPU, or a cap already in force
+    (AIAYN_CPU_CAP), is below that class."""
+    needed = request.param
+    if cpu.rank(cpu.detected()) < cpu.rank(needed):
+        pytest.skip(f"this CPU ({cpu.detected()}) lacks the {needed} build's instructions")
+    with cpu.capped(needed) as in_force:
+        if cpu.rank(in_force) < cpu.rank(needed):
+            pytest.skip(f"the CPU class is capped to {in_force} ({cpu.CAP})")
+        yield needed
+
+
+def _attend(level: str | None = None) -> Any:
+    """The kernel's operation for the class in force, which is ``level``'s build where given."""
     attend = native_attend()
     if attend is None:
         pytest.skip(f"aiayn's attention kernel: {native_attention_unavailable()}")
+    if level is not None:
+        assert attend is getattr(torch.ops.aiayn_attention, VARIANTS[level]).default
     return attend
 
 
@@ -98,8 +125,8 @@ def _cases() -> Iterator[tuple[int, int, int, int, float | None]]:
 @pytest.mark.parametrize("bias_kind", BIASES)
 @pytest.mark.parametrize("mask_kind", MASKS)
 @torch.no_grad()
-def test_every_option_equals_the_reference(mask_kind: str, bias_kind: str) -> None:
-    attend = _attend()
+def test_every_option_equals_the_reference(mask_kind: str, bias_kind: str, level: str) -> None:
+    attend = _attend(level)
     torch.manual_seed(MASKS.index(mask_kind) * 3 + BIASES.index(bias_kind))
     b, h = 2, 3
     errors = []  # (kernel, reference) distance to the same computation in fp64
@@ -123,8 +150,8 @@ def test_every_option_equals_the_reference(mask_kind: str, bias_kind: str) -> No
 
 
 @torch.no_grad()
-def test_one_query_over_two_keys_by_hand() -> None:
-    attend = _attend()
+def test_one_query_over_two_keys_by_hand(level: str) -> None:
+    attend = _attend(level)
     q = torch.tensor([[[[6.0, 0.0, 0.0, 0.0]]]])  # scores [3, 2] once divided by √d_k = 2
     k = torch.tensor([[[[1.0, 0, 0, 0], [2 / 3, 0, 0, 0]]]])
     v = torch.tensor([[[[1.0, 0, 0, 0], [0.0, 1, 0, 0]]]])
@@ -138,11 +165,11 @@ def test_one_query_over_two_keys_by_hand() -> None:
 
 
 @torch.no_grad()
-def test_strided_views_as_decoding_passes_them() -> None:
+def test_strided_views_as_decoding_passes_them(level: str) -> None:
     """Keys and values narrowed out of a (2, B, H, C, d_k) cache, the query a view of a fused
     projection, cross-attention's transposed (b, H, G, d_k) queries, and keys whose last
     dimension is not contiguous (copied by the kernel)."""
-    attend = _attend()
+    attend = _attend(level)
     torch.manual_seed(1)
     b, h, d, capacity = 3, 4, 16, 40
     cache = torch.randn(2, b, h, capacity, d)  # (2, B, H, C, d_k)
@@ -162,8 +189,8 @@ def test_strided_views_as_decoding_passes_them() -> None:
 
 
 @torch.no_grad()
-def test_the_parallel_branch_computes_each_head_as_the_serial_one() -> None:
-    attend = _attend()
+def test_the_parallel_branch_computes_each_head_as_the_serial_one(level: str) -> None:
+    attend = _attend(level)
     torch.manual_seed(2)
     b, h, t, s, d = 32, 8, 2, 40, 64  # 256 heads
     q, k, v = torch.randn(b, h, t, d), torch.randn(b, h, s, d), torch.randn(b, h, s, d)
@@ -175,9 +202,10 @@ def test_the_parallel_branch_computes_each_head_as_the_serial_one() -> None:
 
 
 @pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the calls scaled_dot_product_attention makes to aiayn's kernel."""
-    attend, counted = _attend(), []
+def calls(monkeypatch: pytest.MonkeyPatch, level: str) -> list[int]:
+    """Counts the calls scaled_dot_product_attention makes to aiayn's kernel (the build of
+    ``level``, whose class is in force for the test)."""
+    attend, counted = _attend(level), []
 
     def spy(*args: Any) -> Any:
         counted.append(1)
@@ -233,10 +261,42 @@ def test_other_options_keep_the_other_paths(calls: list[int]) -> None:
 
 
 def test_it_builds_where_the_cpu_and_a_compiler_allow() -> None:
-    if not cpu_has("avx512f") or shutil.which("c++") is None or os.environ.get(SWITCH) == "0":
-        pytest.skip(f"no AVX-512, no C++ compiler, or {SWITCH}=0 here")
+    has_avx2 = cpu_has("avx2") and cpu_has("fma")
+    if not has_avx2 or shutil.which("c++") is None or os.environ.get(SWITCH) == "0":
+        pytest.skip(f"no AVX2 and FMA, no C++ compiler, or {SWITCH}=0 here")
+    if not cpu.at_least("avx2"):
+        pytest.skip(f"the CPU class is capped to {cpu.level()} ({cpu.CAP})")
     assert native_attention() is not None, native_attention_unavailable()
     assert native_attend() is not None
+    assert variant_name() == ("attend" if cpu.at_least("avx512") else "attend_avx2")
+
+
+def test_the_cpu_class_picks_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Capped to avx2, the AVX2 build runs; capped to generic, none does, and attention takes
+    the other paths with the reference's result."""
+    with cpu.capped("avx2") as in_force:
+        if in_force != "avx2":
+            pytest.skip(f"this CPU's class is {in_force}, below avx2")
+        attend = _attend()  # built here, or skipped
+        assert attend is torch.ops.aiayn_attention.attend_avx2.default
+        assert variant_name() == "attend_avx2" and native_attention() is not None
+    asked: list[Any] = []  # what scaled_dot_product_attention got from native_attend
+
+    def spy() -> Any:
+        asked.append(native_attend())
+        return asked[-1]
+
+    monkeypatch.setattr(sdp, "native_attend", spy)
+    torch.manual_seed(5)
+    q, k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8)
+    mask = torch.tensor([[True] * 6, [False] * 6]).view(2, 1, 1, 6)  # row 1 sees nothing
+    with cpu.capped("generic"), torch.no_grad():
+        assert native_attend() is None and variant_name() is None
+        assert native_attention() is None and "generic" in str(native_attention_unavailable())
+        got, _ = scaled_dot_product_attention(q, k, v, mask)
+    assert asked == [None]  # it asked, and ran the other paths
+    torch.testing.assert_close(got, _reference(q, k, v, mask), atol=1e-6, rtol=1e-5)
+    assert torch.all(got[1] == 0)
 
 
 def test_turned_off_by_the_switch_attention_runs_as_before() -> None:
@@ -244,7 +304,7 @@ def test_turned_off_by_the_switch_attention_runs_as_before() -> None:
     script = (
         "import torch\n"
         "from aiayn.attention import scaled_dot_product_attention as sdpa\n"
-        "from aiayn.attention.native import native_attention, native_attention_unavailable\n"
+        "from aiayn.kernels.attention import native_attention, native_attention_unavailable\n"
         "torch.manual_seed(0)\n"
         "q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)\n"
         "with torch.no_grad():\n"

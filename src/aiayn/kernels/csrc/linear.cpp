@@ -1,4 +1,5 @@
-// aiayn's linear kernels for x86 CPUs with AVX-512: int8 (VNNI) and, for a few rows, fp32.
+// aiayn's linear kernels for x86 CPUs: int8 and, for a few rows, fp32, each in an AVX-512
+// build (int8: VNNI) and an AVX2 + FMA build (the section "AVX2 (+FMA) builds").
 //
 // int8 (needs VNNI): y = x Wᵀ + b by the W8A8 scheme of
 // aiayn/layers/quantized.py (symmetric int8 weights with one scale per output channel,
@@ -216,20 +217,29 @@ void check_residual(const std::optional<at::Tensor>& residual, int64_t m, int64_
                 "residual: contiguous float32 (M, N)");
 }
 
-// (M, K) float32 -> (M, Kp) uint8 (x_q + 128) and (M,) scales, rows in parallel.
-std::tuple<at::Tensor, at::Tensor> quantize_padded(const at::Tensor& x, int64_t kp) {
+// (M, K) float32 -> (M, Kp) T and (M,) scales, rows in parallel, each by `row` (x, k, kp, out)
+// -> scale: uint8 x_q + 128 (the AVX-512 build) or int8 x_q (the AVX2 build).
+template <typename T>
+std::tuple<at::Tensor, at::Tensor> quantize_each_row(const at::Tensor& x, int64_t kp,
+                                                     at::ScalarType type,
+                                                     float (*row)(const float*, int64_t, int64_t, T*)) {
   const int64_t m = x.size(0), k = x.size(1);
-  auto xu = at::empty({m, kp}, x.options().dtype(at::kByte));
+  auto xq = at::empty({m, kp}, x.options().dtype(type));
   auto sx = at::empty({m}, x.options());
   const float* src = x.data_ptr<float>();
-  uint8_t* dst = xu.data_ptr<uint8_t>();
+  T* dst = static_cast<T*>(xq.data_ptr());
   float* scales = sx.data_ptr<float>();
   at::parallel_for(0, m, std::max<int64_t>(1, 4096 / std::max<int64_t>(k, 1)),
                    [&](int64_t begin, int64_t end) {
                      for (int64_t r = begin; r < end; ++r)
-                       scales[r] = quantize_row(src + r * k, k, kp, dst + r * kp);
+                       scales[r] = row(src + r * k, k, kp, dst + r * kp);
                    });
-  return {xu, sx};
+  return {xq, sx};
+}
+
+// (M, K) float32 -> (M, Kp) uint8 (x_q + 128) and (M,) scales.
+std::tuple<at::Tensor, at::Tensor> quantize_padded(const at::Tensor& x, int64_t kp) {
+  return quantize_each_row<uint8_t>(x, kp, at::kByte, quantize_row);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& comp,
@@ -283,7 +293,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x) {
 // ------------------------------------------------------------------ fp32, for a few rows
 // y = x Wᵀ + b (+ r), fp32, for the few rows of a decoding step, where a product reads each
 // weight once and its time is the time to read the weight: the weight is laid out so that each
-// thread reads one sequential stream. Layout (made by aiayn.layers.native.fp32_blocks):
+// thread reads one sequential stream. Layout (made by aiayn.kernels.linear.fp32_blocks):
 // (NB, K, 16) float32, for each block of 16 output channels input by input the 16 weights,
 // zero-padded channels. Per row and block, kLanes partial sums over interleaved inputs (fused
 // multiply-adds), added pairwise, then the bias, then the residual r: the same products as
@@ -346,10 +356,238 @@ void fp32_block(const Fp32Problem& p, int64_t b) {
   }
 }
 
-at::Tensor linear_fp32(const at::Tensor& x, const at::Tensor& blocks,
-                       const std::optional<at::Tensor>& bias,
+
+// ------------------------------------------------------------------ AVX2 (+FMA) builds
+// The same two products for CPUs with AVX2 but no AVX-512 (AMD Zen 1-3, Intel client CPUs),
+// on the same weight layouts.
+//
+// int8: AVX2's only 8-bit product, vpmaddubsw (u8 x s8, adjacent pairs summed into a saturating
+// int16), would saturate on x_q + 128 (255 * 127 * 2 > 32767): that is where library kernels
+// built on it lose exactness on such CPUs. Here the product of signed x and w is taken as
+// |w| * (x * sign(w)) (vpsignb), whose factors are both within [-127, 127] because the scheme
+// never uses -128: a pair sums to at most 2 * 127 * 127 = 32258, which int16 holds. vpmaddwd
+// by ones then widens each pair-of-pairs to int32: every sum is exact, so the result has the
+// reference's bits. Activations are quantised signed (x_q, padding 0): no compensation.
+
+constexpr int64_t kHalf = 8;  // int32 sums (or floats) per 256-bit vector: half a block
+
+bool avx2_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+// One row: s_x = max|x| / 127 (1 for a row of zeros), out[i] = round(x[i] / s_x) as int8, and
+// the padding out[K..Kp) = 0. Rounding to nearest even, as torch.round.
+AVX2 float quantize_row_signed(const float* x, int64_t k, int64_t k_padded, int8_t* out) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  __m256 peak = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) peak = _mm256_max_ps(peak, _mm256_andnot_ps(sign_bit, _mm256_loadu_ps(x + i)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, peak);
+  float m = 0.0f;
+  for (float v : lanes) m = std::max(m, v);
+  for (; i < k; ++i) m = std::max(m, std::fabs(x[i]));
+  const float scale = m > 0.0f ? m / kQmax : 1.0f;
+  const __m256 s = _mm256_set1_ps(scale);
+  const __m256 lo = _mm256_set1_ps(-kQmax), hi = _mm256_set1_ps(kQmax);
+  for (i = 0; i + 8 <= k; i += 8) {
+    __m256 q = _mm256_div_ps(_mm256_loadu_ps(x + i), s);
+    q = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm256_min_ps(_mm256_max_ps(q, lo), hi);
+    const __m256i v = _mm256_cvtps_epi32(q);  // 8 int32 in [-127, 127]
+    const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    const __m128i w8 = _mm_packs_epi16(w16, w16);  // 8 int8 in the low half
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), w8);
+  }
+  for (; i < k; ++i)
+    out[i] = static_cast<int8_t>(std::min(std::max(std::nearbyint(x[i] / scale), -kQmax), kQmax));
+  for (; i < k_padded; ++i) out[i] = 0;
+  return scale;
+}
+
+// acc += the exact int32 sums of 4 inputs x (broadcast) against 8 channels' 4 weights each.
+AVX2 inline __m256i add_group(__m256i acc, __m256i x, __m256i w, __m256i w_abs) {
+  const __m256i pairs = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w));  // exact: see above
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+struct SignedProblem {
+  const int8_t* xq;       // (M, Kp) activations x_q, padding 0
+  const float* sx;        // (M,) activation scales
+  const int8_t* w;        // (NB, G, 64) weight blocks
+  const float* sw;        // (NB * 16,) weight scales
+  const float* bias;      // (NB * 16,) or null
+  const float* residual;  // (M, N) or null: added last
+  float* y;               // (M, N)
+  int64_t m, n, kp, groups;
+};
+
+// y[row0 + r, block b] for r < R from the sums acc[r][half]: the scaling of the reference.
+template <int R>
+AVX2 void scale_block(const SignedProblem& p, int64_t row0, int64_t b, const __m256i (&acc)[4][2]) {
+  const int64_t col = b * kBlock, valid = std::min<int64_t>(kBlock, p.n - col);
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float v[kBlock];
+    const __m256 sx = _mm256_set1_ps(p.sx[row0 + r]);
+    for (int h = 0; h < 2; ++h) {
+      __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_loadu_ps(p.sw + col + h * kHalf));
+      f = _mm256_mul_ps(f, sx);
+      if (p.bias != nullptr) f = _mm256_add_ps(f, _mm256_loadu_ps(p.bias + col + h * kHalf));
+      _mm256_store_ps(v + h * kHalf, f);
+    }
+    float* y = p.y + (row0 + r) * p.n + col;
+    const float* res = p.residual != nullptr ? p.residual + (row0 + r) * p.n + col : nullptr;
+    for (int64_t c = 0; c < valid; ++c) y[c] = res != nullptr ? v[c] + res[c] : v[c];
+  }
+}
+
+// Rows row0 .. row0+R of block b: L interleaved sums per row and half (independent chains).
+template <int R, int L>
+AVX2 void signed_tile(const SignedProblem& p, int64_t row0, int64_t b) {
+  __m256i acc[R][L][2];
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < L; ++l) acc[r][l][0] = acc[r][l][1] = _mm256_setzero_si256();
+  const int8_t* w = p.w + b * p.groups * 64;
+  const int8_t* x = p.xq + row0 * p.kp;
+  int64_t g = 0;
+  for (; g + L <= p.groups; g += L)
+    for (int l = 0; l < L; ++l) {
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (g + l) * 64));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (g + l) * 64 + 32));
+      const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        std::memcpy(&four, x + r * p.kp + (g + l) * kGroup, sizeof(four));
+        const __m256i xb = _mm256_set1_epi32(four);
+        acc[r][l][0] = add_group(acc[r][l][0], xb, w0, a0);
+        acc[r][l][1] = add_group(acc[r][l][1], xb, w1, a1);
+      }
+    }
+  for (; g < p.groups; ++g) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * 64 + 32));
+    for (int r = 0; r < R; ++r) {
+      int32_t four;
+      std::memcpy(&four, x + r * p.kp + g * kGroup, sizeof(four));
+      const __m256i xb = _mm256_set1_epi32(four);
+      acc[r][0][0] = add_group(acc[r][0][0], xb, w0, _mm256_abs_epi8(w0));
+      acc[r][0][1] = add_group(acc[r][0][1], xb, w1, _mm256_abs_epi8(w1));
+    }
+  }
+  __m256i sums[4][2];
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      sums[r][h] = acc[r][0][h];
+      for (int l = 1; l < L; ++l) sums[r][h] = _mm256_add_epi32(sums[r][h], acc[r][l][h]);
+    }
+  scale_block<R>(p, row0, b, sums);
+}
+
+// Rows [begin, end) of block b, four at a time.
+void signed_rows(const SignedProblem& p, int64_t begin, int64_t end, int64_t b) {
+  int64_t r = begin;
+  for (; r + kRows <= end; r += kRows) signed_tile<kRows, 1>(p, r, b);
+  switch (end - r) {
+    case 3: signed_tile<3, 1>(p, r, b); break;
+    case 2: signed_tile<2, 2>(p, r, b); break;
+    case 1: signed_tile<1, 2>(p, r, b); break;
+    default: break;
+  }
+}
+
+// (M, K) float32 -> (M, Kp) int8 x_q (padding 0) and (M,) scales.
+std::tuple<at::Tensor, at::Tensor> quantize_signed(const at::Tensor& x, int64_t kp) {
+  return quantize_each_row<int8_t>(x, kp, at::kChar, quantize_row_signed);
+}
+
+constexpr int64_t kRowChunk = 64;  // rows a thread's share of a block runs over at once
+
+// The int8 product on AVX2: the same operands and result as `linear` (the compensation, which
+// this build needs not, is checked and left unused).
+at::Tensor linear_avx2(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& comp,
+                       const at::Tensor& scales, const std::optional<at::Tensor>& bias,
                        const std::optional<at::Tensor>& residual, int64_t n) {
-  TORCH_CHECK(fp32_supported(), "this CPU lacks AVX-512");
+  TORCH_CHECK(avx2_supported(), "this CPU lacks AVX2 and FMA");
+  check_operands(x, blocks, comp, scales, bias, n);
+  check_residual(residual, x.size(0), n);
+  const int64_t m = x.size(0), nb = blocks.size(0), groups = blocks.size(1);
+  auto [xq, sx] = quantize_signed(x, groups * kGroup);
+  auto y = at::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return y;
+  const SignedProblem p{xq.data_ptr<int8_t>(), sx.data_ptr<float>(), blocks.data_ptr<int8_t>(),
+                        scales.data_ptr<float>(), bias.has_value() ? bias->data_ptr<float>() : nullptr,
+                        residual.has_value() ? residual->data_ptr<float>() : nullptr,
+                        y.data_ptr<float>(), m, n, groups * kGroup, groups};
+  const int64_t chunks = (m + kRowChunk - 1) / kRowChunk;  // units: (chunk, block), block fastest
+  at::parallel_for(0, chunks * nb, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t row0 = (u / nb) * kRowChunk;
+      signed_rows(p, row0, std::min(m, row0 + kRowChunk), u % nb);
+    }
+  });
+  return y;
+}
+
+// fp32, a few rows: rows row0 .. row0+R of block b, L interleaved sums per row and half.
+template <int R, int L>
+AVX2 void fp32_tile_avx2(const Fp32Problem& p, int64_t row0, int64_t b) {
+  __m256 acc[R][L][2];
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < L; ++l) acc[r][l][0] = acc[r][l][1] = _mm256_setzero_ps();
+  const float* w = p.w + b * p.k * kBlock;
+  const float* x = p.x + row0 * p.k;
+  int64_t i = 0;
+  for (; i + L <= p.k; i += L)
+    for (int l = 0; l < L; ++l) {
+      const __m256 w0 = _mm256_loadu_ps(w + (i + l) * kBlock);
+      const __m256 w1 = _mm256_loadu_ps(w + (i + l) * kBlock + kHalf);
+      for (int r = 0; r < R; ++r) {
+        const __m256 xv = _mm256_set1_ps(x[r * p.k + i + l]);
+        acc[r][l][0] = _mm256_fmadd_ps(xv, w0, acc[r][l][0]);
+        acc[r][l][1] = _mm256_fmadd_ps(xv, w1, acc[r][l][1]);
+      }
+    }
+  for (; i < p.k; ++i)
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_set1_ps(x[r * p.k + i]);
+      acc[r][0][0] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w + i * kBlock), acc[r][0][0]);
+      acc[r][0][1] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w + i * kBlock + kHalf), acc[r][0][1]);
+    }
+  const int64_t col = b * kBlock, valid = std::min<int64_t>(kBlock, p.n - col);
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float v[kBlock];
+    for (int h = 0; h < 2; ++h) {
+      __m256 sum = acc[r][0][h];
+      for (int l = 1; l < L; ++l) sum = _mm256_add_ps(sum, acc[r][l][h]);
+      if (p.bias != nullptr) sum = _mm256_add_ps(sum, _mm256_loadu_ps(p.bias + col + h * kHalf));
+      _mm256_store_ps(v + h * kHalf, sum);
+    }
+    float* y = p.y + (row0 + r) * p.n + col;
+    const float* res = p.residual != nullptr ? p.residual + (row0 + r) * p.n + col : nullptr;
+    for (int64_t c = 0; c < valid; ++c) y[c] = res != nullptr ? v[c] + res[c] : v[c];
+  }
+}
+
+void fp32_block_avx2(const Fp32Problem& p, int64_t b) {
+  int64_t r = 0;
+  for (; r + 4 <= p.m; r += 4) fp32_tile_avx2<4, 1>(p, r, b);
+  switch (p.m - r) {
+    case 3: fp32_tile_avx2<3, 1>(p, r, b); break;
+    case 2: fp32_tile_avx2<2, 2>(p, r, b); break;
+    case 1: fp32_tile_avx2<1, 4>(p, r, b); break;
+    default: break;
+  }
+}
+
+
+// The fp32 product of either build: `block` computes one block of 16 output channels.
+at::Tensor fp32_product(const at::Tensor& x, const at::Tensor& blocks,
+                        const std::optional<at::Tensor>& bias,
+                        const std::optional<at::Tensor>& residual, int64_t n,
+                        void (*block)(const Fp32Problem&, int64_t)) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.is_cpu(),
               "x: a contiguous CPU float32 (M, K) tensor");
   TORCH_CHECK(blocks.dim() == 3 && blocks.size(2) == kBlock && blocks.size(1) == x.size(1) &&
@@ -371,9 +609,24 @@ at::Tensor linear_fp32(const at::Tensor& x, const at::Tensor& blocks,
   // a thread takes at least 64 KiB of weights: smaller shares cost more to hand out than to read
   const int64_t grain = std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(k * kBlock * 4, 1));
   at::parallel_for(0, nb, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) fp32_block(p, b);
+    for (int64_t b = begin; b < end; ++b) block(p, b);
   });
   return y;
+}
+
+
+at::Tensor linear_fp32(const at::Tensor& x, const at::Tensor& blocks,
+                       const std::optional<at::Tensor>& bias,
+                       const std::optional<at::Tensor>& residual, int64_t n) {
+  TORCH_CHECK(fp32_supported(), "this CPU lacks AVX-512");
+  return fp32_product(x, blocks, bias, residual, n, fp32_block);
+}
+
+at::Tensor linear_fp32_avx2(const at::Tensor& x, const at::Tensor& blocks,
+                            const std::optional<at::Tensor>& bias,
+                            const std::optional<at::Tensor>& residual, int64_t n) {
+  TORCH_CHECK(avx2_supported(), "this CPU lacks AVX2 and FMA");
+  return fp32_product(x, blocks, bias, residual, n, fp32_block_avx2);
 }
 
 bool int8_supported() { return cpu_supported(); }
@@ -385,5 +638,8 @@ TORCH_LIBRARY(aiayn_linear, m) {
   m.def("fp32_supported", &fp32_supported);
   m.def("linear_fp32", &linear_fp32);
   m.def("linear", &linear);
+  m.def("avx2_supported", &avx2_supported);
+  m.def("linear_avx2", &linear_avx2);
+  m.def("linear_fp32_avx2", &linear_fp32_avx2);
   m.def("quantize_rows", &quantize_rows);
 }
