@@ -338,6 +338,20 @@ def _quantised(tmp: Path, _: pytest.MonkeyPatch) -> None:
     save_checkpoint(tmp / "q8gpt2", gpt2, {}, tmp / "intact" / "tokenizer.json")
 
 
+def _quantised_nan_scale(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``{tmp}/q8`` (:func:`_quantised`) with one scale of its decoder's first cross-attention
+    NaN, the edit recorded in ``SHA256SUMS``."""
+    from safetensors.torch import load_file
+
+    from aiayn.checkpoint import record_checksums, save_safetensors
+
+    _quantised(tmp, monkeypatch)
+    tensors = load_file(str(tmp / "q8" / "model.safetensors"))
+    tensors["decoder.layers.0.cross_attn.in_proj.scales"][7] = float("nan")
+    save_safetensors(tensors, tmp / "q8" / "model.safetensors", {"format": "pt"})
+    record_checksums(tmp / "q8")
+
+
 # -- hostile files: checkpoints, run folders, bounds: helpers ----------------------------------
 
 
@@ -830,6 +844,21 @@ CASES = {
         "convert --checkpoint {tmp}/q8gpt2 --to-hf {tmp}/out",
         2,
         "{tmp}/q8gpt2 holds an int8-quantised model; convert --to-hf needs fp32 weights",
+        _quantised,
+    ),
+    "translate/a quantised checkpoint with a NaN scale": Case(
+        "translate --checkpoint {tmp}/q8 --input {tmp}/one.txt",
+        2,
+        "model.safetensors: decoder.layers.0.cross_attn.in_proj.scales: 1 of 96 scales are not "
+        "finite and > 0 (row 7: nan)",
+        _quantised_nan_scale,
+    ),
+    "export/a quantised checkpoint to CTranslate2": Case(
+        "export --checkpoint {tmp}/q8 --to ct2 {tmp}/e",
+        2,
+        "{tmp}/q8 holds an int8-quantised model (aiayn quantize); aiayn export reads fp32 "
+        "checkpoints only: export the fp32 checkpoint it was quantised from with --to ct2 "
+        "--quantization int8",
         _quantised,
     ),
     # -- convert, params, experiment ------------------------------------------------------------

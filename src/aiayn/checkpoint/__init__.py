@@ -29,7 +29,8 @@ never :mod:`aiayn.training`.
 Modules: ``files`` (names, atomic writes, recovery, umask), ``checksums`` (``SHA256SUMS``),
 ``upgrade`` (format versions), ``tokenizers`` (a checkpoint's input processing), ``optimizer``
 (``optimizer.safetensors``), ``folders`` (finding, tidying and pruning a run's checkpoints),
-``save``, ``load`` and ``average`` (§6.1).
+``save``, ``load``, ``quantized`` (an int8 checkpoint's tensors, checked as it loads) and
+``average`` (§6.1).
 """
 
 from aiayn.checkpoint.average import average_checkpoints

@@ -32,6 +32,7 @@ from aiayn.checkpoint.files import (
 )
 from aiayn.checkpoint.folders import resolve_checkpoint
 from aiayn.checkpoint.optimizer import read_optimizer_state
+from aiayn.checkpoint.quantized import check_int8_tensors
 from aiayn.checkpoint.tokenizers import TOKENIZER_FILE
 from aiayn.checkpoint.upgrade import upgrade_config, upgrade_state_dict
 from aiayn.config import ModelConfig
@@ -130,7 +131,9 @@ def load_checkpoint(
     then a :class:`UserError` naming the folder and it.
 
     Raises:
-        CheckpointError: a file is missing, corrupt, truncated or does not fit, naming it.
+        CheckpointError: a file is missing, corrupt, truncated or does not fit, naming it; in a
+            quantised checkpoint, an int8 layer's weight or scales of another dtype or shape, or
+            a scale not finite and > 0 (:mod:`aiayn.checkpoint.quantized`), naming the tensor.
     """
     if quantize not in QUANTIZE_MODES:
         raise UserError(f"quantize must be one of {', '.join(QUANTIZE_MODES)}, got {quantize!r}")
@@ -156,10 +159,7 @@ def load_checkpoint(
         if stored != "none":  # the int8 layers' structure, filled by the saved tensors
             quantize_linears(model, family.quantize.keeps, values=False)
         verified.result()
-    tensors = upgrade_state_dict(
-        read_safetensors(folder / MODEL_FILE, "weights"), state.get("format_version", 1)
-    )
-    _load_tied(model, tensors, folder / MODEL_FILE)
+    _load_tied(model, _read_weights(folder, state, model), folder / MODEL_FILE)
     if quantize != "none" and stored == "none":
         model.requires_grad_(False)
         quantize_linears(model, family.quantize.keeps)
@@ -232,6 +232,15 @@ def _read_state(folder: Path) -> dict[str, Any]:
         raise CheckpointError(f"{folder / CHECKSUM_FILE}: missing (state.json records it)")
     check_contents(folder, sums, state)
     return state
+
+
+def _read_weights(folder: Path, state: dict[str, Any], model: nn.Module) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights, brought up to the current format, the int8 layers' tensors
+    checked against ``model``'s (:func:`~aiayn.checkpoint.quantized.check_int8_tensors`)."""
+    file = folder / MODEL_FILE
+    tensors = upgrade_state_dict(read_safetensors(file, "weights"), state.get("format_version", 1))
+    check_int8_tensors(model, tensors, file)
+    return tensors
 
 
 def _load_tied(model: nn.Module, tensors: dict[str, torch.Tensor], file: Path) -> None:

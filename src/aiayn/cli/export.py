@@ -45,12 +45,14 @@ def run(args: argparse.Namespace) -> int:
     from torch import nn
 
     from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint, read_checkpoint_config
+    from aiayn.checkpoint.load import quantization_of
     from aiayn.cli.outputs import check_writable, exists, staged_tree
     from aiayn.convert.export import (
         export_ct2,
         export_onnx,
         exporter,
         left_behind,
+        refuse_int8_checkpoint,
         require_extra,
     )
     from aiayn.errors import UserError
@@ -61,8 +63,9 @@ def run(args: argparse.Namespace) -> int:
     if exists(out):
         raise UserError(f"{out} exists: aiayn export never replaces anything; choose another OUT")
     check_writable(out.parent, flag="OUT", target=out)
-    _, family, _, _ = read_checkpoint_config(Path(args.checkpoint))
+    folder, family, _, state = read_checkpoint_config(Path(args.checkpoint))
     exporter(family, args.to)  # refused by name before any loading
+    refuse_int8_checkpoint(folder, quantization_of(state), state.get("quantized_from"), args.to)
     require_extra(args.to)
     loaded = load_checkpoint(args.checkpoint, expect=nn.Module)
     tokenizer = checkpoint_tokenizer(loaded.path)

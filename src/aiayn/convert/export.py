@@ -7,7 +7,10 @@
 Each family names its exporters in the family registry (``Family.to_ct2``, ``Family.to_onnx``);
 a family without one is refused by name, listing the families that have one. The engines are
 optional extras, imported only here, on use: a missing one is a :class:`UserError` naming the
-extra to install.
+extra to install. A quantised model (int8 layers, :mod:`aiayn.layers.quantized`) or checkpoint
+(``aiayn quantize``) is refused by name, a checkpoint before its weights are read: neither
+converter reads int8 layers; the fp32 model exports, to CTranslate2 with its own int8
+quantisation if wanted.
 
 The output folder holds what the engine needs and the checkpoint's input processing (its
 tokenizer files or image preprocessing, as in the checkpoint): CTranslate2 writes ``model.bin``,
@@ -61,6 +64,45 @@ def exporter(family: Family, to: str) -> str:
     return ref
 
 
+def refuse_int8_checkpoint(folder: Path, quantization: str, source: object, to: str) -> None:
+    """A :class:`UserError` for a quantised checkpoint (``quantization``, from its
+    ``state.json``, not ``none``): neither format's converter reads int8 layers. It names
+    ``folder``, the fp32 checkpoint to export instead (``source``: its ``quantized_from``, where
+    a string) and how format ``to`` gets int8 weights, if it can."""
+    if quantization == "none":
+        return
+    fp32 = "the fp32 checkpoint it was quantised from"
+    if isinstance(source, str) and source:
+        fp32 += f" ({source})"
+    advice = (
+        " with --to ct2 --quantization int8 (or int8_float32) for int8 weights in CTranslate2"
+        if to == "ct2"
+        else "; the ONNX export is fp32 only (--quantization is for --to ct2)"
+    )
+    raise UserError(
+        f"{folder} holds an {quantization}-quantised model (aiayn quantize); aiayn export "
+        f"reads fp32 checkpoints only: export {fp32}{advice}"
+    )
+
+
+def _refuse_int8_model(model: nn.Module, to: str) -> None:
+    """A :class:`UserError` for a model holding int8 layers (:mod:`aiayn.layers.quantized`),
+    which the exporters do not read."""
+    from aiayn.layers.quantized import is_quantized
+
+    if not is_quantized(model):
+        return
+    advice = (
+        " with quantization='int8' (or 'int8_float32') for int8 weights in CTranslate2"
+        if to == "ct2"
+        else "; the ONNX export is fp32 only"
+    )
+    raise UserError(
+        "the model holds int8 layers (aiayn quantize, --quantize int8), which export does not "
+        f"read: export the fp32 model{advice}"
+    )
+
+
 def export_formats() -> str:
     """What exports where, in one sentence (``aiayn export --help``), from the registry."""
     parts = []
@@ -74,6 +116,7 @@ def export_ct2(model: nn.Module, tokenizer: object, out: Path, quantization: str
     """Write ``model`` with the vocabulary of ``tokenizer`` (a checkpoint's
     :data:`~aiayn.checkpoint.TokenizerSource`) as the CTranslate2 folder ``out`` (absent)."""
     to = exporter(family_of(model), "ct2")
+    _refuse_int8_model(model, "ct2")
     require_extra("ct2")
     from aiayn.checkpoint.tokenizers import write_tokenizer
     from aiayn.convert.to_ct2 import write_ct2
@@ -87,6 +130,7 @@ def export_onnx(model: nn.Module, tokenizer: object, out: Path) -> Path:
     """Write ``model`` as ``out/model.onnx`` (``out`` absent), with the checkpoint's tokenizer or
     image preprocessing ``tokenizer`` beside it."""
     to = exporter(family_of(model), "onnx")
+    _refuse_int8_model(model, "onnx")
     require_extra("onnx")
     from aiayn.checkpoint.tokenizers import write_tokenizer
     from aiayn.convert.to_onnx import write_onnx
