@@ -18,9 +18,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from aiayn.kernels.attention import native_attention_unavailable
-from aiayn.kernels.linear import native_fp32_unavailable, native_int8_unavailable
-from aiayn.settings import performance
+from aiayn.kernels import cpu
+from aiayn.kernels.dispatch import table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -282,19 +281,86 @@ def write_report(name: str, data: dict[str, Any], markdown: list[str]) -> Path:
 
 
 def aiayn_kernels() -> str:
-    """What aiayn's fp32 and int8 models run on here, by the settings in force and the native
-    kernels that built: one line for a report's caption."""
-    s = performance()
+    """What aiayn's fp32 and int8 models run on here, by the dispatch table in force
+    (:mod:`aiayn.kernels.dispatch`): one line for a report's caption."""
+    rows = "; ".join(f"{r.operation}, {r.sizes}: {r.kernel}" for r in table())
+    return f"CPU class {cpu.level()}: {rows}"
 
-    def ours(why: str | None) -> str:
-        return "aiayn's own kernel" if why is None else f"(aiayn's own kernel does not run: {why})"
 
-    return (
-        f"aiayn fp32 linears: {ours(native_fp32_unavailable())} (AVX-512F) up to "
-        f"{s.fp32_native_max_rows} rows, oneDNN-packed (`mkldnn._linear_pointwise`) beyond; "
-        f"aiayn int8 linears (`QuantizedLinear`: int8 weights, one scale per output row, "
-        f"activations quantised per row, exact int32 sums): {ours(native_int8_unavailable())} "
-        f"(AVX-512 VNNI) up to {s.int8_native_max_rows} rows, oneDNN `qlinear_pointwise` "
-        f"beyond; decoding-step attention on both: {ours(native_attention_unavailable())} for "
-        f"up to {s.native_attention_max_queries} queries, PyTorch's otherwise"
+CPU_CLASSES: dict[str, dict[str, str]] = {
+    "native": {},
+    "avx2": {
+        "AIAYN_CPU_CAP": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
+    "generic": {
+        "AIAYN_CPU_CAP": "generic",
+        "ONEDNN_MAX_CPU_ISA": "SSE41",
+        "ATEN_CPU_CAPABILITY": "default",
+    },
+}
+"""The CPU classes a benchmark can run as, by the caps that make this machine one: aiayn's
+dispatch (``AIAYN_CPU_CAP``), oneDNN's (``ONEDNN_MAX_CPU_ISA``), PyTorch's vector code
+(``ATEN_CPU_CAPABILITY``) and MKL's (``MKL_ENABLE_INSTRUCTIONS``, which PyTorch's fp32 GEMMs
+and CTranslate2's MKL backend use), each read when its library starts, so each class runs in a
+process of its own."""
+
+
+def add_cpu_class_flags(parser: Any) -> None:
+    """``--cpu-classes``: the classes to run as, each in a child process of its own with its
+    caps; ``--cpu-class`` (set by the parent in each child): the one this process runs as."""
+    parser.add_argument(
+        "--cpu-classes",
+        nargs="+",
+        choices=sorted(CPU_CLASSES),
+        default=["native"],
+        help="CPU classes to run as, one process each",
     )
+    parser.add_argument("--cpu-class", choices=sorted(CPU_CLASSES), help=argparse_suppress())
+
+
+def argparse_suppress() -> str:
+    """argparse's marker for a flag left out of --help."""
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+def report_name(name: str, cpu_class: str | None) -> str:
+    """A report's name for the CPU class it ran as: NAME for native, NAME_CLASS otherwise.
+
+    E.g. ("translate_vs_ct2", "avx2") -> "translate_vs_ct2_avx2"; (…, None) -> "translate_vs_ct2".
+    """
+    return name if cpu_class in (None, "native") else f"{name}_{cpu_class}"
+
+
+def run_cpu_classes(classes: list[str], script: str, argv: list[str]) -> None:
+    """Run ``script`` once per CPU class, one after the other, each in a child process with the
+    class's caps and ``--cpu-class``; ``argv``: the script's arguments without --cpu-classes."""
+    import subprocess
+
+    for cpu_class in classes:
+        env = {**os.environ, **CPU_CLASSES[cpu_class]}
+        command = [sys.executable, script, *argv, "--cpu-class", cpu_class]
+        print(f"== CPU class {cpu_class}: {' '.join(command[1:])}", flush=True)
+        subprocess.run(command, env=env, check=True)
+
+
+def without_cpu_classes(argv: list[str]) -> list[str]:
+    """``argv`` without ``--cpu-classes`` and its values.
+
+    E.g. ["--rounds", "3", "--cpu-classes", "native", "avx2", "--seed", "1"] ->
+    ["--rounds", "3", "--seed", "1"].
+    """
+    out, skipping = [], False
+    for arg in argv:
+        if arg == "--cpu-classes":
+            skipping = True
+        elif skipping and not arg.startswith("--"):
+            continue
+        else:
+            skipping = False
+            out.append(arg)
+    return out

@@ -54,12 +54,16 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     Peak,
+    add_cpu_class_flags,
     aiayn_kernels,
     command_line,
     machine,
     matmul_peaks,
+    report_name,
+    run_cpu_classes,
     spread,
     time_interleaved,
+    without_cpu_classes,
     write_report,
 )
 from aiayn.convert import from_hf
@@ -279,7 +283,11 @@ def main() -> None:
                         help="int8: also BERT int8 in the same rounds")  # fmt: skip
     parser.add_argument("--no-report", dest="report", action="store_false",
                         help="print the table only; write nothing under docs/results")  # fmt: skip
+    add_cpu_class_flags(parser)
     args = parser.parse_args()
+    if args.cpu_class is None:  # the parent: each class in a process of its own, with its caps
+        run_cpu_classes(args.cpu_classes, __file__, without_cpu_classes(sys.argv[1:]))
+        return
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
     int8 = args.quantize == "int8"
@@ -295,10 +303,12 @@ def main() -> None:
     data = {"machine": machine(), "command": command_line(), "threads": args.threads,
             "matmul_peak_flops": peaks["fp32"].flops,
             "matmul_peaks": {k: p._asdict() for k, p in peaks.items()},
-            "kernels": KERNELS, **results, "ratios": ratios}  # fmt: skip
+            "kernels": KERNELS, "cpu_class": args.cpu_class, "aiayn_kernels": aiayn_kernels(),
+            **results, "ratios": ratios}  # fmt: skip
     print("\n".join(lines))
     if args.report:
-        write_report("encoders_vs_hf_int8" if int8 else "encoders_vs_hf", data, lines)
+        name = "encoders_vs_hf_int8" if int8 else "encoders_vs_hf"
+        write_report(report_name(name, args.cpu_class), data, lines)
 
 
 if __name__ == "__main__":

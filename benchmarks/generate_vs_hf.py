@@ -34,12 +34,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
+    add_cpu_class_flags,
     aiayn_kernels,
     command_line,
     fmt,
     machine,
+    report_name,
+    run_cpu_classes,
     spread,
     time_interleaved,
+    without_cpu_classes,
     write_report,
 )
 from aiayn.convert.gpt2 import gpt2_from_hf_tensors
@@ -168,7 +172,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quantize", choices=("none", "int8"), default="none",
                         help="also time aiayn int8 in the same rounds")  # fmt: skip
+    add_cpu_class_flags(parser)
     args = parser.parse_args()
+    if args.cpu_class is None:  # the parent: each class in a process of its own, with its caps
+        run_cpu_classes(args.cpu_classes, __file__, without_cpu_classes(sys.argv[1:]))
+        return
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as `aiayn generate` sets it on CPU; HF runs in this process too
     hf = hf_model(args.preset, args.seed)
@@ -191,11 +199,13 @@ def main() -> None:
         "preset": args.preset,
         "weight_mb": weight_mb,
         "aiayn_kernels": aiayn_kernels(),
+        "cpu_class": args.cpu_class,
         "args": vars(args),
         "rows": rows,
     }
     suffix = "_int8" if args.quantize == "int8" else ""
-    path = write_report(f"generate_vs_hf_{args.preset}{suffix}", report, markdown(report))
+    name = report_name(f"generate_vs_hf_{args.preset}{suffix}", args.cpu_class)
+    path = write_report(name, report, markdown(report))
     print(f"wrote {path}")
 
 

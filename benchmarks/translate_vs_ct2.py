@@ -69,13 +69,18 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
+    CPU_CLASSES,
+    add_cpu_class_flags,
     aiayn_kernels,
     command_line,
     fmt,
     machine,
     matmul_peaks,
+    report_name,
+    run_cpu_classes,
     spread,
     time_interleaved,
+    without_cpu_classes,
     write_report,
 )
 from aiayn.convert.generation import Seq2SeqSpecials
@@ -103,6 +108,38 @@ peer gets its best setting); "ct2 float32": its float32."""
 
 FLOOR_GOAL = 0.70
 """The issue's goal: aiayn int8 at batch 1 reaches ≥ 70% of the int8 weight-read floor."""
+
+AVX2_GOALS: list[dict[str, Any]] = [
+    {"config": (1, 1), "ours": AIAYN_INT8, "peer": "ct2 int8", "at_least": 2.0},
+    {"config": (32, 1), "ours": AIAYN_INT8, "peer": "ct2 int8", "at_least": 1.0},
+    {"config": (32, 4), "ours": AIAYN_INT8, "peer": "ct2 int8", "at_least": 1.0},
+    {"config": (1, 1), "ours": AIAYN_INT8, "peer": AIAYN_FP32, "at_least": 1.5},
+    {"config": (1, 1), "ours": AIAYN_FP32, "peer": "ct2 float32", "at_least": 1.1},
+    {"config": (32, 1), "ours": AIAYN_FP32, "peer": "ct2 float32", "at_least": 1.1},
+]
+"""The goals on an AVX2 CPU (issue 61), for the ``avx2`` class; its floor goal is 60%."""
+
+GOALS_BY_CLASS = {"native": (GOALS, FLOOR_GOAL), "avx2": (AVX2_GOALS, 0.60)}
+"""Each CPU class's speed goals and weight-read floor goal (another class: the native ones)."""
+
+
+def goals_of(cpu_class: str | None) -> tuple[list[dict[str, Any]], float]:
+    """The speed goals and the floor goal of a CPU class."""
+    return GOALS_BY_CLASS.get(cpu_class or "native", GOALS_BY_CLASS["native"])
+
+
+def ct2_variants(cpu_class: str | None, intel: bool) -> list[tuple[str, dict[str, str]]]:
+    """CTranslate2's settings to time on a CPU class, each as (label, environment): as the wheel
+    runs by default, and with the other GEMM backend (``CT2_USE_MKL``: MKL is its default on
+    Intel, oneDNN elsewhere), both under ``CT2_FORCE_CPU_ISA=AVX2`` for the ``avx2`` class; the
+    fastest of each compute type is the peer (a peer gets its best settings).
+
+    E.g. ("avx2", False) -> [("", {ISA}), (" [CT2_USE_MKL=1]", {ISA, "CT2_USE_MKL": "1"})]
+    where ISA is CT2_FORCE_CPU_ISA=AVX2.
+    """
+    base = {"CT2_FORCE_CPU_ISA": "AVX2"} if cpu_class == "avx2" else {}
+    other = "0" if intel else "1"
+    return [("", base), (f" [CT2_USE_MKL={other}]", {**base, "CT2_USE_MKL": other})]
 
 
 # ------------------------------------------------------------------------------ pure helpers
@@ -138,11 +175,14 @@ def peer_name(peer: str) -> str:
     return {"ct2 int8": CT2 + "int8", "ct2 float32": CT2 + "float32"}.get(peer, peer)
 
 
-def goal_verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every goal of :data:`GOALS` with its measured ratio and whether it is met; a goal whose
-    contenders did not run (no int8 path) gets ratio None and "not measured"."""
+def goal_verdicts(
+    rows: list[dict[str, Any]], goals: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Every goal of ``goals`` (:data:`GOALS` by default) with its measured ratio and whether it
+    is met; a goal whose contenders did not run (no int8 path) gets ratio None and "not
+    measured"."""
     out = []
-    for goal in GOALS:
+    for goal in GOALS if goals is None else goals:
         row = next((r for r in rows if (r["batch"], r["beam"]) == goal["config"]), None)
         verdict = {**goal, "config": list(goal["config"]), "ratio": None, "peer_used": None}
         if row is not None and goal["ours"] in row["tok_s"]:
@@ -243,11 +283,13 @@ class Ct2Process:
     (aiayn's int8 kernel on a 512→2048 product at one row: 17 µs before, 60–106 µs after, in a
     probe on this machine), which would time aiayn in a state no user of it runs in."""
 
-    def __init__(self, ct2_dir: Path, types: list[str], threads: int):
+    def __init__(
+        self, ct2_dir: Path, types: list[str], threads: int, env: dict[str, str] | None = None
+    ):
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.proc = context.Process(
-            target=_ct2_serve, args=(child, str(ct2_dir), types, threads), daemon=True
+            target=_ct2_serve, args=(child, str(ct2_dir), types, threads, env or {}), daemon=True
         )
         self.proc.start()
         self.resolved: dict[str, str] = self.conn.recv()  # asked compute type -> what runs
@@ -265,8 +307,12 @@ class Ct2Process:
         self.proc.join(60)
 
 
-def _ct2_serve(conn: Any, ct2_dir: str, types: list[str], threads: int) -> None:
-    """The child's loop: load a translator per compute type, then translate until told to stop."""
+def _ct2_serve(
+    conn: Any, ct2_dir: str, types: list[str], threads: int, env: dict[str, str]
+) -> None:
+    """The child's loop: set CTranslate2's environment ``env`` (read as it loads), load a
+    translator per compute type, then translate until told to stop."""
+    os.environ.update(env)
     import ctranslate2
 
     translators = {
@@ -495,6 +541,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-report", dest="report", action="store_false",
                         help="print the tables only; write nothing under docs/results")  # fmt: skip
+    add_cpu_class_flags(parser)
     args = parser.parse_args()
     if len(args.sentences) != len(args.configs):
         parser.error("--sentences needs one count per configuration")
@@ -525,18 +572,30 @@ def contenders(
     info["quantise_s"] = time.perf_counter() - start
     info["quantised"] = quantised
     made[AIAYN_INT8] = lambda s, b, k, m: aiayn_runner(quantised, specials, s, b, k, m)
-    engine = info["ct2"] = Ct2Process(ct2_dir, args.ct2_types, args.threads)
-    info["ct2_resolved"] = engine.resolved
-    first: dict[str, str] = {}  # what each compute type runs as -> the first type asked for it
-    for ct in args.ct2_types:
-        first.setdefault(engine.resolved[ct], ct)
-    for ct in first.values():  # a type that runs as an earlier one (CPU: int8) is timed once
-        made[CT2 + ct] = lambda s, b, k, m, ct=ct: ct2_runner(engine, ct, pieces, s, b, k, m)
+    intel = "GenuineIntel" in Path("/proc/cpuinfo").read_text(errors="replace")
+    info["ct2"], info["ct2_variants"] = [], {}
+    for label, env in ct2_variants(args.cpu_class, intel):
+        engine = Ct2Process(ct2_dir, args.ct2_types, args.threads, env)
+        info["ct2"].append(engine)
+        info["ct2_resolved"], info["ct2_variants"][label.strip() or "default"] = (
+            engine.resolved,
+            env,
+        )
+        first: dict[str, str] = {}  # what each compute type runs as -> the first type asked
+        for ct in args.ct2_types:
+            first.setdefault(engine.resolved[ct], ct)
+        for ct in first.values():  # a type that runs as an earlier one (CPU: int8): once
+            made[CT2 + ct + label] = lambda s, b, k, m, ct=ct, engine=engine: ct2_runner(
+                engine, ct, pieces, s, b, k, m
+            )
     return made, info
 
 
 def main() -> None:
     args = parse_args()
+    if args.cpu_class is None:  # the parent: each class in a process of its own, with its caps
+        run_cpu_classes(args.cpu_classes, __file__, without_cpu_classes(sys.argv[1:]))
+        return
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as `aiayn translate` sets it on CPU
     load_before = os.getloadavg()
@@ -565,13 +624,19 @@ def main() -> None:
         if read is not None:
             add_floor(rows[-1], floor)
         print({k: v for k, v in rows[-1].items() if k != "seconds"}, flush=True)
-    info["ct2"].close()
+    for engine in info["ct2"]:
+        engine.close()
+    goals, floor_goal = goals_of(args.cpu_class)
     report = {
+        "cpu_class": args.cpu_class or "native",
+        "cpu_class_caps": CPU_CLASSES.get(args.cpu_class or "native", {}),
+        "floor_goal": floor_goal,
         "command": command_line(),
         "machine": machine(),
         "ctranslate2": ctranslate2.__version__,
         "ct2_compute_types": info["ct2_resolved"],  # asked -> what CTranslate2 runs
         "ct2_environment": {k: v for k, v in os.environ.items() if k.startswith("CT2_")},
+        "ct2_variants": info["ct2_variants"],
         "parameters": sum(p.numel() for p in ours.parameters()),
         "pack_s": info["pack_s"],
         "quantise_s": info.get("quantise_s"),
@@ -581,12 +646,13 @@ def main() -> None:
         "args": {k: v for k, v in vars(args).items() if k != "pairs"},
         "load_average_1_5_15_min": {"start": load_before, "end": os.getloadavg()},
         "rows": rows,
-        "goals": goal_verdicts(rows),
+        "goals": goal_verdicts(rows, goals),
     }
     lines = markdown(report, peaks)
     print("\n".join(lines))
     if args.report:
-        print(f"wrote {write_report('translate_vs_ct2', report, lines)} and .json")
+        name = report_name("translate_vs_ct2", args.cpu_class)
+        print(f"wrote {write_report(name, report, lines)} and .json")
 
 
 # -------------------------------------------------------------------------------- tables
@@ -601,8 +667,20 @@ def caption(report: dict[str, Any], peaks: dict[str, Any]) -> list[str]:
     a, mach, load = report["args"], report["machine"], report["load_average_1_5_15_min"]
     env = ", ".join(f"{k}={v}" for k, v in report["ct2_environment"].items()) or "no CT2_ variable"
     types = ", ".join(f"{k} → {v}" for k, v in report["ct2_compute_types"].items())
+    variants = "; ".join(
+        f"{label}: {', '.join(f'{k}={v}' for k, v in e.items()) or 'as installed'}"
+        for label, e in report.get("ct2_variants", {}).items()
+    )
+    cpu_class = report.get("cpu_class", "native")
+    caps = ", ".join(f"{k}={v}" for k, v in report.get("cpu_class_caps", {}).items())
     return [
-        "# Translation: aiayn vs CTranslate2 (`opus-mt-en-de`-shaped, same weights)",
+        "# Translation: aiayn vs CTranslate2 (`opus-mt-en-de`-shaped, same weights)"
+        + ("" if cpu_class == "native" else f", CPU class {cpu_class}"),
+        "",
+        f"CPU class **{cpu_class}**"
+        + (f" (this machine capped: {caps})" if caps else " (the machine as it is)")
+        + f"; CTranslate2 settings timed (the fastest of each compute type is the peer): "
+        f"{variants or 'as installed'}.",
         "",
         f"`{report['command']}` on {mach['cpu']} ({mach['cpu_count']} cores), "
         f"{a['threads']} threads on both sides (torch.set_num_threads; CTranslate2 "
@@ -694,7 +772,7 @@ def floor_lines(report: dict[str, Any]) -> list[str]:
             )
         lines[-1] += (
             f" Share of the floor reached (int8 floor for int8 engines, fp32 floor for fp32 "
-            f"ones; goal ≥ {FLOOR_GOAL:.0%} for aiayn int8): {shares}."
+            f"ones; goal ≥ {report.get('floor_goal', FLOOR_GOAL):.0%} for aiayn int8): {shares}."
         )
     return lines
 
@@ -709,13 +787,14 @@ def goal_lines(report: dict[str, Any]) -> list[str]:
             continue
         verdict = "met" if g["met"] else "**not met**"
         lines.append(f"| {what} | {g['ratio']:.2f}× (vs {g['peer_used']}) | {verdict} |")
+    floor_goal = report.get("floor_goal", FLOOR_GOAL)
     for r in (r for r in report["rows"] if "floor_share" in r):
         share = r["floor_share"].get(AIAYN_INT8)
-        what = f"batch 1, greedy: aiayn int8 ≥ {FLOOR_GOAL:.0%} of the int8 read floor"
+        what = f"batch 1, greedy: aiayn int8 ≥ {floor_goal:.0%} of the int8 read floor"
         if share is None:
             lines.append(f"| {what} | – | not measured |")
         else:
-            verdict = "met" if share >= FLOOR_GOAL else "**not met**"
+            verdict = "met" if share >= floor_goal else "**not met**"
             lines.append(f"| {what} | {share:.0%} | {verdict} |")
     return lines
 

@@ -67,3 +67,19 @@ def test_linear_layers_are_the_same_on_either_kernel() -> None:
         assert dense.has_dense
         got = dense(x)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_every_setting_is_read_from_the_environment_and_bad_values_refused() -> None:
+    from aiayn.errors import ConfigError
+    from aiayn.settings import PerformanceSettings, from_environment
+
+    got = from_environment(
+        {"AIAYN_INT8_NATIVE_MAX_ROWS": "64", "AIAYN_KERNEL_BUILD_TIMEOUT_S": "9.5"}
+    )
+    assert got == PerformanceSettings(int8_native_max_rows=64, kernel_build_timeout_s=9.5)
+    assert from_environment({"AIAYN_UNRELATED": "x"}) == PerformanceSettings()
+    for text, why in (("1.5", "not an integer"), ("-1", "at least 0"), ("nan", "not an integer")):
+        with pytest.raises(ConfigError, match=f"AIAYN_INT8_NATIVE_MAX_ROWS={text!r}: .*{why}"):
+            from_environment({"AIAYN_INT8_NATIVE_MAX_ROWS": text})
+    with pytest.raises(ConfigError, match="finite"):
+        from_environment({"AIAYN_KERNEL_BUILD_TIMEOUT_S": "inf"})

@@ -16,7 +16,11 @@ from _common import (
     fp32_kernels,
     int8_kernels,
     matmul_peaks,
+    report_name,
+    without_cpu_classes,
 )
+from aiayn.kernels import cpu
+from aiayn.kernels.linear import native_fp32, native_int8
 from aiayn.settings import performance_settings
 
 
@@ -85,7 +89,22 @@ def test_describe_cpu_names_model_numbers_and_matmul_flags() -> None:
     assert describe_cpu("processor\t: 0\n") == ""
 
 
-def test_the_kernels_line_follows_the_settings() -> None:
+def test_the_kernels_line_follows_the_settings_and_the_cpu_class() -> None:
     with performance_settings(fp32_native_max_rows=3, int8_native_max_rows=7):
         line = aiayn_kernels()
-    assert "fp32 linears" in line and "up to 3 rows" in line and "up to 7 rows" in line
+    if native_int8() is not None:
+        assert "int8 linear, 1–7 rows: aiayn linear" in line
+    if native_fp32() is not None:
+        assert "fp32 linear, 1–3 rows: aiayn linear_fp32" in line
+    with cpu.capped("generic"):
+        line = aiayn_kernels()
+    assert line.startswith("CPU class generic:") and "aiayn linear" not in line
+
+
+def test_argv_loses_its_cpu_classes_and_names_follow_the_class() -> None:
+    argv = ["--rounds", "3", "--cpu-classes", "native", "avx2", "--seed", "1"]
+    assert without_cpu_classes(argv) == ["--rounds", "3", "--seed", "1"]
+    assert without_cpu_classes(["--cpu-classes", "avx2"]) == []
+    assert report_name("translate_vs_ct2", "avx2") == "translate_vs_ct2_avx2"
+    assert report_name("translate_vs_ct2", "native") == "translate_vs_ct2"
+    assert report_name("translate_vs_ct2", None) == "translate_vs_ct2"

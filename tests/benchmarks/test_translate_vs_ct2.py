@@ -186,3 +186,33 @@ def test_the_report_lines_carry_the_floor_margins_and_verdicts() -> None:
     assert (
         "| batch 1, greedy: aiayn int8 ≥ 70% of the int8 read floor | 50% | **not met** |" in goals
     )
+
+
+def test_ctranslate2_is_timed_with_both_gemm_backends_and_the_class_isa() -> None:
+    """A peer gets its best settings: both GEMM backends, under the class's ISA cap."""
+    from translate_vs_ct2 import ct2_variants
+
+    assert ct2_variants("native", intel=True) == [
+        ("", {}),
+        (" [CT2_USE_MKL=0]", {"CT2_USE_MKL": "0"}),
+    ]
+    isa = {"CT2_FORCE_CPU_ISA": "AVX2"}
+    assert ct2_variants("avx2", intel=False) == [
+        ("", isa),
+        (" [CT2_USE_MKL=1]", {**isa, "CT2_USE_MKL": "1"}),
+    ]
+
+
+def test_each_cpu_class_has_its_goals() -> None:
+    from translate_vs_ct2 import AVX2_GOALS, FLOOR_GOAL, GOALS, goals_of
+
+    assert goals_of(None) == (GOALS, FLOOR_GOAL) and goals_of("generic") == (GOALS, FLOOR_GOAL)
+    goals, floor = goals_of("avx2")
+    assert goals is AVX2_GOALS and floor == 0.60
+    rows = [row(1, 1, **{AIAYN_FP32: 100.0, AIAYN_INT8: 240.0, "CTranslate2 int8_float32": 100.0,
+                         "CTranslate2 int8_float32 [CT2_USE_MKL=1]": 130.0})]  # fmt: skip
+    by = {(g["ours"], g["peer"]): g for g in goal_verdicts(rows, goals)}
+    int8 = by[(AIAYN_INT8, "ct2 int8")]  # against the faster backend: 240 / 130
+    assert int8["ratio"] == pytest.approx(240 / 130) and int8["met"] is False
+    assert int8["peer_used"] == "CTranslate2 int8_float32 [CT2_USE_MKL=1]"
+    assert by[(AIAYN_INT8, AIAYN_FP32)]["met"] is True  # 2.4 >= 1.5

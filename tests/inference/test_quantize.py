@@ -128,3 +128,37 @@ def test_a_module_of_no_family_has_every_linear_quantised() -> None:
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     quantize_model(model)
     assert [type(m) for m in model] == [QuantizedLinear, nn.ReLU, QuantizedLinear]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_int8_translations_are_the_same_on_every_cpu_class(
+    beam: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An int8 model translates token for token the same under every CPU class cap and
+    whether or not the libraries' int8 kernels are exact here (every kernel gives the
+    reference's bits), so its BLEU does not depend on the CPU either: greedy and beam search,
+    a batch of sentences of several lengths (rows from 1 to the batch's beams)."""
+    from types import SimpleNamespace
+
+    from aiayn.decoding.translate import DecodeOptions, translate_ids
+    from aiayn.kernels import cpu
+    from aiayn.kernels import int8 as library
+
+    torch.manual_seed(5)
+    config = preset("tiny", vocab_size=V, d_model=64, d_ff=128, num_heads=4)
+    model = quantize_model(Transformer(config).eval(), mode="int8")
+    tokenizer = SimpleNamespace(pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    sources = [[5, 6, 7, 8, 9], [9, 10], [11, 12, 13, 20, 21, 22, 23], [14]]
+    options = DecodeOptions(beam_size=beam, extra_len=6)
+
+    def tokens() -> list[list[int]]:
+        rows = translate_ids(model, sources, tokenizer, options)  # type: ignore[arg-type]
+        return [r[0].tokens for r in rows]
+
+    want = tokens()
+    assert any(len(t) > 2 for t in want)  # something was decoded
+    for exact in (library.exact_library_kernels(), frozenset()):
+        monkeypatch.setattr(library, "exact_library_kernels", lambda exact=exact: exact)
+        for level in cpu.LEVELS:
+            with cpu.capped(level):
+                assert tokens() == want, (level, sorted(exact))

@@ -125,7 +125,7 @@ def _library(root: Path, source: Path) -> Path:
 
 
 def _build(source: Path) -> str | None:
-    """A fresh build of ``source`` (not the process's cached result)."""
+    """A fresh build of ``source`` (not the process's cached result), loaded: None, or why not."""
     return native_build._build_and_load.__wrapped__("aiayn_tiny", (source,))
 
 
@@ -140,13 +140,15 @@ def test_a_build_is_trusted_by_its_digest_and_a_cut_library_is_built_again(
     """A library cut short (a full disk, a copy stopped halfway) is never loaded: its digest
     does not match, so it is built again, and the digest written after that build matches."""
     source, root = tiny
-    assert _build(source) is None
-    library = _library(root, source)
+    library = native_build.ensure_built("aiayn_tiny", (source,))  # not loaded here: this test
+    assert library == _library(root, source)  # cuts it, which a process that mapped it dies of
     assert native_build.trusted(library)
     whole = library.read_bytes()
     library.write_bytes(whole[: len(whole) // 2])
     assert not native_build.trusted(library)
-    assert _build(source) is None  # rebuilt, not loaded as it was
+    with library.open("rb") as cut:  # as a process that has it loaded holds it
+        assert native_build.ensure_built("aiayn_tiny", (source,)) == library  # built again
+        assert len(cut.read()) == len(whole) // 2  # a new file, not the old one rewritten
     assert native_build.trusted(library) and len(library.read_bytes()) == len(whole)
     library.with_name(library.name + native_build.DIGEST).unlink()  # no digest: not trusted
     assert not native_build.trusted(library)

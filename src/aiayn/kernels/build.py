@@ -148,12 +148,7 @@ def build_extension(name: str, sources: tuple[Path, ...]) -> str | None:
 def _build_and_load(name: str, sources: tuple[Path, ...]) -> str | None:
     """:func:`build_extension` past its checks: the result is kept for the process."""
     try:
-        full_name = build_name(name, sources)
-        folder = build_folder(full_name)
-        library = folder / f"{full_name}.so"
-        with exclusive_build(folder):
-            if not trusted(library):
-                _build(full_name, folder, library, sources)
+        library = ensure_built(name, sources)
         import torch
 
         torch.ops.load_library(str(library))
@@ -165,10 +160,23 @@ def _build_and_load(name: str, sources: tuple[Path, ...]) -> str | None:
     return None
 
 
+def ensure_built(name: str, sources: tuple[Path, ...]) -> Path:
+    """The trusted library of ``name`` built from ``sources``, built first where there is none
+    (not loaded). RuntimeError or OSError where it cannot be built."""
+    full_name = build_name(name, sources)
+    folder = build_folder(full_name)
+    library = folder / f"{full_name}.so"
+    with exclusive_build(folder):
+        if not trusted(library):
+            _build(full_name, folder, library, sources)
+    return library
+
+
 def _build(full_name: str, folder: Path, library: Path, sources: tuple[Path, ...]) -> None:
     """Compile ``library`` in a child process within the time limit, then write its digest;
-    an untrusted library left there is removed first. RuntimeError with the compiler's last
-    line (or the time limit) where the build fails."""
+    an untrusted library left there is removed first (unlinked: a process that has the old one
+    loaded keeps its copy, never a file rewritten under it). RuntimeError with the compiler's
+    line that says why (or the time limit) where the build fails."""
     for stale in (library, library.with_name(library.name + DIGEST)):
         if stale.is_file() or stale.is_symlink():
             stale.unlink()

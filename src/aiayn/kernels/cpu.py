@@ -12,7 +12,8 @@ The class in force is the highest the CPU has (read from the kernel's CPU flags 
 from PyTorch's own dispatch, :func:`torch.backends.cpu.get_cpu_capability`), lowered by the cap
 ``AIAYN_CPU_CAP`` (one of the classes) or, for a block of code, :func:`capped`. A cap never
 raises the class. The libraries have caps of their own (``ONEDNN_MAX_CPU_ISA`` for oneDNN,
-``ATEN_CPU_CAPABILITY`` for PyTorch's vectorised operations), read by them at start-up;
+``ATEN_CPU_CAPABILITY`` for PyTorch's vectorised operations, ``MKL_ENABLE_INSTRUCTIONS`` for
+MKL), read by them at start-up;
 :func:`library_caps` reports them. A CPU class a kernel was not written for runs the kernel of
 the next lower class, and ``generic`` runs no aiayn kernel at all.
 """
@@ -45,6 +46,7 @@ LIBRARY_CAPS = (
     "ONEDNN_MAX_CPU_ISA",
     "DNNL_MAX_CPU_ISA",
     "ATEN_CPU_CAPABILITY",
+    "MKL_ENABLE_INSTRUCTIONS",
     "CT2_FORCE_CPU_ISA",
 )
 """The libraries' own caps, reported beside aiayn's (each library reads its own)."""
