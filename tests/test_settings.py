@@ -31,7 +31,7 @@ def test_attention_is_the_same_on_either_side_of_its_cut_offs() -> None:
     mask = torch.rand(32, 1, 1, 24) > 0.2
     explicit = {"explicit_attention_min_rows": 0, "explicit_attention_min_folded_rows": 0}
     fused = {"explicit_attention_max_queries": 0}
-    off = {"native_attention_max_queries": 0}  # aiayn's kernel: tests/kernels/test_attention_kernel.py
+    off = {"native_attention_max_queries": 0}  # aiayn's kernel: test_attention_kernel.py
     with performance_settings(**explicit, **off):
         want, _ = scaled_dot_product_attention(q, k, v, mask)
     with performance_settings(**fused, **off):
