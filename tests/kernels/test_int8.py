@@ -43,9 +43,10 @@ def test_the_probe_saturates_16_bit_pair_sums() -> None:
     x, w = probe_operands()
     assert x.dtype == w.dtype == torch.int8 and int(x.abs().max()) == int(w.abs().max()) == 127
     assert int(x.min()) >= -127 and int(w.min()) >= -127  # the scheme never uses -128
-    pair = (x[0, :2].long() + 128) * w[0, :2].long()
+    pair = (x[0, :2].long() + 128) * w[3, :2].long()  # all +127 against all +127
     assert int(pair.sum()) == 64770 > 32767
-    assert int(exact_sums(x, w)[0, 0]) == 127 * 127 * 64
+    assert int(exact_sums(x, w)[0, 3]) == 127 * 127 * 64
+    assert int(exact_sums(x, w)[1, 3]) == -127 * 127 * 64
 
 
 def test_every_library_kernel_this_process_chooses_is_exact_on_random_sums() -> None:
