@@ -46,3 +46,23 @@ def cpu_has(flag: str) -> bool:
             return flag in info.read().split()  # whole flags: avx512f is not avx512fp16
     except OSError:
         return False
+
+
+def noisy_gpt2() -> object:
+    """A small GPT-2 (vocabulary 40, 2 layers, d_model 32, no dropout) whose weights but the
+    norms are drawn from N(0, 0.5²) (seed 0), in eval mode: sharp enough that searches and
+    samplers disagree (the decoding tests' model)."""
+    import torch
+
+    from aiayn.models import GPT2, GPT2Config
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=40, max_len=32, d_model=32, num_heads=4, num_layers=2,
+                        dropout=0.0, embedding_dropout=0.0, attention_dropout=0.0,
+                        bos_id=1, eos_id=2, pad_id=0)  # fmt: skip
+    model = GPT2(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.5)
+    return model

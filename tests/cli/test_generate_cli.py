@@ -132,6 +132,26 @@ def test_seeded_sampling_is_reproducible(
     assert other != first
 
 
+UNDERFLOW = [
+    ["--temperature", "1e-38"], ["--temperature", "1e-300"], ["--temperature", "5e-324"],
+    ["--top-p", "1e-300"], ["--top-p", "5e-324", "--top-k", "5", "--temperature", "0.5"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("values", UNDERFLOW, ids=[" ".join(v) for v in UNDERFLOW])
+def test_sampling_values_that_underflow_give_the_top_token(
+    checkpoint: Path, capsys: pytest.CaptureFixture[str], values: list[str]
+) -> None:
+    """Issue 62: these ended in an internal-error traceback (exit 1: NaN probabilities drawn
+    from). A temperature whose ``log_prob / T`` overflows, or a nucleus of probability 0, means
+    the top token: greedy search's text."""
+    args = ["--checkpoint", str(checkpoint), "--sample", "--seed", "3", *values]
+    code, out, err = _main(capsys, *args, "--max-new-tokens", "8", "--only-new", *PROMPTS)
+    greedy = _expected(checkpoint, PROMPTS, GenerateOptions(max_new_tokens=8))
+    assert code == 0, err
+    assert out == "".join(n + "\n" for n in greedy)
+
+
 BAD = [
     (["--max-new-tokens", "39"], r"prompt 0 has \d+ tokens: with 39 new tokens it needs \d+"),
     (["--min-new-tokens", "60"], r"min_new_tokens must be between 0 and 50 \(max_new_tokens\)"),

@@ -10,7 +10,8 @@ from aiayn.decoding.greedy import greedy_search
 from aiayn.decoding.lm import decoder_only_step
 from aiayn.decoding.sampling import sample
 from aiayn.decoding.stepwise import Sampling, SteppedSearch
-from aiayn.models.gpt2 import GPT2, GPT2Config
+from aiayn.models.gpt2 import GPT2
+from data_builders import noisy_gpt2
 
 PROMPTS = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15]]
 LIMITS = [6, 2, 9, 0]
@@ -18,15 +19,8 @@ LIMITS = [6, 2, 9, 0]
 
 @pytest.fixture(scope="module")
 def model() -> GPT2:
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=40, max_len=32, d_model=32, num_heads=4, num_layers=2,
-                        dropout=0.0, embedding_dropout=0.0, attention_dropout=0.0,
-                        bos_id=1, eos_id=2, pad_id=0)  # fmt: skip
-    m = GPT2(config).eval()
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if "norm" not in name:
-                p.normal_(0, 0.5)
+    m = noisy_gpt2()
+    assert isinstance(m, GPT2)
     return m
 
 

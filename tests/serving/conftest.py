@@ -20,6 +20,8 @@ from aiayn.checkpoint import save_checkpoint
 from aiayn.cli.main import main
 from aiayn.config import preset
 from aiayn.data import Tokenizer
+from aiayn.decoding import GenerateOptions
+from aiayn.decoding.generate import continuation, generate_ids
 from aiayn.models import Transformer
 from aiayn.models.gpt2 import GPT2, GPT2Config
 from aiayn.serving import ServeOptions, create_app, load_served_model
@@ -162,6 +164,31 @@ Serve = Any
 def serve_app() -> Serve:
     """:func:`serve`, for the tests (the test folders are not packages: no imports between)."""
     return serve
+
+
+def _stop_that_leaks(model: Any, tokenizer: Any, prompts: list[str], max_tokens: int) -> Any:
+    """(prompt, stop): a 3-character stop string whose first occurrence in the greedy
+    continuation starts after its first character, in the text of an earlier step (that text
+    ends with the stop's beginning: the issue's ``" on"`` for ``"n o"``), so that a stream
+    without the hold-back sends more than the unstreamed text, which is not empty."""
+    for prompt in prompts:
+        ids = tokenizer.encode(prompt)
+        new = generate_ids(model, [ids], GenerateOptions(max_new_tokens=max_tokens))[0][0].tokens
+        steps = [continuation(tokenizer, ids, new[:k]) for k in range(1, len(new) + 1)]
+        full = steps[-1]
+        for text in steps:
+            for start in (len(text) - 1, len(text) - 2):
+                stop = full[start : start + 3]
+                clean = len(stop) == 3 and "\ufffd" not in stop and stop.strip() == stop
+                if clean and start > 0 and full.find(stop) == start and full.startswith(text):
+                    return prompt, stop
+    raise AssertionError("no stop string spans a step's end")
+
+
+@pytest.fixture(scope="session")
+def stop_that_leaks() -> Any:
+    """:func:`_stop_that_leaks`."""
+    return _stop_that_leaks
 
 
 @pytest.fixture(scope="session")

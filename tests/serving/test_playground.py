@@ -9,10 +9,7 @@ Needs Chromium, chromedriver and selenium, as the attention page's browser test
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from serve_helpers import live_server
 
 from data_builders import load_test_file
 
@@ -60,25 +58,8 @@ def driver() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def base(checkpoints: dict[str, Path], serve_app: Any) -> Iterator[str]:
     """A real server (uvicorn in a thread) of the translation model, the LM and the ViT."""
-    import uvicorn
-
-    app = serve_app(checkpoints, ["mt", "lm", "vit"]).app
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.05)
-    yield url
-    server.should_exit = True
-    thread.join(30)
+    with live_server(serve_app(checkpoints, ["mt", "lm", "vit"]).app) as url:
+        yield url
 
 
 def _run(driver: Any) -> str:

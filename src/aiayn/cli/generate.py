@@ -9,6 +9,15 @@ from typing import Any
 from aiayn.cli.commands import add_device_option
 from aiayn.errors import UserError
 
+_TEMPERATURE_HELP = (
+    "sampling: temperature (1.0); one so small that log-prob / T overflows float32 gives the "
+    "top token (greedy search's)"
+)
+_TOP_P_HELP = (
+    "sampling: keep the nucleus of probability p (always the top token; a p that is 0 in "
+    "float32 keeps only it)"
+)
+
 
 def register(subparsers: Any) -> None:
     """Add the ``generate`` sub-command (each value checked by the rule of the
@@ -49,13 +58,11 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--alpha", type=flag(G, "alpha"), help="beam search: GNMT length penalty alpha (0.6)"
     )
-    p.add_argument("--temperature", type=flag(G, "temperature"), help="sampling: temperature (1.0)")
+    p.add_argument("--temperature", type=flag(G, "temperature"), help=_TEMPERATURE_HELP)
     p.add_argument(
         "--top-k", type=flag(G, "top_k"), help="sampling: keep the k most probable tokens"
     )
-    p.add_argument(
-        "--top-p", type=flag(G, "top_p"), help="sampling: keep the nucleus of probability p"
-    )
+    p.add_argument("--top-p", type=flag(G, "top_p"), help=_TOP_P_HELP)
     p.add_argument(
         "--seed", type=flag(G, "seed"), help="sampling: seed of every prompt's generator"
     )

@@ -5,7 +5,7 @@ from aiayn.decoding.fast_step import InferenceState, InferenceStep, inference_st
 from aiayn.decoding.generate import GenerateOptions, generate, generate_ids
 from aiayn.decoding.greedy import greedy_search
 from aiayn.decoding.lm import LMState, decoder_only_step
-from aiayn.decoding.sampling import filter_logits, sample
+from aiayn.decoding.sampling import filter_logits, sample, sample_tokens
 from aiayn.decoding.step import DecoderState, Seq2SeqState, StepFunction, encoder_decoder_step
 
 __all__ = [
@@ -28,4 +28,5 @@ __all__ = [
     "greedy_search",
     "inference_step",
     "sample",
+    "sample_tokens",
 ]

@@ -4,6 +4,12 @@
     set of most probable tokens whose probability reaches p (Holtzman et al. 2020) — always at
     least the most probable one.
 
+Values that underflow mean the top token (:func:`sample_tokens`): where a row's tempered,
+filtered logits are no distribution in float32 — a temperature so small that ``log_prob / T``
+overflows (or that rounds to 0 in float32: 1e-300, 5e-324), a top-p that rounds to 0 (an empty
+nucleus) — the row takes greedy search's choice, its most probable allowed token (the lowest id
+among equals, as ``argmax``), never a NaN draw. Every other row is drawn exactly as before.
+
 Shape legend:  B batch   V vocabulary
 """
 
@@ -14,13 +20,18 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from aiayn.decoding.argmax import first_argmax
 from aiayn.decoding.step import DecoderState, StepFunction
 
 
 def filter_logits(
     logits: Tensor, *, top_k: int | None = None, top_p: float | None = None
 ) -> Tensor:
-    """Set logits outside the top-k / top-p support to −inf. (B, V) -> (B, V)."""
+    """Set logits outside the top-k / top-p support to −inf. (B, V) -> (B, V).
+
+    The most probable token always stays: a ``top_p`` that rounds to 0 in the logits' dtype
+    (an empty nucleus, e.g. 1e-300 in float32) keeps only the row's top token (the first of
+    equals, as ``argmax``)."""
     if top_k is not None:
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
@@ -29,6 +40,8 @@ def filter_logits(
     if top_p is not None:
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if float(torch.tensor(top_p, dtype=logits.dtype)) == 0.0:  # no nucleus: the top token
+            return _only(logits, first_argmax(logits))
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
         probs = sorted_logits.softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs  # probability of the better tokens
@@ -36,6 +49,54 @@ def filter_logits(
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
         logits = logits.masked_fill(drop, -torch.inf)
     return logits
+
+
+def _only(logits: Tensor, top: Tensor) -> Tensor:
+    """``logits`` (B, V) with every token but ``top`` (B,) of each row at −inf."""
+    keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, top[:, None], True)
+    return logits.masked_fill(~keep, -torch.inf)
+
+
+def sample_tokens(
+    log_probs: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+) -> Tensor:
+    """One token per row of (B, V) log-probabilities (banned tokens at −inf): a draw from
+    softmax(filtered(log_probs / T)), with one generator or one per row. (B, V) -> (B,).
+
+    A row where that distribution does not exist in float32 takes its top token instead (the
+    first most probable allowed token: greedy search's choice): T so small that a finite
+    ``log_prob / T`` overflows, or T rounding to 0 in float32 (0/0 is NaN), or no finite logit
+    left (an empty nucleus). Its generator still draws (from the one-hot distribution), so the
+    other rows' draws stay those of before; every other row's token is exactly as before.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    log_probs = log_probs.float()
+    logits = filter_logits(log_probs / temperature, top_k=top_k, top_p=top_p)  # (B, V)
+    probs = logits.softmax(dim=-1)  # (B, V)
+    degenerate = _degenerate(log_probs, logits, temperature)  # (B,)
+    if not bool(degenerate.any()):
+        return _draw(probs, generator)
+    top = first_argmax(log_probs)  # (B,) greedy's choice
+    one_hot = torch.nn.functional.one_hot(top, probs.size(-1)).to(probs.dtype)  # (B, V)
+    probs = torch.where(degenerate[:, None], one_hot, probs)
+    return torch.where(degenerate, top, _draw(probs, generator))
+
+
+def _degenerate(log_probs: Tensor, logits: Tensor, temperature: float) -> Tensor:
+    """(B,) the rows whose tempered, filtered ``logits`` are no distribution: no finite
+    maximum (all −inf, a NaN, a +inf), or a finite log-probability whose ``/ temperature``
+    overflowed (only T < 1 can: |x / T| ≤ |x| otherwise)."""
+    bad = ~logits.amax(dim=-1).isfinite()  # (B, V) -> (B,)
+    if temperature < 1:
+        lowest = log_probs.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).amin(dim=-1)  # (B,)
+        bad |= (lowest / temperature).isinf()  # the row's most negative finite one overflowed
+    return bad
 
 
 @torch.inference_mode()  # no autograd bookkeeping (version counters, views) per op
@@ -64,6 +125,7 @@ def sample(
     if isinstance(generator, Sequence) and len(generator) != batch_size:
         raise ValueError(f"need one generator per row: {len(generator)} for {batch_size}")
     limit = torch.as_tensor(max_len, device=device).expand(batch_size)  # (B,)
+    eos = torch.tensor([eos_id], device=device)
     tokens = torch.full((batch_size, 1), bos_id, dtype=torch.long, device=device)  # (B, 1)
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
     outputs = []
@@ -73,11 +135,11 @@ def sample(
             outputs.append(torch.full_like(finished, eos_id, dtype=torch.long))
             break
         log_probs, state = step(tokens, state)  # (B, V)
-        logits = log_probs.float() / temperature
         if t < min_len:
-            logits[:, eos_id] = -torch.inf
-        logits = filter_logits(logits, top_k=top_k, top_p=top_p)
-        drawn = _draw(logits.softmax(dim=-1), generator)  # (B,)
+            log_probs = log_probs.float().index_fill(-1, eos, -torch.inf)  # a copy: no EOS yet
+        drawn = sample_tokens(
+            log_probs, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+        )  # (B,)
         drawn = torch.where(finished | (t >= limit), eos_id, drawn)
         outputs.append(drawn)
         finished |= drawn == eos_id

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from aiayn.decoding.argmax import first_argmax
-from aiayn.decoding.sampling import filter_logits
+from aiayn.decoding.sampling import sample_tokens
 from aiayn.decoding.step import DecoderState, StepFunction
 
 
@@ -134,22 +134,17 @@ class SteppedSearch:
         other.rows = []
 
     def _choose(self, log_probs: Tensor) -> Tensor:
-        """(B, V) log-probabilities -> (B,) next tokens: greedy search's or sampling's choice;
-        EOS is not allowed to a row with fewer than ``min_len`` tokens."""
+        """(B, V) log-probabilities -> (B,) next tokens: greedy search's or sampling's choice
+        (:func:`~aiayn.decoding.sampling.sample_tokens`: a row whose values underflow takes
+        greedy's); EOS is not allowed to a row with fewer than ``min_len`` tokens."""
         early = [len(r.tokens) < self.min_len for r in self.rows]
+        if any(early):
+            ban = torch.tensor(early, device=log_probs.device)  # (B,)
+            log_probs[:, self.eos_id].masked_fill_(ban, -torch.inf)
         if self.sampling is None:
-            if any(early):
-                ban = torch.tensor(early, device=log_probs.device)  # (B,)
-                log_probs[:, self.eos_id].masked_fill_(ban, -torch.inf)
             return first_argmax(log_probs)  # (B,)
         s = self.sampling
-        logits = log_probs.float() / s.temperature
-        if any(early):
-            ban = torch.tensor(early, device=logits.device)  # (B,)
-            logits[:, self.eos_id].masked_fill_(ban, -torch.inf)
-        probs = filter_logits(logits, top_k=s.top_k, top_p=s.top_p).softmax(dim=-1)  # (B, V)
-        draws = [
-            torch.multinomial(p, 1, generator=r.generator)
-            for p, r in zip(probs, self.rows, strict=True)
-        ]
-        return torch.cat(draws)  # B × (1,) -> (B,)
+        gens = [g for r in self.rows if (g := r.generator) is not None]  # one per row
+        return sample_tokens(
+            log_probs, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, generator=gens
+        )  # (B, V) -> (B,)

@@ -1,13 +1,15 @@
 """The FastAPI app of ``aiayn serve``: its routes (those the loaded models' families serve), its
 error answers (every one a JSON :class:`~aiayn.serving.schemas.ErrorResponse` naming the field or
-limit) and the guard every request passes (bearer token, body size, metrics).
+limit) and the guard every request passes (bearer token, body size, metrics). What OpenAI's
+clients send and expect is adapted in :mod:`aiayn.serving.openai_api`; streamed completions are
+:mod:`aiayn.serving.streaming`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -21,13 +23,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from aiayn.serving import openai_api as oa
 from aiayn.serving import schemas as s
 from aiayn.serving.engine import Job
+from aiayn.serving.health import Readiness, ready_response
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.models import ServedModel
 from aiayn.serving.options import ServeOptions
 from aiayn.serving.playground import PAGE
 from aiayn.serving.problems import Problem
+from aiayn.serving.streaming import Update, events
 from aiayn.serving.tasks import Task
 
 ENDPOINTS = {
@@ -41,13 +46,17 @@ ENDPOINTS = {
 }
 """The endpoint serving each command of the family registry."""
 
-OPEN_PATHS = frozenset({"/health", "/"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/"})
 """Paths answered without the bearer token: a load balancer's health check, and the playground
 page (it holds no data; its calls carry the token typed into it)."""
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": s.ErrorResponse} for status in (401, 404, 413, 415, 422, 499, 503, 504)
+    status: {"model": s.ErrorResponse} for status in (400, 401, 404, 413, 415, 422, 499, 503, 504)
 }
+
+CHAT = "/v1/chat/completions"
+MODEL = "/v1/models/{id}"
+"""``GET /v1/models/NAME``, as the request metrics label it."""
 
 
 def create_app(
@@ -76,22 +85,24 @@ def create_app(
     app = FastAPI(title="aiayn serve", version="1", lifespan=lifespan)
     app.state.stopping = False
     served = {c for m in models for c in m.tasks}
-    paths = {ENDPOINTS[c] for c in served} | {"/", "/health", "/v1/models", "/metrics"}
+    paths = {ENDPOINTS[c] for c in served} | {"/", "/health", "/ready", "/v1/models", "/metrics"}
+    paths.add(CHAT)
     _add_error_handlers(app)
     _add_info_routes(app, models, metrics)
+    _add_chat_route(app, models)
     routes = _Routes(models, options)
     for command in served:
         routes.add(app, command)
-    if cors_origins:
+    app.add_middleware(
+        Guard, metrics=metrics, api_key=api_key, max_body=options.max_body_bytes, paths=paths
+    )
+    if cors_origins:  # outside the guard: a browser's preflight carries no token
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(cors_origins),
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
-    app.add_middleware(
-        Guard, metrics=metrics, api_key=api_key, max_body=options.max_body_bytes, paths=paths
-    )
     return app
 
 
@@ -106,26 +117,64 @@ def _add_info_routes(app: FastAPI, models: Sequence[ServedModel], metrics: Metri
         """Whether the service is up (answered without a token)."""
         return s.Health(status="stopping" if app.state.stopping else "ok", models=len(models))
 
+    @app.get("/ready", response_model=Readiness, responses={503: {"model": Readiness}})
+    async def ready() -> JSONResponse:
+        """Whether every model can answer now: workers started and all running (503 if not;
+        answered without a token)."""
+        return ready_response(models, stopping=app.state.stopping)
+
     @app.get("/v1/models", response_model=s.ModelList, responses=_ERRORS)
     async def list_models() -> s.ModelList:
-        """What is loaded: each model's name, family, parameters, endpoints, longest input."""
-        cards = [
-            s.ModelCard(
-                id=m.name,
-                family=m.family.name,
-                parameters=m.parameters,
-                endpoints=sorted({ENDPOINTS[c] for c in m.tasks}),
-                reads="image" if m.family.reads == "image" else "text",
-                max_input_tokens=m.max_input_tokens,
-            )
-            for m in models
-        ]
-        return s.ModelList(data=cards)
+        """What is loaded: each model's name, load time, family, parameters, endpoints,
+        longest input."""
+        return s.ModelList(data=[_card(m) for m in models])
+
+    @app.get("/v1/models/{model_id:path}", response_model=s.ModelCard, responses=_ERRORS)
+    async def retrieve_model(model_id: str) -> s.ModelCard:
+        """One loaded model (OpenAI's ``models.retrieve``); 404 naming it when not loaded."""
+        for m in models:
+            if m.name == model_id:
+                return _card(m)
+        names = ", ".join(m.name for m in models)
+        raise Problem(404, f"model: no loaded model {model_id!r} (these are: {names})",
+                      param="model")  # fmt: skip
 
     @app.get("/metrics", response_class=Response, responses=_ERRORS)
     async def prometheus() -> Response:
         """The Prometheus metrics, text format."""
         return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _card(m: ServedModel) -> s.ModelCard:
+    """The model object of ``m``."""
+    return s.ModelCard(
+        id=m.name,
+        created=m.created,
+        family=m.family.name,
+        parameters=m.parameters,
+        endpoints=sorted({ENDPOINTS[c] for c in m.tasks}),
+        reads="image" if m.family.reads == "image" else "text",
+        max_input_tokens=m.max_input_tokens,
+    )
+
+
+def _add_chat_route(app: FastAPI, models: Sequence[ServedModel]) -> None:
+    """``POST /v1/chat/completions``: OpenAI clients' chat call, answered with a 404 that says
+    why rather than a bare one (left out of the OpenAPI schema: nothing is served there)."""
+
+    @app.post(CHAT, include_in_schema=False)
+    async def chat_completions(request: Request) -> Any:
+        """Always a 404 saying why: no served model has a chat template."""
+        generators = [m.name for m in models if "generate" in m.tasks]
+        instead = (
+            f"; send prompts to /v1/completions (served by {', '.join(generators)})"
+            if generators
+            else ""
+        )
+        raise Problem(
+            404, f"{CHAT} is not served: no loaded model has a chat template (aiayn's GPT-2 "
+            f"checkpoints are plain language models, which continue a text){instead}",
+        )  # fmt: skip
 
 
 class _Routes:
@@ -188,30 +237,34 @@ class _Routes:
 
         @app.post("/v1/completions", response_model=s.CompletionResponse,
                   responses={**_ERRORS, **ok})  # fmt: skip
-        async def completions(body: s.CompletionRequest, request: Request) -> Any:
-            """Continue prompts (OpenAI's completions; ``aiayn generate``'s results)."""
+        async def completions(body: s.CompletionBody, request: Request) -> Any:
+            """Continue prompts (OpenAI's completions; ``aiayn generate``'s results, with
+            ``echo`` its printed prompt + continuation)."""
             task = self.pick("generate", body.model)
-            job = task.prepare(body, int(time.time()))  # type: ignore[attr-defined]
+            plan = oa.plan_completion(task, body, int(time.time()))
             if body.stream:
-                return self._stream(task, job)
-            return await self.answer(request, task, job)
+                return self._stream(task, plan)
+            return plan.finish(await self.answer(request, task, plan.job))
 
-    def _stream(self, task: Task, job: Job) -> StreamingResponse:
+    def _stream(self, task: Task, plan: oa.CompletionPlan) -> StreamingResponse:
         """Server-sent events in OpenAI's chunk format, ending with ``[DONE]``."""
-        updates: asyncio.Queue[tuple[int, str, str | None]] = asyncio.Queue()
-        job.progress = updates.put_nowait
-        task.engine.submit(job)
+        updates: asyncio.Queue[Update] = asyncio.Queue()
+        plan.job.progress = updates.put_nowait
+        task.engine.submit(plan.job)
         return StreamingResponse(
-            _events(job, updates, self.options.timeout_s, task.name),
+            events(plan, updates, self.options.timeout_s, task.name),
             media_type="text/event-stream",
         )
 
     def _embed(self, app: FastAPI) -> None:
         @app.post("/v1/embeddings", response_model=s.EmbeddingResponse, responses=_ERRORS)
         async def embeddings(body: s.EmbeddingRequest, request: Request) -> Any:
-            """Sentence embeddings (OpenAI's embeddings; ``aiayn embed``'s vectors)."""
-            task = self.pick("embed", body.model)
-            return await self.answer(request, task, task.prepare(body))  # type: ignore[attr-defined]
+            """Sentence embeddings (OpenAI's embeddings; ``aiayn embed``'s vectors), as floats
+            or base64 (``encoding_format``)."""
+            task: Any = self.pick("embed", body.model)
+            oa.check_embeddings(body, task.model.config.d_model)
+            job = oa.as_400(lambda: task.prepare(body))
+            return oa.encode_embeddings(await self.answer(request, task, job), body.encoding_format)
 
     def _fill_mask(self, app: FastAPI) -> None:
         @app.post("/v1/fill-mask", response_model=s.FillMaskResponse, responses=_ERRORS)
@@ -322,76 +375,6 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-async def _events(
-    job: Job, updates: asyncio.Queue[tuple[int, str, str | None]], timeout: float, model: str
-) -> AsyncIterator[str]:
-    """The SSE stream of a completion: one chunk per new piece of a choice's text, a chunk with
-    its ``finish_reason`` at its end, then ``[DONE]``."""
-    sent: dict[int, str] = {}
-    deadline = time.monotonic() + timeout
-    p = job.payload
-    try:
-        while not job.future.done() or not updates.empty():
-            update = await _next_update(job, updates, deadline)
-            if update is None:
-                if job.future.done():
-                    continue
-                yield _chunk(p, model, 0, "", None, error="no answer within the timeout")
-                break
-            index, text, reason = update
-            delta = _delta(sent.get(index, ""), text, final=reason is not None)
-            if delta or reason is not None:
-                sent[index] = sent.get(index, "") + delta
-                yield _chunk(p, model, index, delta, reason)
-        failed = job.future.done() and not job.future.cancelled() and job.future.exception()
-        if failed:
-            yield _chunk(p, model, 0, "", None, error=str(failed))
-        yield "data: [DONE]\n\n"
-    finally:
-        job.cancelled = True  # the client went away, or all is sent: nothing more to do
-
-
-async def _next_update(
-    job: Job, updates: asyncio.Queue[tuple[int, str, str | None]], deadline: float
-) -> tuple[int, str, str | None] | None:
-    """The next streamed update, or None when the job ended without one or time ran out."""
-    if not updates.empty():
-        return updates.get_nowait()
-    getter = asyncio.ensure_future(updates.get())
-    await asyncio.wait(
-        {getter, job.future}, timeout=max(0.0, deadline - time.monotonic()),
-        return_when=asyncio.FIRST_COMPLETED,
-    )  # fmt: skip
-    if getter.done():
-        return getter.result()
-    getter.cancel()
-    return None
-
-
-def _delta(sent: str, text: str, *, final: bool) -> str:
-    """What to send of ``text`` after ``sent``: held back while it ends in an incomplete
-    character (a byte-level tokenizer's U+FFFD), or where it no longer extends what was sent."""
-    if not text.startswith(sent):
-        return ""
-    new = text[len(sent) :]
-    if not final:
-        new = new.rstrip("\ufffd")
-    return new
-
-
-def _chunk(p: Any, model: str, index: int, text: str, reason: str | None, error: str = "") -> str:
-    chunk: dict[str, Any] = {
-        "id": p.id,
-        "object": "text_completion",
-        "created": p.created,
-        "model": model,
-        "choices": [{"text": text, "index": index, "logprobs": None, "finish_reason": reason}],
-    }
-    if error:
-        chunk["error"] = {"message": error, "type": "server_error"}
-    return f"data: {json.dumps(chunk)}\n\n"
-
-
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -418,7 +401,21 @@ def problem_response(problem: Problem) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=problem.status, headers=problem.headers)
 
 
-_TYPE_TAGS = ("str", "int", "float", "bool", "list", "function-after", "constrained-str")
+_SCALAR_TAGS = frozenset(
+    {"str", "int", "float", "bool", "bytes", "none", "decimal", "date", "time", "datetime",
+     "timedelta", "uuid", "url", "any"}
+)  # fmt: skip
+_TAG = re.compile(r"[a-z]+(-[a-z]+)+(\[.*\])?|[a-z]+\[.*\]")
+"""A tag of pydantic's (``constrained-str``, ``list[int]``, ``function-after[f(), str]``,
+``literal['a']``): lower-case words joined by hyphens and/or a bracketed part, which no field
+name of the service has."""
+
+
+def is_type_tag(part: str) -> bool:
+    """Whether a part of pydantic's error location is a type tag (the alternative of a union
+    that failed) rather than a field name or an index: ``str``, ``list[int]``,
+    ``function-after[…]`` are; ``stream``, ``stream_options``, ``integer_ids``, ``3`` are not."""
+    return part in _SCALAR_TAGS or _TAG.fullmatch(part) is not None
 
 
 def _validation_problem(errors: Sequence[Any], *, prefix: tuple[str, ...]) -> Problem:
@@ -429,7 +426,7 @@ def _validation_problem(errors: Sequence[Any], *, prefix: tuple[str, ...]) -> Pr
         reason = e.get("ctx", {}).get("error", "malformed")
         return Problem(422, f"the body is not valid JSON ({reason})")
     loc = [str(x) for x in e["loc"]][len(prefix) :]
-    loc = [x for x in loc if not x.startswith(_TYPE_TAGS) or x.isdigit()]
+    loc = [x for x in loc if not is_type_tag(x)]
     field = ".".join(loc) or "body"
     messages = {"extra_forbidden": "unknown field", "missing": "required field missing"}
     return Problem(422, f"{field}: {messages.get(e['type'], e['msg'])}", param=field)
@@ -471,12 +468,18 @@ class Guard:
                 return
             await self.app(scope, self._limited(receive), sending)
         finally:
-            path = scope["path"] if scope["path"] in self.paths else "other"
-            self.metrics.request(path, status[0], time.monotonic() - started)
+            self.metrics.request(self._label(scope["path"]), status[0], time.monotonic() - started)
+
+    def _label(self, path: str) -> str:
+        """The request metrics' endpoint label: a served path, ``/v1/models/{id}``, or other."""
+        if path in self.paths:
+            return path
+        return MODEL if path.startswith("/v1/models/") else "other"
 
     def _refusal(self, scope: Scope) -> Problem | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if self.api_key is not None and scope["path"] not in OPEN_PATHS:
+        preflight = scope["method"] == "OPTIONS" and "access-control-request-method" in headers
+        if self.api_key is not None and scope["path"] not in OPEN_PATHS and not preflight:
             given = headers.get("authorization", "")
             expected = f"Bearer {self.api_key}"
             if not hmac.compare_digest(given.encode(), expected.encode()):

@@ -28,11 +28,20 @@ rules, with one top-k over every sentence's candidates and one selection of the 
 step. Every result is the one the library gives the request alone: the searches are
 the library's (or held equal to it by tests), and aiayn's steps are batch-invariant.
 
+A failure fails only the requests it belongs to (:func:`~aiayn.serving.engine.fail_jobs`: a 4xx
+where the input caused it, else a 500 naming the request). What one request's rows need alone
+(its stop strings and streamed text, its result) fails that request alone. A step's model call
+is shared: when it fails, the group ends, and each of its requests starts again alone (once;
+not a request that has streamed text already), in a group that merges with no other to its end,
+so that only a request that fails alone gets the error; a group that fails to start starts each
+of its requests alone in the same way. The other groups of the worker go on.
+
 Shape legend:  B rows of a group   V vocabulary
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -41,13 +50,17 @@ from typing import Any, Protocol, cast
 
 from aiayn.decoding.beam import Hypothesis, SteppedBeamSearch
 from aiayn.decoding.stepwise import Row, SteppedSearch
-from aiayn.serving.engine import Engine, Job, as_problem
+from aiayn.serving.engine import Engine, Job, fail_jobs
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.options import ServeOptions
 
+_log = logging.getLogger(__name__)
+
 
 class Group(Protocol):
-    """Requests decoding together, advanced one step at a time by the worker."""
+    """Requests decoding together, advanced one step at a time by the worker. A group that can
+    fail after it starts also has ``close() -> list[Job]``: end every request not answered yet,
+    returning them (:class:`SteppedGroup`, :class:`BeamGroup`)."""
 
     jobs: list[Job]
 
@@ -62,7 +75,8 @@ class Group(Protocol):
         ...
 
     def advance(self) -> tuple[list[tuple[Job, Any]], int]:
-        """One step: (the requests that ended with their results, tokens generated)."""
+        """One step: (the requests that ended with their results, or with the exception that
+        failed each alone; tokens generated)."""
         ...
 
     def drop_cancelled(self) -> None:
@@ -100,32 +114,64 @@ class DecodeEngine(Engine):
             if self.options.batching:
                 _merge_groups(groups, self._budget)  # a new group joins before its first step
             started, rows, generated, steps = time.monotonic(), 0, 0, 0
+            again: list[Group] = []  # requests of failed groups, started again alone
+            failed: list[Group] = []
             for group in groups:
-                group.drop_cancelled()
-                if group.done:
-                    continue
-                rows += group.rows
-                steps += group.rows > 0
-                ended, tokens = self._advance(group)
-                generated += tokens
-                for job, result in ended:
-                    job.resolve(result)
+                n, tokens = self._step(group, again, failed)
+                rows, generated, steps = rows + n, generated + tokens, steps + (n > 0)
             with self._counting:
                 self.rounds += rows > 0
                 self.group_steps += steps
             self.metrics.step(self.name, rows, generated, started)
-            groups[:] = [g for g in groups if not g.done]
+            groups[:] = [g for g in groups if not g.done and g not in failed] + again
             if self.options.batching:
                 _merge_groups(groups, self._budget)
 
-    def _advance(self, group: Group) -> tuple[list[tuple[Job, Any]], int]:
+    def _step(self, group: Group, again: list[Group], failed: list[Group]) -> tuple[int, int]:
+        """One step of ``group`` (its cancelled rows out first): (rows stepped, tokens
+        generated); the requests that ended are answered. A failure ends the group
+        (:meth:`_recover`: it joins ``failed``, its requests start again in ``again``)."""
+        rows = 0
         try:
-            return group.advance()
+            group.drop_cancelled()
+            if group.done:
+                return 0, 0
+            rows = group.rows
+            ended, tokens = group.advance()
         except Exception as error:
-            for job in group.jobs:
-                job.fail(as_problem(error))
-            group.jobs.clear()
-            return [], 0
+            failed.append(group)
+            self._recover(group, error, again)
+            return rows, 0
+        for job, result in ended:
+            job.settle(result, self.name)
+        return rows, tokens
+
+    def _recover(self, group: Group, error: Exception, again: list[Group]) -> None:
+        """After ``group``'s step failed: where it held several requests, each that may start
+        again (not started again before, no text streamed yet) starts again alone, in
+        ``again``; the others fail with ``error``."""
+        jobs = [j for j in _closed(group) if not j.cancelled]
+        retry = [j for j in jobs if not (j.retried or j.streamed)] if len(jobs) > 1 else []
+        if retry:
+            names = ", ".join(j.name for j in retry)
+            _log.warning("model %s: a decoding step of requests %s failed (%r): each starts "
+                         "again alone", self.name, names, error)  # fmt: skip
+        fail_jobs([j for j in jobs if j not in retry], error, self.name)
+        for job in retry:
+            job.retried = True
+            self._begin([job], again)
+
+    def _begin(self, jobs: list[Job], groups: list[Group]) -> None:
+        """Start ``jobs`` as one group in ``groups``; where that fails for several, each starts
+        alone, so that only a request whose own start fails gets the error."""
+        try:
+            groups.append(self._start(jobs))
+        except Exception as error:
+            if len(jobs) == 1:
+                fail_jobs(jobs, error, self.name)
+                return
+            for job in jobs:
+                self._begin([job], groups)
 
     def _admit(self, groups: list[Group]) -> None:
         """Start the waiting requests as new groups while fewer than the most run; waits for a
@@ -136,12 +182,7 @@ class DecodeEngine(Engine):
                 return
             if self._run_inline(first):
                 continue
-            jobs = self._companions(first)
-            try:
-                groups.append(self._start(jobs))
-            except Exception as error:
-                for job in jobs:
-                    job.fail(as_problem(error))
+            self._begin(self._companions(first), groups)
 
     def _companions(self, first: Job) -> list[Job]:
         """``first`` and the waiting requests with its options that fit the token budget."""
@@ -164,13 +205,50 @@ class DecodeEngine(Engine):
 def _merge_groups(groups: list[Group], budget: int | None = None) -> None:
     """Merge the groups that can run as one batch (same options, states that merge, and
     together at most ``budget`` tokens of requests still decoding: as many as the groups they
-    were could hold): the earlier takes in the later's rows, which leave ``groups``."""
+    were could hold): the earlier takes in the later's rows, which leave ``groups``. A group of
+    a request started again after a failure runs apart to its end (it merges with none)."""
     i = 0
     while i < len(groups):
         absorb = getattr(groups[i], "absorb", None)
-        if absorb is not None:
-            groups[i + 1 :] = [g for g in groups[i + 1 :] if not absorb(g, budget)]
+        if absorb is not None and not _apart(groups[i]):
+            groups[i + 1 :] = [
+                g for g in groups[i + 1 :] if _apart(g) or not _absorbed(absorb, g, budget)
+            ]
         i += 1
+
+
+def _apart(group: Group) -> bool:
+    """Whether ``group`` runs apart: it holds a request started again after a failure."""
+    return any(job.retried for job in group.jobs)
+
+
+def _absorbed(absorb: Callable[[Any, int | None], bool], other: Group, budget: int | None) -> bool:
+    """Whether ``absorb`` took ``other`` in; a merge that fails leaves the two apart (logged:
+    a group left broken by it fails at its next step)."""
+    try:
+        return absorb(other, budget)
+    except Exception:
+        _log.exception("two decode groups failed to merge: they run apart")
+        return False
+
+
+def _closed(group: Group) -> list[Job]:
+    """The requests ``group`` had not answered, the group ended (after a failure)."""
+    close = getattr(group, "close", None)
+    try:
+        left: list[Job] = close() if close is not None else []
+    except Exception:
+        _log.exception("a failed decode group could not be closed")
+        left = []
+    return left or [j for j in group.jobs if not j.settled]
+
+
+def _outcome(finish: Callable[[Job, Any], Any], job: Job, found: Any) -> Any:
+    """``finish(job, found)``, or the exception it raised (which fails that request alone)."""
+    try:
+        return finish(job, found)
+    except Exception as error:
+        return error
 
 
 Finish = Callable[[Job, list[Row]], Any]
@@ -207,6 +285,7 @@ class SteppedGroup:
         self.key = jobs[0].key
         self._merge, self._compact = merge, compact
         self._ended: dict[Hashable, Row] = {}
+        self._failed: list[tuple[Job, Any]] = []  # requests failed alone, with their errors
         self._count = {j: 0 for j in range(len(jobs))}
         for row in search.rows:
             self._count[row.key[0]] += 1  # type: ignore[index]
@@ -260,26 +339,46 @@ class SteppedGroup:
         return True
 
     def _watched(self) -> list[Row]:
+        """The rows that end at a stop string (each request watched on its own: one whose
+        watch fails fails alone)."""
         running: dict[int, list[Row]] = {}
         for row in self.search.rows:
             running.setdefault(row.key[0], []).append(row)  # type: ignore[index]
         assert self._watch is not None
-        stop = [k for j, rows in running.items() for k in self._watch(self.jobs[j], rows)]
+        stop: list[Hashable] = []
+        for j, rows in running.items():
+            try:
+                stop += self._watch(self.jobs[j], rows)
+            except Exception as error:
+                self._drop(j)
+                self._failed.append((self.jobs[j], error))
         return self.search.remove(stop)
 
     def _answered(self) -> list[tuple[Job, Any]]:
-        out = []
+        out, self._failed = self._failed, []
         for j in sorted(self._open):
             rows = [self._ended.get((j, r)) for r in range(self._count[j])]
             if all(row is not None for row in rows):
                 self._open.discard(j)
-                out.append((self.jobs[j], self._finish(self.jobs[j], rows)))  # type: ignore[arg-type]
+                out.append((self.jobs[j], _outcome(self._finish, self.jobs[j], rows)))
         return out
 
     def drop_cancelled(self) -> None:
         for j in [j for j in self._open if self.jobs[j].cancelled]:
-            self.search.remove([(j, r) for r in range(self._count[j])])
-            self._open.discard(j)
+            self._drop(j)
+
+    def close(self) -> list[Job]:
+        """End every request not answered yet (after an error): their rows leave, all at once
+        (the state, perhaps broken by the error, is not touched); returns them."""
+        left = sorted(self._open)
+        self.search.remove([(j, r) for j in left for r in range(self._count[j])])
+        self._open.clear()
+        return [self.jobs[j] for j in left]
+
+    def _drop(self, j: int) -> None:
+        """Request ``j``'s rows leave the batch; it is no longer answered."""
+        self.search.remove([(j, r) for r in range(self._count[j])])
+        self._open.discard(j)
 
 
 @dataclass(frozen=True)
@@ -377,11 +476,7 @@ class BeamGroup:
         return True
 
     def advance(self) -> tuple[list[tuple[Job, Any]], int]:
-        try:
-            done = self.search.advance()
-        except BaseException:
-            self.close()
-            raise
+        done = self.search.advance()  # a failure: the worker ends the group (close)
         self._found.update(done)
         if done:
             self._compact()
@@ -399,7 +494,7 @@ class BeamGroup:
             if all(key in self._found for key in keys):
                 self._open.discard(j)
                 found = [self._found.pop(key) for key in keys]
-                out.append((self.jobs[j], self._finish(self.jobs[j], found)))
+                out.append((self.jobs[j], _outcome(self._finish, self.jobs[j], found)))
         return out
 
     def drop_cancelled(self) -> None:
@@ -410,9 +505,11 @@ class BeamGroup:
             self._drop(cancelled)
             self._compact()
 
-    def close(self) -> None:
-        """End the search of every request (after an error): none is answered."""
-        self._drop(list(self._open))
+    def close(self) -> list[Job]:
+        """End the search of every request not answered yet (after an error); returns them."""
+        left = sorted(self._open)
+        self._drop(left)
+        return [self.jobs[j] for j in left]
 
     def _drop(self, requests: list[int]) -> None:
         self.search.remove([(j, r) for j in requests for r in range(self._count[j])])

@@ -15,6 +15,15 @@ for more, and runs them as one call of the library function the CLI command call
 An :class:`Inline` job (a request that runs alone: the attention maps of one input) may be
 queued on any worker: the worker runs it on its own when it takes it, between batches or
 decoding steps, so that it never runs the model at the same time as that worker's batches.
+
+No request can take a model down. A failure fails only the requests it belongs to
+(:func:`fail_jobs`): a 4xx where the input caused it (:class:`~aiayn.errors.UserError`: 422),
+otherwise a 500 naming the request, its traceback logged with that name. A batch of several
+requests that fails runs again one request at a time, so only the one that fails alone is
+answered with the error. The worker threads are supervised: a failure that escapes a worker's
+loop (a bug) fails the requests that worker held, and a new thread replaces it and takes the
+queue on; ``aiayn_workers_alive{model}`` counts the threads running (:attr:`Engine.alive`, which
+``/ready`` reads: :mod:`aiayn.serving.health`).
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +57,10 @@ class Job:
         loop, future: where the answer goes (set from the worker thread, thread-safely).
         progress: streaming: called on the event loop with each partial result.
         cancelled: set by the request when nobody waits for the answer any more.
+        id: the request's own name (``req-…``), where its payload has none (:attr:`name`).
+        settled: set by the worker when it answers or fails the request.
+        streamed: whether a partial result was sent (the request cannot start again unseen).
+        retried: whether the request already started again alone after a failure.
     """
 
     payload: Any
@@ -57,19 +71,41 @@ class Job:
     progress: Callable[[Any], None] | None = None
     cancelled: bool = False
     queued_at: float = field(default_factory=time.monotonic)
+    id: str = field(default_factory=lambda: "req-" + secrets.token_hex(8))
+    settled: bool = False
+    streamed: bool = False
+    retried: bool = False
+
+    @property
+    def name(self) -> str:
+        """The request's name in error messages and the log: its payload's ``id`` where it has
+        one (a completion's ``cmpl-…``, which its answer carries), else :attr:`id`."""
+        named = getattr(self.payload, "id", None)
+        return named if isinstance(named, str) else self.id
 
     def resolve(self, result: Any) -> None:
         """Answer the request (from any thread)."""
+        self.settled = True
         self.loop.call_soon_threadsafe(_settle, self.future, result, None)
 
     def fail(self, error: BaseException) -> None:
         """Fail the request (from any thread)."""
+        self.settled = True
         self.loop.call_soon_threadsafe(_settle, self.future, None, error)
 
     def notify(self, update: Any) -> None:
         """Send a partial result (streaming), from any thread."""
         if self.progress is not None and not self.cancelled:
+            self.streamed = True
             self.loop.call_soon_threadsafe(self.progress, update)
+
+    def settle(self, result: Any, model: str) -> None:
+        """Answer the request with ``result``, or fail it where ``result`` is the exception
+        that ended it (:func:`fail_jobs`)."""
+        if isinstance(result, Exception):
+            fail_jobs([self], result, model)
+        else:
+            self.resolve(result)
 
 
 @dataclass(frozen=True)
@@ -93,7 +129,7 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_result(result)
 
 
-def as_problem(error: Exception) -> BaseException:
+def as_problem(error: BaseException) -> BaseException:
     """An exception raised by the library for a job: a :class:`UserError` is the client's
     input (422); anything else is the service's fault and stays as it is (500)."""
     if isinstance(error, Problem):
@@ -103,9 +139,36 @@ def as_problem(error: Exception) -> BaseException:
     return error
 
 
+def internal_error(job: Job, model: str) -> Problem:
+    """The 500 of a request that failed through no fault of its input: it names the request
+    (the log holds the traceback under that name)."""
+    return Problem(
+        500, f"request {job.name} failed: internal error of model {model} (the server's log "
+        "has the details under the request's name)",
+    )  # fmt: skip
+
+
+def fail_jobs(jobs: Sequence[Job], error: BaseException, model: str) -> None:
+    """Fail ``jobs`` (which ``error`` ended) and nothing else: with a 4xx where their input
+    caused it (a :class:`Problem` as it is, a :class:`UserError` 422), otherwise with a 500
+    naming each request, the traceback logged once with their names."""
+    if not jobs:
+        return
+    problem = as_problem(error)
+    if problem is error and not isinstance(error, Problem):
+        names = ", ".join(job.name for job in jobs)
+        _log.error("model %s: request(s) %s failed", model, names, exc_info=error)
+    for job in jobs:
+        job.fail(problem if isinstance(problem, Problem) else internal_error(job, model))
+
+
 class Engine:
     """Worker threads and their queue (subclasses define :meth:`_loop`, which each thread runs
-    on its own: what it holds between jobs is its own)."""
+    on its own: what it holds between jobs is its own).
+
+    Attributes:
+        restarts: worker threads replaced after a failure escaped their loop.
+    """
 
     def __init__(self, name: str, options: ServeOptions, metrics: Metrics, *, threads: int = 1):
         self.name, self.options, self.metrics = name, options, metrics
@@ -113,29 +176,52 @@ class Engine:
         self._queue: collections.deque[Job] = collections.deque()
         self._stopping = False
         self._threads: list[threading.Thread | None] = [None] * threads
+        self._held = threading.local()  # per worker thread: the jobs it took, not yet settled
+        self._alive = 0  # threads in their loop (the gauge's value for this engine)
+        self._quick_failures = 0  # failures in a row of threads that ran under a second
+        self.restarts = 0
 
     @property
     def threads(self) -> int:
         """The worker threads taking this engine's jobs (each runs :meth:`_loop`)."""
         return len(self._threads)
 
+    @property
+    def alive(self) -> int:
+        """The worker threads running their loop now (:attr:`threads` while all is well)."""
+        with self._cond:
+            return self._alive
+
+    @property
+    def accepting(self) -> bool:
+        """Whether the engine takes requests: started, and not stopping."""
+        with self._cond:
+            return not self._stopping and any(t is not None for t in self._threads)
+
     def start(self) -> None:
         """Start the worker threads (again, after :meth:`stop`; running ones go on)."""
         with self._cond:
             self._stopping = False
-            for i, thread in enumerate(self._threads):
-                if thread is None or not thread.is_alive():
-                    name = f"aiayn-serve-{self.name}" + (f"-{i}" if i else "")
-                    thread = threading.Thread(target=self._main, name=name, daemon=True)
-                    self._threads[i] = thread
-                    thread.start()
+            for i in range(len(self._threads)):
+                self._spawn(i)
+
+    def _spawn(self, slot: int) -> None:
+        """Start worker thread ``slot`` unless it runs (the lock held)."""
+        thread = self._threads[slot]
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            return
+        name = f"aiayn-serve-{self.name}" + (f"-{slot}" if slot else "")
+        thread = threading.Thread(target=self._main, args=(slot,), name=name, daemon=True)
+        self._threads[slot] = thread
+        thread.start()
 
     def stop(self) -> None:
         """Finish the queued and running jobs, then end the worker threads."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        for thread in self._threads:
+            threads = list(self._threads)  # none is replaced from now on
+        for thread in threads:
             if thread is not None and thread.is_alive():
                 thread.join()
 
@@ -165,6 +251,7 @@ class Engine:
                     job = self._queue.popleft()
                     self.metrics.queue_depth.labels(self.name).set(len(self._queue))
                     if not job.cancelled:
+                        self._hold(job)
                         return job
                 left = None if deadline is None else deadline - time.monotonic()
                 if self._stopping or (left is not None and left <= 0):
@@ -173,9 +260,21 @@ class Engine:
 
     def _put_back(self, job: Job) -> None:
         """Return ``job`` to the head of the queue (it did not fit this batch)."""
+        held: list[Job] = getattr(self._held, "jobs", [])
+        if job in held:
+            held.remove(job)
         with self._cond:
             self._queue.appendleft(job)
             self.metrics.queue_depth.labels(self.name).set(len(self._queue))
+
+    def _hold(self, job: Job) -> None:
+        """Count ``job`` among the calling worker's (failed if the worker fails); those already
+        answered or cancelled are let go."""
+        held: list[Job] | None = getattr(self._held, "jobs", None)
+        if held is None:
+            held = self._held.jobs = []
+        held[:] = [j for j in held if not (j.settled or j.cancelled)]
+        held.append(job)
 
     def _run_inline(self, job: Job) -> bool:
         """Run ``job`` now if it is an :class:`Inline` job (and answer it); False otherwise."""
@@ -184,7 +283,7 @@ class Engine:
         try:
             result = job.payload.run()
         except Exception as error:
-            job.fail(as_problem(error))
+            fail_jobs([job], error, self.name)
         else:
             job.resolve(result)
         return True
@@ -194,16 +293,47 @@ class Engine:
         with self._cond:
             return (True, self._queue[0].key) if self._queue else (False, None)
 
-    def _main(self) -> None:
+    def _main(self, slot: int) -> None:
+        """Worker thread ``slot``: :meth:`_loop` until the engine stops. A failure escaping the
+        loop (a bug) fails the requests this thread held, each with a 500 naming it, and a new
+        thread replaces this one (after a pause while threads keep failing within a second)."""
+        self._held.jobs = []
+        started = time.monotonic()
+        with self._cond:
+            self._alive += 1
+            self.metrics.workers.labels(self.name).inc()
+        failure: BaseException | None = None
         try:
             self._loop()
-        except Exception:  # a bug: fail what is left rather than leave requests hanging
-            _log.exception("worker %s stopped", self.name)
+        except BaseException as error:  # a bug: the thread's requests fail, the model goes on
+            failure = error
+        finally:
             with self._cond:
-                for job in self._queue:
-                    job.fail(Problem(503, f"the worker of model {self.name} stopped"))
-                self._queue.clear()
-                self._stopping = True
+                self._alive -= 1
+                self.metrics.workers.labels(self.name).dec()
+        if failure is not None:
+            held = [j for j in self._held.jobs if not (j.settled or j.cancelled)]
+            names = ", ".join(j.name for j in held) or "none"
+            _log.error("worker %s (thread %d) failed; its requests fail with it: %s", self.name,
+                       slot, names, exc_info=failure)  # fmt: skip
+            for job in held:
+                job.fail(internal_error(job, self.name))
+            self._replace(slot, time.monotonic() - started)
+
+    def _replace(self, slot: int, ran: float) -> None:
+        """Start a new worker thread in ``slot`` (unless the engine stops), ``ran`` seconds
+        after the failed one started: at once, or after 0.01 · 2^n s (at most 1 s) for the n-th
+        failure in a row of threads that ran under a second."""
+        with self._cond:
+            self._quick_failures = self._quick_failures + 1 if ran < 1.0 else 0
+            pause = min(1.0, 0.01 * 2**self._quick_failures) if self._quick_failures > 1 else 0
+        time.sleep(pause)
+        with self._cond:
+            if self._stopping:
+                return
+            self.restarts += 1
+            self.metrics.worker_restarts.labels(self.name).inc()
+            self._spawn(slot)
 
     def _loop(self) -> None:
         raise NotImplementedError
@@ -250,16 +380,20 @@ class BatchEngine(Engine):
         return jobs
 
     def _execute(self, jobs: list[Job]) -> None:
+        """Run ``jobs`` as one batch and answer each; a batch of several that fails runs again
+        one job at a time, so that only a job that fails alone gets the error."""
         start = time.monotonic()
         try:
             results = list(self._run(jobs))
         except Exception as error:
+            if len(jobs) == 1:
+                fail_jobs(jobs, error, self.name)
+                return
+            _log.warning("model %s: a batch of %d failed (%r); each runs alone", self.name,
+                         len(jobs), error)  # fmt: skip
             for job in jobs:
-                job.fail(as_problem(error))
+                self._execute([job])
             return
         self.metrics.batch(self.name, sum(j.cost for j in jobs), len(jobs), start)
         for job, result in zip(jobs, results, strict=True):
-            if isinstance(result, Exception):
-                job.fail(as_problem(result))
-            else:
-                job.resolve(result)
+            job.settle(result, self.name)

@@ -8,7 +8,12 @@ in a registry of the app's own, so that two apps in one process count apart.
 - ``aiayn_batch_size{model}``: requests per encoder batch, rows per decoding step;
 - ``aiayn_batch_tokens{model}``: tokens per encoder batch;
 - ``aiayn_tokens_total{model, kind}``: tokens read (``input``) and generated (``output``);
-- ``aiayn_tokens_per_second{model}``: tokens per second of the latest batch or decoding round.
+- ``aiayn_tokens_per_second{model}``: tokens per second of the latest batch or decoding round;
+- ``aiayn_workers_alive{model}``: worker threads running (the model's decode workers, or its
+  one encoder worker, per endpoint); below the started count only while a failed thread is
+  being replaced;
+- ``aiayn_worker_restarts_total{model}``: worker threads replaced after a failure escaped their
+  loop (:mod:`aiayn.serving.engine`).
 """
 
 from __future__ import annotations
@@ -52,6 +57,11 @@ class Metrics:
         self.tokens_per_second = Gauge(
             "aiayn_tokens_per_second", "tokens per second of the latest batch or round",
             ["model"], registry=r,
+        )  # fmt: skip
+        self.workers = Gauge("aiayn_workers_alive", "worker threads running", ["model"], registry=r)
+        self.worker_restarts = Counter(
+            "aiayn_worker_restarts", "worker threads replaced after a failure", ["model"],
+            registry=r,
         )  # fmt: skip
 
     def request(self, endpoint: str, status: int, seconds: float) -> None:

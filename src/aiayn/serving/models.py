@@ -4,7 +4,8 @@ own worker."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +40,15 @@ of the model's other endpoint)."""
 
 @dataclass
 class ServedModel:
-    """A loaded checkpoint: its name, folder, family, parameter count and tasks by command."""
+    """A loaded checkpoint: its name, folder, family, parameter count, tasks by command and
+    load time (``created``: Unix seconds, OpenAI's model field)."""
 
     name: str
     path: Path
     family: Family
     parameters: int
     tasks: dict[str, Task]
+    created: int = field(default_factory=lambda: int(time.time()))
 
     @property
     def max_input_tokens(self) -> int:

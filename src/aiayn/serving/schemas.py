@@ -1,14 +1,15 @@
 """The service's requests and responses (pydantic): what each endpoint accepts, field by field,
 and what it answers. Every request model forbids unknown fields, so a misspelt option is a 422
 naming it rather than an option silently ignored. ``/v1/completions`` and ``/v1/embeddings``
-follow OpenAI's field names and shapes for the fields that apply.
+accept every field of OpenAI's requests (a value a model cannot honour is refused by
+:mod:`aiayn.serving.openai_api` with a 400 naming the field) and answer in OpenAI's shapes.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from aiayn.limits import MAX_BEAM_SIZE, MAX_COMPLETION_CHOICES, MAX_REQUEST_ITEMS
 
@@ -16,6 +17,18 @@ Text = Annotated[str, Field(min_length=1)]
 """A non-empty text (an empty one is a 422)."""
 
 Texts = Annotated[list[Text], Field(min_length=1, max_length=MAX_REQUEST_ITEMS)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+"""A prompt given as token ids (OpenAI's ``prompt: [5, 6, 7]``)."""
+
+TokenIdLists = Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_REQUEST_ITEMS)]
+"""Prompts given as token ids (``prompt: [[5, 6], [7]]``)."""
+
+
+def _null_is(default: Any) -> BeforeValidator:
+    """An explicit JSON null read as the field's default (OpenAI's fields are nullable)."""
+    return BeforeValidator(lambda value: default if value is None else value)
+
+
 ModelName = Annotated[
     str | None,
     Field(
@@ -84,19 +97,67 @@ class TranslateResponse(Answer):
 Stop = Annotated[list[Text], Field(min_length=1, max_length=4)]
 
 
-class CompletionRequest(Request):
-    """``POST /v1/completions`` (OpenAI's fields that apply). ``temperature`` left out or 0:
-    greedy search (``aiayn generate``'s default); above 0: sampling (``--sample``)."""
+class StreamOptions(Request):
+    """OpenAI's ``stream_options`` (only with ``stream: true``)."""
+
+    include_usage: bool = Field(
+        False, description="end the stream with a chunk of the request's usage (choices: [])"
+    )
+    include_obfuscation: bool | None = Field(
+        None, description="OpenAI's padding of chunks: not done here (true is a 400)"
+    )
+
+
+Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)] | None
+
+
+class CompletionOptions(Request):
+    """The fields of ``POST /v1/completions`` that ``aiayn generate``'s options follow."""
 
     model: ModelName = None
-    prompt: Text | Texts
-    max_tokens: Annotated[int, Field(ge=1)] = 16
+    max_tokens: Annotated[int, _null_is(16), Field(ge=1)] = 16
     temperature: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_COMPLETION_CHOICES)] = 1
+    n: Annotated[int, _null_is(1), Field(ge=1, le=MAX_COMPLETION_CHOICES)] = 1
     stop: Text | Stop | None = None
-    stream: bool = False
+    stream: Annotated[bool, _null_is(False)] = False
+
+
+class CompletionRequest(CompletionOptions):
+    """What the generation task reads (:class:`CompletionBody`'s options, its prompts as text).
+    ``temperature`` left out or 0: greedy search (``aiayn generate``'s default); above 0:
+    sampling (``--sample``)."""
+
+    prompt: Text | Texts
+
+
+class CompletionBody(CompletionOptions):
+    """``POST /v1/completions``: every field of OpenAI's request. Fields the models cannot
+    honour are accepted at their neutral values only (0 penalties, no ``logprobs``, no
+    ``logit_bias``, no ``suffix``, ``best_of`` = ``n``): another value is a 400 naming the
+    field (:mod:`aiayn.serving.openai_api`)."""
+
+    prompt: Text | Texts | TokenIds | TokenIdLists = Field(
+        description="a text, texts, a prompt's token ids, or prompts' token ids"
+    )
+    stream_options: StreamOptions | None = None
+    echo: Annotated[bool, _null_is(False)] = Field(
+        False, description="put the prompt before each completion (aiayn generate's output)"
+    )
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = Field(
+        None, description="not served: any value is a 400"
+    )
+    presence_penalty: Penalty = Field(None, description="0 only (a 400 otherwise)")
+    frequency_penalty: Penalty = Field(None, description="0 only (a 400 otherwise)")
+    best_of: Annotated[int, Field(ge=1, le=MAX_COMPLETION_CHOICES)] | None = Field(
+        None, description="left out or equal to n (a 400 otherwise)"
+    )
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, description="left out or empty (a 400 otherwise)"
+    )
+    suffix: str | None = Field(None, description="left out or empty (a 400 otherwise)")
+    user: str | None = Field(None, description="accepted and ignored (neither logged nor kept)")
 
 
 class CompletionChoice(Answer):
@@ -129,20 +190,25 @@ class CompletionResponse(Answer):
 
 class EmbeddingRequest(Request):
     """``POST /v1/embeddings`` (OpenAI's fields; ``normalize`` is aiayn's, as ``aiayn embed
-    --no-normalize``)."""
+    --no-normalize``). ``encoding_format: "base64"`` (the OpenAI client's default) gives each
+    vector as the base64 of its little-endian float32 bytes. ``dimensions`` may only be the
+    model's own width (no served model was trained for shortened vectors: a 400 otherwise)."""
 
     model: ModelName = None
     input: Text | Texts
-    encoding_format: Literal["float"] = "float"
+    encoding_format: Annotated[Literal["float", "base64"], _null_is("float")] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = Field(None, description="accepted and ignored (neither logged nor kept)")
     normalize: bool = True
 
 
 class Embedding(Answer):
-    """One input's vector."""
+    """One input's vector: floats, or (``encoding_format: "base64"``) the base64 of its
+    little-endian float32 bytes."""
 
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: list[float]
+    embedding: list[float] | str
 
 
 class EmbeddingResponse(Answer):
@@ -245,11 +311,13 @@ class AttentionResponse(Answer):
 
 
 class ModelCard(Answer):
-    """A loaded model: its name, family, parameters, endpoints, what it reads (text or image)
-    and its length limit (tokens, or image patches + 1)."""
+    """A loaded model (OpenAI's model object and aiayn's fields): its name, load time, family,
+    parameters, endpoints, what it reads (text or image) and its length limit (tokens, or image
+    patches + 1)."""
 
     id: str
     object: Literal["model"] = "model"
+    created: int = Field(description="when the model was loaded (Unix time, seconds)")
     owned_by: str = "aiayn"
     family: str
     parameters: int
