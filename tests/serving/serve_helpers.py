@@ -17,18 +17,26 @@ from aiayn.checkpoint import load_checkpoint
 from aiayn.data.text_tokenizer import load_lm_tokenizer
 from aiayn.decoding import GenerateOptions, generate
 from aiayn.models.gpt2 import GPT2
+from aiayn.serving import ServeOptions
+from aiayn.serving.connections import server_config
 
 
 @contextmanager
-def live_server(app: Any) -> Iterator[str]:
+def live_server(app: Any, options: ServeOptions | None = None) -> Iterator[str]:
     """``app`` served by uvicorn in a thread on 127.0.0.1 (a free port) until the block ends;
-    yields its base URL once /health answers."""
+    yields its base URL once /health answers. With ``options``, uvicorn is configured as
+    ``aiayn serve`` configures it (:func:`aiayn.serving.connections.server_config`: header
+    timeout, connection cap, keep-alive)."""
     import uvicorn
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    if options is None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    else:
+        config = server_config(app, options, host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

@@ -57,7 +57,11 @@ def test_malformed_json_and_bad_uploads(client: TestClient) -> None:
     )
     assert r.status_code == 422 and "not valid JSON" in r.json()["error"]["message"]
     r = client.post("/v1/classify", files={"image": ("a.png", b"not an image", "image/png")})
-    assert r.status_code == 422 and "cannot read the image" in r.json()["error"]["message"]
+    message = r.json()["error"]["message"]
+    assert r.status_code == 422 and "cannot read the image" in message
+    assert message.startswith("image: ") and "\n" not in message
+    assert "BytesIO" not in message and "0x" not in message  # not the in-memory file's repr
+    assert "not in an image format" in message and r.json()["error"]["param"] == "image"
     r = client.post(
         "/v1/classify", files={"image": ("a.png", b"x", "image/png")}, data={"path": "/etc"}
     )

@@ -76,7 +76,29 @@ def register(subparsers: Any) -> None:
                    help=f"largest request body in bytes ({d.max_body_bytes:,})")  # fmt: skip
     p.add_argument("--no-batching", dest="batching", action="store_false",
                    help="one request at a time per model (a baseline)")  # fmt: skip
+    _add_bounds(p, d)
     add_device_option(p)
+
+
+def _add_bounds(p: Any, d: Any) -> None:
+    """The flags bounding one request's work and the connections (ServeOptions' fields)."""
+    from aiayn.serving.options import ServeOptions as O
+
+    p.add_argument("--max-beam", type=flag(O, "max_beam"), default=d.max_beam,
+                   help=f"largest beam of a translation request ({d.max_beam})")  # fmt: skip
+    p.add_argument("--max-request-tokens", type=flag(O, "max_request_tokens"),
+                   default=d.max_request_tokens,
+                   help="most tokens one request may ask for: inputs plus output limits, times "
+                   f"beams or n ({d.max_request_tokens:,})")  # fmt: skip
+    p.add_argument("--header-timeout-s", type=flag(O, "header_timeout_s"),
+                   default=d.header_timeout_s,
+                   help="seconds a connection has to send a request's headers "
+                   f"({d.header_timeout_s:g})")  # fmt: skip
+    p.add_argument("--keep-alive-s", type=flag(O, "keep_alive_s"), default=d.keep_alive_s,
+                   help=f"seconds an idle connection stays open ({d.keep_alive_s})")  # fmt: skip
+    p.add_argument("--max-connections", type=flag(O, "max_connections"),
+                   default=d.max_connections,
+                   help=f"connections open at once; 503 beyond ({d.max_connections})")  # fmt: skip
 
 
 def named_checkpoints(values: list[str]) -> list[tuple[str, Path]]:
@@ -120,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
     from aiayn.performance import keep_freed_memory
     from aiayn.serving import ServeOptions, create_app, load_served_model
+    from aiayn.serving.connections import server_config
     from aiayn.serving.metrics import Metrics
     from aiayn.serving.options import intra_op_threads
     from aiayn.validation import resolve_device
@@ -130,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
         max_decode_groups=args.max_decode_groups, decode_workers=args.decode_workers,
         queue_size=args.queue_size,
         timeout_s=args.timeout_s, max_body_bytes=args.max_body_bytes, batching=args.batching,
+        max_beam=args.max_beam, max_request_tokens=args.max_request_tokens,
+        header_timeout_s=args.header_timeout_s, keep_alive_s=args.keep_alive_s,
+        max_connections=args.max_connections,
     )  # fmt: skip
     _check_port(args.host, args.port)
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
@@ -145,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         for line in (*prepare(), *report()):
             print(f"aiayn serve: {line}", file=sys.stderr, flush=True)
     app = create_app(models, options, metrics, api_key=api_key, cors_origins=args.cors_origin)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info")
+    config = server_config(app, options, host=args.host, port=args.port)
     # uvicorn handles SIGTERM while it serves (stop accepting, answer the requests in flight),
     # then raises it again under the handler it found: a no-op one, so the command exits 0
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)

@@ -256,13 +256,21 @@ def open_image(path: str | Path) -> Image.Image:
 
 
 def check_pixels(path: str | Path, width: int, height: int) -> None:
-    """Refuse an image of more than :data:`aiayn.limits.MAX_IMAGE_PIXELS` pixels.
+    """Refuse an image of more than :data:`aiayn.limits.MAX_IMAGE_PIXELS` pixels, or with a side
+    longer than :data:`aiayn.limits.MAX_IMAGE_SIDE` (what its resize costs grows with).
 
     Raises:
         UserError: naming the file, its size and the limit.
     """
     if width * height > limits.MAX_IMAGE_PIXELS:
         raise UserError(_too_large(path, f"{width} × {height} = {width * height:,} pixels"))
+    side = max(width, height)
+    if side > limits.MAX_IMAGE_SIDE:
+        raise UserError(
+            f"{path}: the image is too large to decode ({width} × {height} pixels: a side of "
+            f"{side:,} pixels, beyond the limit of {limits.MAX_IMAGE_SIDE:,}): make it smaller "
+            "first"
+        )
 
 
 def _too_large(path: str | Path, size: str) -> str:

@@ -58,6 +58,10 @@ CHAT = "/v1/chat/completions"
 MODEL = "/v1/models/{id}"
 """``GET /v1/models/NAME``, as the request metrics label it."""
 
+MODEL_STATE = "model"
+"""The request state's key naming the model a request went to (the latency's ``model`` label;
+"" where none was chosen)."""
+
 
 def create_app(
     models: Sequence[ServedModel],
@@ -202,6 +206,7 @@ class _Routes:
 
     async def answer(self, request: Request, task: Task, job: Job) -> Any:
         """Queue the job and wait for its answer, the client's leaving or the timeout."""
+        setattr(request.state, MODEL_STATE, task.name)
         task.engine.submit(job)
         left = asyncio.ensure_future(_disconnected(request))
         try:
@@ -241,6 +246,7 @@ class _Routes:
             """Continue prompts (OpenAI's completions; ``aiayn generate``'s results, with
             ``echo`` its printed prompt + continuation)."""
             task = self.pick("generate", body.model)
+            setattr(request.state, MODEL_STATE, task.name)
             plan = oa.plan_completion(task, body, int(time.time()))
             if body.stream:
                 return self._stream(task, plan)
@@ -441,7 +447,9 @@ def _most_telling(errors: Sequence[Any]) -> Any:
 class Guard:
     """Every HTTP request passes here first: the bearer token (401 without it), the body size
     (413 beyond ``max_body`` bytes, by ``Content-Length`` or as the body arrives) and the
-    request metrics (endpoint, status, latency)."""
+    request metrics (endpoint, model, status, latency). An answer that starts before the
+    request's body was read to its end (a 413, a 401) says ``Connection: close``, so the server
+    closes the connection rather than read and discard the rest of the body."""
 
     def __init__(
         self, app: ASGIApp, *, metrics: Metrics, api_key: str | None, max_body: int,
@@ -454,11 +462,13 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started, status = time.monotonic(), [500]
+        started, status, body = time.monotonic(), [500], _Body(scope)
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                if not body.read:
+                    message = {**message, "headers": [*message.get("headers", []), _CLOSE]}
             await send(message)
 
         try:
@@ -466,9 +476,11 @@ class Guard:
             if refused is not None:
                 await problem_response(refused)(scope, receive, sending)
                 return
-            await self.app(scope, self._limited(receive), sending)
+            await self.app(scope, self._limited(receive, body), sending)
         finally:
-            self.metrics.request(self._label(scope["path"]), status[0], time.monotonic() - started)
+            model = str(scope.get("state", {}).get(MODEL_STATE, ""))
+            seconds = time.monotonic() - started
+            self.metrics.request(self._label(scope["path"]), status[0], seconds, model)
 
     def _label(self, path: str) -> str:
         """The request metrics' endpoint label: a served path, ``/v1/models/{id}``, or other."""
@@ -493,7 +505,7 @@ class Guard:
     def _too_large(self) -> Problem:
         return Problem(413, f"the body is larger than {self.max_body} bytes (--max-body-bytes)")
 
-    def _limited(self, receive: Receive) -> Callable[[], Awaitable[Message]]:
+    def _limited(self, receive: Receive, body: _Body) -> Callable[[], Awaitable[Message]]:
         seen = [0]
 
         async def limited() -> Message:
@@ -502,6 +514,21 @@ class Guard:
                 seen[0] += len(message.get("body", b""))
                 if seen[0] > self.max_body:
                     raise self._too_large()
+                if not message.get("more_body", False):
+                    body.read = True
             return message
 
         return limited
+
+
+_CLOSE = (b"connection", b"close")
+
+
+class _Body:
+    """Whether a request's body has been read to its end (a request without one has)."""
+
+    def __init__(self, scope: Scope):
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"0").strip()
+        empty = not length.isdigit() or not int(length)
+        self.read = empty and b"transfer-encoding" not in headers

@@ -137,14 +137,30 @@ class DecodeEngine(Engine):
             if group.done:
                 return 0, 0
             rows = group.rows
+            live = [j for j in group.jobs if not (j.settled or j.cancelled)]
             ended, tokens = group.advance()
         except Exception as error:
             failed.append(group)
             self._recover(group, error, again)
             return rows, 0
+        self._time_tokens(live, ended)
         for job, result in ended:
             job.settle(result, self.name)
         return rows, tokens
+
+    def _time_tokens(self, live: list[Job], ended: list[tuple[Job, Any]]) -> None:
+        """After a step of the ``live`` requests: the time to the first token of those that
+        got it now, and the time per output token of those that ``ended`` with a result."""
+        now, first = time.monotonic(), []
+        for job in live:
+            job.steps += 1
+            if job.first_token_at is None:
+                job.first_token_at = now
+                first.append(job.queued_at)
+        self.metrics.first_tokens(self.name, first, now)
+        for job, result in ended:
+            if job.first_token_at is not None and not isinstance(result, Exception):
+                self.metrics.per_output_token(self.name, now - job.first_token_at, job.steps - 1)
 
     def _recover(self, group: Group, error: Exception, again: list[Group]) -> None:
         """After ``group``'s step failed: where it held several requests, each that may start
@@ -476,11 +492,14 @@ class BeamGroup:
         return True
 
     def advance(self) -> tuple[list[tuple[Job, Any]], int]:
+        """One step; the tokens it counts as generated are those of the best hypotheses of
+        the sentences done at it (what their answers hold)."""
         done = self.search.advance()  # a failure: the worker ends the group (close)
         self._found.update(done)
         if done:
             self._compact()
-        return self._answered(), 0
+        generated = sum(len(hyps[0].tokens) for _, hyps in done if hyps)
+        return self._answered(), generated
 
     def _compact(self) -> None:
         """After sentences left: the state without the columns no row needs any more."""

@@ -9,13 +9,14 @@ Shape legend:  B texts or images of a batch   C labels   D d_model
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from aiayn.checkpoint import checkpoint_tokenizer
 from aiayn.checkpoint.load import Checkpoint
@@ -68,6 +69,7 @@ class BertTask(Task):
             if n > self.max_input_tokens:
                 raise too_long(f"{field}.{i}", n, self.max_input_tokens)
             total += n
+        self.check_tokens(field, total, "the input tokens, summed")
         return total
 
     def run(self, jobs: Sequence[Job]) -> list[Any]:
@@ -282,5 +284,18 @@ class ClassifyImageTask(Task):
             return Problem(413, "image: too many pixels", param="image")
         except UserError as error:
             return Problem(413 if "pixels" in str(error) else 422, str(error), param="image")
+        except UnidentifiedImageError:
+            what = "the file is not in an image format Pillow reads (PNG, JPEG, GIF, WebP, ...)"
+            return Problem(422, f"image: cannot read the image: {what}", param="image")
         except (OSError, ValueError, SyntaxError) as error:
-            return Problem(422, f"image: cannot read the image ({error})", param="image")
+            return Problem(422, f"image: cannot read the image ({_reason(error)})", param="image")
+
+
+_STREAM = re.compile(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
+
+
+def _reason(error: BaseException) -> str:
+    """Pillow's message for ``error`` on one line, without the repr of the in-memory file it
+    read (``<_io.BytesIO object at 0x…>``, which names nothing the client sent)."""
+    text = " ".join(_STREAM.sub("", str(error)).split())
+    return text or type(error).__name__

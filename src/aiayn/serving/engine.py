@@ -61,6 +61,8 @@ class Job:
         settled: set by the worker when it answers or fails the request.
         streamed: whether a partial result was sent (the request cannot start again unseen).
         retried: whether the request already started again alone after a failure.
+        first_token_at: when a decoding step first gave it a token (``time.monotonic``).
+        steps: the decoding steps it took part in so far (one token a step per row).
     """
 
     payload: Any
@@ -75,6 +77,8 @@ class Job:
     settled: bool = False
     streamed: bool = False
     retried: bool = False
+    first_token_at: float | None = None
+    steps: int = 0
 
     @property
     def name(self) -> str:
@@ -179,7 +183,15 @@ class Engine:
         self._held = threading.local()  # per worker thread: the jobs it took, not yet settled
         self._alive = 0  # threads in their loop (the gauge's value for this engine)
         self._quick_failures = 0  # failures in a row of threads that ran under a second
+        self._running: set[Job] = set()  # taken by a worker, perhaps answered since
         self.restarts = 0
+        metrics.watch_running(name, self.running)
+
+    def running(self) -> int:
+        """The requests taken by a worker and neither answered nor cancelled yet."""
+        with self._cond:
+            self._running = {j for j in self._running if not (j.settled or j.cancelled)}
+            return len(self._running)
 
     @property
     def threads(self) -> int:
@@ -213,6 +225,8 @@ class Engine:
         name = f"aiayn-serve-{self.name}" + (f"-{slot}" if slot else "")
         thread = threading.Thread(target=self._main, args=(slot,), name=name, daemon=True)
         self._threads[slot] = thread
+        self._alive += 1  # counted from its start, so that /ready is true once start() returns
+        self.metrics.workers.labels(self.name).inc()
         thread.start()
 
     def stop(self) -> None:
@@ -264,6 +278,7 @@ class Engine:
         if job in held:
             held.remove(job)
         with self._cond:
+            self._running.discard(job)
             self._queue.appendleft(job)
             self.metrics.queue_depth.labels(self.name).set(len(self._queue))
 
@@ -275,6 +290,8 @@ class Engine:
             held = self._held.jobs = []
         held[:] = [j for j in held if not (j.settled or j.cancelled)]
         held.append(job)
+        self._running = {j for j in self._running if not (j.settled or j.cancelled)}
+        self._running.add(job)
 
     def _run_inline(self, job: Job) -> bool:
         """Run ``job`` now if it is an :class:`Inline` job (and answer it); False otherwise."""
@@ -298,10 +315,7 @@ class Engine:
         loop (a bug) fails the requests this thread held, each with a 500 naming it, and a new
         thread replaces this one (after a pause while threads keep failing within a second)."""
         self._held.jobs = []
-        started = time.monotonic()
-        with self._cond:
-            self._alive += 1
-            self.metrics.workers.labels(self.name).inc()
+        started = time.monotonic()  # counted alive by _spawn
         failure: BaseException | None = None
         try:
             self._loop()

@@ -158,6 +158,7 @@ def _token_job(task: Any, body: s.CompletionBody, ids: list[list[int]], created:
             )  # fmt: skip
     stand_in = task_request(body, [""] * len(ids))  # each encodes to BOS alone
     job: Job = as_400(lambda: task.prepare(stand_in, created))
+    as_400(lambda: task.check_request(ids, body.max_tokens, body.n))
     job.payload = dataclasses.replace(job.payload, prompts=ids)
     job.cost = sum(len(row) for row in ids) * body.n
     return job

@@ -6,7 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from aiayn.limits import MAX_REQUEST_BODY_BYTES
+from aiayn.limits import (
+    MAX_BEAM_SIZE,
+    MAX_REQUEST_BODY_BYTES,
+    MAX_REQUEST_TOKENS,
+    SERVE_MAX_BEAM,
+    SERVE_MAX_REQUEST_TOKENS,
+)
 from aiayn.settings import performance
 from aiayn.validation import Bounds, PositiveInt, validate, validated
 
@@ -32,6 +38,18 @@ class ServeOptions:
         timeout_s: a request not answered within this many seconds is answered 504.
         max_body_bytes: the largest request body accepted (413 beyond it).
         batching: False = one request at a time per model (a baseline for benchmarks).
+        max_beam: the largest ``beam`` of a translation request (422 beyond;
+            :data:`aiayn.limits.SERVE_MAX_BEAM` says why 16).
+        max_request_tokens: the most tokens one request may ask the model to hold (sources or
+            prompts plus output limits, times beams or ``n``; 413, or 400 for completions,
+            beyond; :data:`aiayn.limits.SERVE_MAX_REQUEST_TOKENS`).
+        header_timeout_s: a connection must send a request's complete headers within this many
+            seconds of opening, or of the end of its previous answer; it is closed otherwise
+            (:mod:`aiayn.serving.connections`).
+        keep_alive_s: an idle keep-alive connection is closed after this many seconds
+            (uvicorn's ``timeout_keep_alive``).
+        max_connections: the most connections open at once; one beyond is answered 503 and
+            closed before its request is read.
     """
 
     max_batch_tokens: PositiveInt = 4096
@@ -44,6 +62,13 @@ class ServeOptions:
     timeout_s: Annotated[float, Bounds(gt=0, le=86_400)] = 60.0
     max_body_bytes: Annotated[int, Bounds(ge=1024, le=MAX_REQUEST_BODY_BYTES)] = 1 << 20
     batching: bool = True
+    max_beam: Annotated[int, Bounds(ge=1, le=MAX_BEAM_SIZE)] = SERVE_MAX_BEAM
+    max_request_tokens: Annotated[int, Bounds(ge=1, le=MAX_REQUEST_TOKENS)] = (
+        SERVE_MAX_REQUEST_TOKENS
+    )
+    header_timeout_s: Annotated[float, Bounds(gt=0, le=3600)] = 10.0
+    keep_alive_s: Annotated[int, Bounds(ge=1, le=3600)] = 5
+    max_connections: Annotated[int, Bounds(ge=1, le=1_000_000)] = 512
 
     def __post_init__(self) -> None:
         validate(self)

@@ -83,6 +83,17 @@ class Task:
         loop = asyncio.get_running_loop()
         return Job(payload, cost, loop, loop.create_future(), key=key)
 
+    def check_tokens(self, field: str, tokens: int, what: str) -> None:
+        """413 naming ``field`` when the request asks for more than ``--max-request-tokens``
+        tokens (``what`` says how they were counted)."""
+        most = self.options.max_request_tokens
+        if tokens > most:
+            raise Problem(
+                413, f"{field}: the request asks for {tokens:,} tokens ({what}); this server "
+                f"takes at most {most:,} per request (--max-request-tokens): send fewer or "
+                "shorter items", param=field,
+            )  # fmt: skip
+
 
 def too_long(field: str, tokens: int, limit: int, what: str = "tokens") -> Problem:
     """413 naming the field, its length and the model's."""
@@ -125,7 +136,13 @@ class TranslateTask(Task):
         return DecodeEngine(self.name, self.options, self.metrics, self.start)
 
     def prepare(self, req: s.TranslateRequest) -> Job:
-        """The request's job; 422 for options that do not go together, 413 for a long text."""
+        """The request's job; 422 for options that do not go together or a beam beyond
+        ``--max-beam``, 413 for a long text or more tokens than ``--max-request-tokens``."""
+        most = self.options.max_beam
+        for field, value in (("beam", req.beam), ("n_best", req.n_best)):
+            if value is not None and value > most:
+                raise Problem(422, f"{field}: {value} is more than this server's largest beam, "
+                              f"{most} (--max-beam)", param=field)  # fmt: skip
         try:
             o = options_for_checkpoint(
                 self.generation, beam_size=req.beam, alpha=req.alpha, n_best=req.n_best,
@@ -141,6 +158,8 @@ class TranslateTask(Task):
             if len(row) > self.max_input_tokens:
                 raise too_long(f"texts.{i}", len(row), self.max_input_tokens, "subword tokens")
         limits = output_limits(self.model, o, [len(r) for r in rows])
+        asked = sum(len(r) + 1 + m for r, m in zip(rows, limits, strict=True)) * o.beam_size
+        self.check_tokens("texts", asked, "each text's source and output limit, times the beam")
         cost = sum(len(r) + 1 for r in rows) * o.beam_size
         payload = TranslateJob(rows, o, limits, req.scores)
         return self.job(payload, cost, key=replace(o, max_new_tokens=None))
@@ -157,6 +176,7 @@ class TranslateTask(Task):
             counts.append(len(todo))
         if not rows:  # only empty texts: nothing to run
             return _answered(jobs, [self._answer(j.payload, []) for j in jobs])
+        self.metrics.tokens.labels(self.name, "input").inc(sum(map(len, rows)))
         src = source_batch(rows, self.tokenizer).to(self.device)  # (B, S)
         state = self.step.initial_state(src, capacity=max(limits) + 1)
         if o.beam_size > 1:
@@ -328,6 +348,7 @@ class GenerateTask(Task):
         for i, row in enumerate(ids):
             field = "prompt" if isinstance(req.prompt, str) else f"prompt.{i}"
             self._check(field, row, req.max_tokens)
+        self.check_request(ids, req.max_tokens, req.n)
         stop = () if req.stop is None else (req.stop,) if isinstance(req.stop, str) else req.stop
         payload = GenerateJob(
             ids, req.n, req.max_tokens, sampling, req.seed, tuple(stop), created,
@@ -335,6 +356,12 @@ class GenerateTask(Task):
         )  # fmt: skip
         cost = sum(len(r) for r in ids) * req.n
         return self.job(payload, cost, key=sampling)
+
+    def check_request(self, prompts: list[list[int]], max_tokens: int, n: int) -> None:
+        """413 naming ``prompt`` when the prompts' tokens plus ``max_tokens``, times ``n``,
+        are more than ``--max-request-tokens``."""
+        asked = sum(len(p) + max_tokens for p in prompts) * n
+        self.check_tokens("prompt", asked, "each prompt's tokens and max_tokens, times n")
 
     def _check(self, field: str, row: list[int], max_tokens: int) -> None:
         c = self.config
