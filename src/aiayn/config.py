@@ -35,6 +35,12 @@ class ModelConfig:
 
     d_model: int  # every family has a model width D (the schedule of eq. 3 reads it)
 
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model's learned position table covers, or None where
+        positions go on (sinusoids, relative positions, none; a ViT's interpolated grid)."""
+        return None
+
     def replace(self: _C, **changes: Any) -> _C:
         """A copy with some fields changed (validated; unknown keys rejected)."""
         return type(self).from_dict({**self.to_dict(), **changes})
@@ -126,6 +132,12 @@ class TransformerConfig(ModelConfig):
             )
         if self.pad_id >= min(self.vocab_size, self.target_vocab_size):
             raise ConfigError(f"pad_id={self.pad_id} is outside the vocabulary")
+
+    @property
+    def max_positions(self) -> int | None:
+        """``max_len`` with learned positions (a table of that many rows); None with sinusoids
+        (§3.5, computed for any length) or none."""
+        return self.max_len if self.positional == "learned" else None
 
     @property
     def d_k(self) -> int:

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -124,6 +128,86 @@ def test_staged_tree_replaces_a_folder_only_when_complete(tmp_path: Path) -> Non
         assert (old / "state.json").read_text() == "old"
     assert sorted(p.name for p in old.iterdir()) == ["state.json"]
     assert (old / "state.json").read_text() == "new" and _hidden(tmp_path) == []
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended."""
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
+
+
+def _stage(parent: Path, name: str, pid: int, host: str | None = None) -> Path:
+    """A staging folder as :func:`outputs.make_stage` names them, holding a half-written
+    ``name``."""
+    stage = parent / f".{name}.{pid}-{host or outputs._host()}-{secrets.token_hex(4)}.tmp"
+    (stage / name).mkdir(parents=True)
+    (stage / name / "model.bin").write_bytes(b"half")
+    return stage
+
+
+_STAGED_WRITE = """
+import sys, time
+from pathlib import Path
+from aiayn.cli.outputs import staged_tree
+with staged_tree(Path(sys.argv[1])) as new:
+    new.mkdir()
+    (new / "model.bin").write_bytes(b"half")
+    print("writing", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+def test_a_stage_left_by_kill_9_goes_with_the_next_write_beside_it(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", _STAGED_WRITE, str(tmp_path / "out")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdout.readline() == "writing\n"
+    child.kill()  # SIGKILL: no clean-up runs
+    child.wait()
+    (left,) = tmp_path.iterdir()
+    assert left.name.startswith(f".out.{child.pid}-") and (left / "out" / "model.bin").is_file()
+    with outputs.staged_tree(tmp_path / "again") as new:
+        new.mkdir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]
+
+
+def test_the_sweep_takes_only_stale_stages_named_as_aiayn_names_them(tmp_path: Path) -> None:
+    gone = [_stage(tmp_path, "out", _dead_pid()), _stage(tmp_path, "ckpt", _dead_pid())]
+    host = "000000" if outputs._host() != "000000" else "111111"  # another machine
+    week_old = _stage(tmp_path, "out", _dead_pid(), host)
+    os.utime(week_old, (time.time() - 7 * 86400,) * 2)
+    kept = [_stage(tmp_path, "out", os.getppid()), _stage(tmp_path, "out", os.getpid())]
+    kept.append(_stage(tmp_path, "out", _dead_pid(), host))  # its process cannot be probed
+    for name in (".out.abcdefgh.tmp", ".out.1-abc.tmp", "out.1-abcdef-01234567.tmp"):
+        (tmp_path / name).mkdir()  # not aiayn's name for a stage
+        kept.append(tmp_path / name)
+    file_named_so = tmp_path / f".out.{_dead_pid()}-{outputs._host()}-0123abcd.tmp"
+    file_named_so.write_text("a file")
+    link_named_so = tmp_path / f".out.{_dead_pid()}-{outputs._host()}-4567abcd.tmp"
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "keep").write_text("x")
+    link_named_so.symlink_to(tmp_path / "target", target_is_directory=True)
+    kept += [file_named_so, link_named_so, tmp_path / "target"]
+    with outputs.staged_tree(tmp_path / "out") as new:
+        new.mkdir()
+        (new / "model.bin").write_bytes(b"whole")
+    assert sorted(tmp_path.iterdir()) == sorted([*kept, tmp_path / "out"])
+    assert not any(p.exists() for p in [*gone, week_old])
+    assert (tmp_path / "target" / "keep").read_text() == "x"
+    assert (tmp_path / "out" / "model.bin").read_bytes() == b"whole"
+
+
+def test_staged_files_sweep_their_own_stale_stages_in_the_folder(tmp_path: Path) -> None:
+    gone = _stage(tmp_path, "aiayn", _dead_pid())
+    (tmp_path / "keep.png").write_text("mine")
+    with outputs.staged_files(tmp_path) as stage:
+        (stage / "a.png").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "keep.png"]
+    assert not gone.exists()
 
 
 # -- the checks ----------------------------------------------------------------------------------
@@ -338,3 +422,30 @@ def test_force_never_replaces_a_link_among_a_folders_files_or_for_a_whole_folder
     with pytest.raises(UserError, match=r"link is a symbolic link: --force replaces only"):
         outputs.check_checkpoint_out(tmp_path / "link", force=True, flag="--out")
     assert (maps / "a.html").is_symlink() and (tmp_path / "link").is_symlink()
+
+
+@pytest.mark.parametrize(
+    ("argv", "refusal"),
+    [
+        (["average", "a", "b", "--out", ""], "--out is empty: give a folder for the checkpoint"),
+        (["export", "--checkpoint", "ckpt", "--to", "ct2", ""], "OUT is empty: give the folder"),
+        (["attention", "--checkpoint", ".", "--src", "hi", "--out", ""], "--out is empty"),
+    ],
+)
+def test_an_empty_output_path_is_refused_naming_its_flag(
+    argv: list[str],
+    refusal: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """An empty path is not ``.``: each command refuses it in one line, exit status 2."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"aiayn {argv[0]}: error: {refusal}") and err.count("\n") == 1
+    for check in (outputs.check_file, outputs.check_folder, outputs.check_checkpoint_out):
+        with pytest.raises(UserError, match=r"^--out is empty: give "):
+            check("", force=True, flag="--out")

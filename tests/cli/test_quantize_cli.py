@@ -78,6 +78,19 @@ def test_a_quantised_checkpoint_translates_as_quantising_on_load(
     assert stored == on_load == unpacked and len(stored.splitlines()) == len(TEXTS)
 
 
+def test_an_empty_out_is_refused_by_name(
+    ckpts: dict[str, Path], run_cli: RunCli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--out ''`` is no folder: not the current one, which "exists" (nor, with --force, one
+    replaced by the checkpoint)."""
+    monkeypatch.chdir(tmp_path)
+    for force in ((), ("--force",)):
+        code, out, err = run_cli("quantize", "--checkpoint", ckpts["mt"], "--out", "", *force)
+        assert (code, out) == (2, "")
+        assert err == "aiayn quantize: error: --out is empty: give a folder for the checkpoint\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("command", "checkpoint", "extra"),
     [

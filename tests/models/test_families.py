@@ -14,6 +14,7 @@ from aiayn.models.families import (
     COMMANDS,
     DEFAULT_FAMILY,
     FAMILIES,
+    Family,
     demo_runs,
     family_named,
     family_of,
@@ -65,6 +66,17 @@ def test_every_family_is_complete() -> None:
         assert f.count(config) == sum(p.numel() for p in f.build(config).parameters()), name
         for module in f.modules:
             assert (SRC.parent / (module.replace(".", "/") + ".py")).is_file(), module
+
+
+def test_a_family_is_built_by_keyword_only() -> None:
+    """Nine fields in a row are not read by position: each is named where a family is made."""
+    gpt2 = family_named("gpt2")
+    fields = {name: getattr(gpt2, name) for name in ("name", "title", "config", "model")}
+    fields |= {"presets": gpt2.presets, "default_preset": gpt2.default_preset}
+    fields |= {"count": gpt2.count, "commands": gpt2.commands, "modules": gpt2.modules}
+    assert Family(**fields).build(gpt2.presets["gpt2-tiny"]) is not None
+    with pytest.raises(TypeError, match="positional"):
+        Family(*fields.values())  # type: ignore[misc]
 
 
 def test_lookups_name_what_is_unknown() -> None:
@@ -170,3 +182,23 @@ def test_a_command_refuses_the_families_that_do_not_serve_it(command: str) -> No
         names = " or ".join(f.name for f in serving)
         with pytest.raises(UserError, match=f"^ckpt holds a {family.name} model; .* of {names}$"):
             refuse_unless_serving(family, command, "ckpt")
+
+
+def test_max_positions_is_the_learned_position_table_or_none() -> None:
+    """Learned positions bound a sequence (GPT-2, BERT, the paper's model with
+    ``positional: learned``); sinusoids, T5's relative positions and ViT's interpolated grid do
+    not. Translation's output limit reads it."""
+    from aiayn.decoding.translate import DecodeOptions, output_limits
+
+    tiny = family_named("transformer").presets["tiny"]
+    assert tiny.max_positions is None
+    learned = tiny.replace(positional="learned", max_len=40)
+    assert learned.max_positions == 40
+    for name in ("gpt2", "bert"):
+        config = family_named(name).presets[family_named(name).default_preset]
+        assert config.max_positions == config.max_len > 0, name
+    for name in ("t5", "vit"):
+        assert family_named(name).presets[family_named(name).default_preset].max_positions is None
+    options = DecodeOptions()  # source length + 50
+    assert output_limits(family_named("transformer").build(learned), options, [3, 100]) == [39, 39]
+    assert output_limits(family_named("transformer").build(tiny), options, [3, 100]) == [53, 150]

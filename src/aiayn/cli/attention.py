@@ -126,17 +126,22 @@ def _add_bias_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Check the arguments against the checkpoint's family, capture its attention, write it."""
     from aiayn.checkpoint import read_checkpoint_config
-    from aiayn.cli.outputs import check_folder, staged_files
+    from aiayn.cli.outputs import check_folder, given_path, staged_files
     from aiayn.errors import UserError
     from aiayn.models.families import refuse_unless_serving
-    from aiayn.visualization.capture import check_request, given_flags, run_capture
+    from aiayn.visualization.capture import (
+        check_request,
+        given_flags,
+        run_capture,
+        write_capture,
+    )
     from aiayn.visualization.token_attention import AttentionRequest
 
     if not Path(args.checkpoint).exists():
         raise UserError(f"checkpoint not found: {args.checkpoint}")
     if args.bias is not None or args.bias_reach is not None:
         return _run_bias(args)
-    out = Path(args.out)
+    out = given_path(args.out, flag="--out", what="a folder")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a folder")
     folder, family, _, _ = read_checkpoint_config(args.checkpoint)
@@ -156,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     for line in result.summary():
         print(line)
     with staged_files(out) as stage:
-        written = result.write(stage, png=not args.no_png)
+        written = write_capture(result, stage, png=not args.no_png)
     pngs = [p for p in written if p.suffix == ".png"]
     if pngs:
         print(f"wrote {len(pngs)} PNG files to {out}/")

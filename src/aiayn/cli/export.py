@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.cli.commands import add_command
-from aiayn.convert.export import FORMATS, QUANTIZATIONS, export_formats
+from aiayn.convert.export import export_formats
+from aiayn.convert.formats import FORMATS, QUANTIZATIONS
 
 
 def register(subparsers: Any) -> None:
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint, read_checkpoint_config
     from aiayn.checkpoint.load import quantization_of
-    from aiayn.cli.outputs import check_writable, exists, staged_tree
+    from aiayn.cli.outputs import check_writable, exists, given_path, staged_tree
     from aiayn.convert.export import (
         export_ct2,
         export_onnx,
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from aiayn.errors import UserError
 
-    out = Path(args.out)
+    out = given_path(args.out, flag="OUT", what="the folder to create")
     if args.quantization is not None and args.to != "ct2":
         raise UserError(f"--quantization is for --to ct2, not --to {args.to}")
     if exists(out):

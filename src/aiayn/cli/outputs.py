@@ -13,6 +13,9 @@ Every command that writes files uses this module for its output paths, in two st
    :func:`os.replace` / :func:`os.rename` only when complete. On any error the temporary is
    removed, so are the folders created for the output, and the old output is untouched; a full
    disk or a read-only folder is a :class:`~aiayn.errors.UserError` naming the output.
+   A staging folder is named for its process (``.NAME.PID-HOST-RANDOM.tmp``): one that a killed
+   process (``kill -9``) left behind is removed by the next staged write into the same folder
+   (:func:`sweep_stale_stages`), and nothing else is.
 
 Files are created with mode ``0o666`` less the umask, as :func:`open` creates them (not the
 ``0o600`` of :func:`tempfile.mkstemp`); a replaced file keeps its permission bits.
@@ -30,15 +33,18 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import hashlib
 import os
 import re
 import secrets
 import shutil
+import socket
 import stat
 import sys
-import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
+from functools import cache
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -64,6 +70,18 @@ def exists(path: Path) -> bool:
 # -- 1. checks before any work -----------------------------------------------------------------
 
 
+def given_path(value: str | Path, *, flag: str, what: str) -> Path:
+    """``value`` as a path; an empty one, which :class:`~pathlib.Path` would read as ``.`` (the
+    current folder, which then "exists"), is refused naming ``flag`` and ``what`` it takes.
+
+    Raises:
+        UserError: ``value`` is the empty string.
+    """
+    if isinstance(value, str) and not value:
+        raise UserError(f"{flag} is empty: give {what}")
+    return Path(value)
+
+
 def check_file(path: str | Path, *, force: bool, flag: str) -> Path:
     """Check a file output: not a folder, absent unless ``force``, its folder writable (or
     creatable). Returns the path.
@@ -71,7 +89,7 @@ def check_file(path: str | Path, *, force: bool, flag: str) -> Path:
     Raises:
         UserError: naming ``flag`` and the path.
     """
-    path = Path(path)
+    path = given_path(path, flag=flag, what="a file name")
     if path.is_dir():
         raise UserError(f"{flag} {path} is a folder: give a file name")
     target = write_target(path, flag=flag)
@@ -169,7 +187,7 @@ def check_folder(
     Raises:
         UserError: naming ``flag``, the path and the files in the way.
     """
-    path = Path(path)
+    path = given_path(path, flag=flag, what="a folder")
     if exists(path) and not path.is_dir():
         raise UserError(f"{flag} {path} exists and is not a folder")
     check_writable(path, flag=flag, target=path)
@@ -215,7 +233,7 @@ def check_tree(
     Raises:
         UserError: naming ``flag``, the path and ``what`` it would have to be.
     """
-    path = Path(path)
+    path = given_path(path, flag=flag, what="a folder")
     if reserved is not None and not force:
         raise UserError(f"{flag} {path}: {reserved}: choose another folder, or pass --force")
     if exists(path):
@@ -249,7 +267,7 @@ def check_checkpoint_out(path: str | Path, *, force: bool, flag: str) -> Path:
     and pruning would take the folder for training's own."""
     from aiayn.checkpoint import STATE_FILE
 
-    path = Path(path)
+    path = given_path(path, flag=flag, what="a folder for the checkpoint")
     reserved = None
     if path.parent.name == "checkpoints" and any(
         fnmatch.fnmatchcase(path.name, pattern) for pattern in TRAINING_NAMES
@@ -390,9 +408,10 @@ def staged_files(folder: str | Path) -> Iterator[Path]:
     """
     folder = Path(folder)
     created = _make_folders(folder, folder)
+    sweep_stale_stages(folder)
     stage = folder
     try:
-        stage = Path(tempfile.mkdtemp(prefix=".aiayn-", suffix=".tmp", dir=folder))
+        stage = make_stage(folder, "aiayn")
         yield stage
         entries = sorted(stage.iterdir())
         for entry in entries:
@@ -423,9 +442,10 @@ def staged_tree(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     created = _make_folders(path.parent, path)
+    sweep_stale_stages(path.parent)
     stage = path.parent
     try:
-        stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        stage = make_stage(path.parent, path.name)
         new = stage / path.name
         yield new
         if not new.is_dir():
@@ -449,6 +469,75 @@ def staged_tree(path: str | Path) -> Iterator[Path]:
         if converted is None:
             raise
         raise converted from None
+
+
+STALE_STAGE_SECONDS = 24 * 3600
+"""A staging folder untouched this long is stale whoever made it (a process on another machine
+sharing the folder, or a pid since reused): no write takes a day."""
+
+_STAGE = re.compile(r"\.(?P<name>.+)\.(?P<pid>[0-9]+)-(?P<host>[0-9a-f]{6})-[0-9a-f]{8}\.tmp")
+"""The name of a staging folder (:func:`make_stage`): ``.NAME.PID-HOST-RANDOM.tmp``."""
+
+
+@cache
+def _host() -> str:
+    """This machine, in six hex digits (a staging folder's owner is a pid on a machine)."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+
+
+def make_stage(parent: Path, name: str) -> Path:
+    """A new, empty staging folder for ``name`` in ``parent`` (mode 0o700), named for this
+    process: ``.NAME.PID-HOST-RANDOM.tmp``, so that :func:`sweep_stale_stages` can tell whether
+    the process that made it is gone."""
+    while True:
+        stage = parent / f".{name}.{os.getpid()}-{_host()}-{secrets.token_hex(4)}.tmp"
+        try:
+            stage.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        return stage
+
+
+def sweep_stale_stages(parent: Path, *, now: float | None = None) -> list[Path]:
+    """Remove the staging folders in ``parent`` that a killed process left: folders (not links)
+    named as :func:`make_stage` names them, owned by this user, whose process on this machine is
+    gone or which nobody touched for :data:`STALE_STAGE_SECONDS`. Nothing else is touched, and a
+    folder that cannot be read or removed is left as it is. Returns the folders removed."""
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _STAGE.fullmatch(entry.name)
+        try:
+            if match is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            continue  # another user's
+        if now - info.st_mtime > STALE_STAGE_SECONDS or _owner_gone(match):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed
+
+
+def _owner_gone(stage: re.Match[str]) -> bool:
+    """Whether the process that made the staging folder named ``stage`` is known to be gone: it
+    was made on this machine and its pid runs no process (never this process's own)."""
+    pid = int(stage["pid"])
+    if stage["host"] != _host() or pid == os.getpid() or pid <= 0 or sys.platform == "win32":
+        return False  # another machine's, ours, or no safe probe (os.kill ends it on Windows)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it runs, as another user
+        return False
+    return False
 
 
 def _make_folders(folder: Path, target: Path) -> list[Path]:

@@ -27,14 +27,9 @@ from pathlib import Path
 
 from torch import nn
 
+from aiayn.convert.formats import FORMATS
 from aiayn.errors import UserError
 from aiayn.models.families import FAMILIES, Family, family_of, resolve
-
-FORMATS = {"ct2": "CTranslate2", "onnx": "ONNX"}
-"""``aiayn export --to`` values -> the format's name in prose."""
-
-QUANTIZATIONS = ("float32", "int8_float32", "int8")
-"""The weight types ``aiayn export --to ct2 --quantization`` offers (CPU inference)."""
 
 _EXTRAS = {"ct2": ("ct2", ("ctranslate2",)), "onnx": ("onnx", ("onnx", "onnxscript"))}
 """Per format: the pip extra and the modules it installs that exporting needs."""

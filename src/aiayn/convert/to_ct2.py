@@ -52,7 +52,7 @@ from ctranslate2.specs import common_spec, transformer_spec
 from torch import Tensor, nn
 
 from aiayn.attention import CrossAttention, MultiHeadAttention
-from aiayn.convert.export import QUANTIZATIONS
+from aiayn.convert.formats import QUANTIZATIONS
 from aiayn.errors import UserError
 from aiayn.layers import (
     FeedForward,

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aiayn.config import TransformerConfig
 from aiayn.data import TokenBatchSampler, normalize
 from aiayn.data.pretrained_tokenizer import TranslationTokenizer
 from aiayn.decoding.beam import Hypothesis, beam_search
@@ -224,9 +223,9 @@ def output_limits(model: EncoderDecoder, options: DecodeOptions, lengths: list[i
     """Each sentence's most output tokens: source length + ``extra_len``, within the learned
     positions and ``max_new_tokens``."""
     limits = [n + options.extra_len for n in lengths]
-    config = model.config
-    if isinstance(config, TransformerConfig) and config.positional == "learned":
-        limits = [min(m, config.max_len - 1) for m in limits]
+    positions = model.config.max_positions
+    if positions is not None:
+        limits = [min(m, positions - 1) for m in limits]
     if options.max_new_tokens is not None:
         limits = [min(m, options.max_new_tokens) for m in limits]
     return limits

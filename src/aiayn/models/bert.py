@@ -139,6 +139,11 @@ class BertConfig(ModelConfig):
         )
 
     @property
+    def max_positions(self) -> int:
+        """``max_len``: the learned position table's rows."""
+        return self.max_len
+
+    @property
     def classifier_rate(self) -> float:
         """P_drop before the classifier: ``classifier_dropout``, or ``dropout``."""
         return self.dropout if self.classifier_dropout is None else self.classifier_dropout

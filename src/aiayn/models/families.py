@@ -108,7 +108,8 @@ class AttentionCapture:
     Attributes:
         collect: ``(checkpoint, AttentionRequest) -> result``: runs the model once on the input
             and keeps the weights its forward returns; the result has ``summary()`` (lines to
-            print) and ``write(folder, png=...)`` (the PNGs and ``attention.html``).
+            print) and is written (the PNGs and ``attention.html``) by
+            :func:`aiayn.visualization.capture.write_capture`.
         reads: the flag its input comes from: "src", "text" or "image".
         options: the further flags it takes: "tgt" (a target sentence), "continue" (greedy
             tokens appended to a prompt).
@@ -143,9 +144,9 @@ class QuantizePolicy:
         return any(name == k or name.startswith(k + ".") for k in self.keep)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Family:
-    """A model family: everything about it that any command asks.
+    """A model family: everything about it that any command asks (every field by keyword).
 
     Attributes:
         name: its name in checkpoints and in ``model.family``.
@@ -231,15 +232,15 @@ FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
         Family(
-            "transformer",
-            "Transformer",
-            TransformerConfig,
-            Transformer,
-            PRESETS,
-            "small",
-            expected_parameter_count,
-            frozenset({"translate", "attention"}),
-            (
+            name="transformer",
+            title="Transformer",
+            config=TransformerConfig,
+            model=Transformer,
+            presets=PRESETS,
+            default_preset="small",
+            count=expected_parameter_count,
+            commands=frozenset({"translate", "attention"}),
+            modules=(
                 "aiayn.config",
                 "aiayn.models.transformer",
                 "aiayn.convert.marian",
@@ -275,15 +276,15 @@ FAMILIES: dict[str, Family] = {
             first_layer=_FIRST_LAYER + "encoder_decoder_first_layer",
         ),
         Family(
-            "gpt2",
-            "GPT-2",
-            GPT2Config,
-            GPT2,
-            GPT2_PRESETS,
-            "gpt2-tiny",
-            expected_gpt2_parameters,
-            frozenset({"generate", "attention"}),
-            ("aiayn.models.gpt2", "aiayn.convert.gpt2", "aiayn.training.lm"),
+            name="gpt2",
+            title="GPT-2",
+            config=GPT2Config,
+            model=GPT2,
+            presets=GPT2_PRESETS,
+            default_preset="gpt2-tiny",
+            count=expected_gpt2_parameters,
+            commands=frozenset({"generate", "attention"}),
+            modules=("aiayn.models.gpt2", "aiayn.convert.gpt2", "aiayn.training.lm"),
             from_hf={
                 "gpt2": HFSource(
                     "aiayn.convert.gpt2:gpt2_from_hf_tensors",
@@ -309,15 +310,15 @@ FAMILIES: dict[str, Family] = {
             first_layer=_FIRST_LAYER + "decoder_only_first_layer",
         ),
         Family(
-            "t5",
-            "T5",
-            T5Config,
-            T5,
-            T5_PRESETS,
-            "t5-tiny",
-            expected_t5_parameters,
-            frozenset({"translate", "attention"}),
-            ("aiayn.models.t5", "aiayn.convert.t5", "aiayn.convert.t5_to_hf", _TOKENIZERS),
+            name="t5",
+            title="T5",
+            config=T5Config,
+            model=T5,
+            presets=T5_PRESETS,
+            default_preset="t5-tiny",
+            count=expected_t5_parameters,
+            commands=frozenset({"translate", "attention"}),
+            modules=("aiayn.models.t5", "aiayn.convert.t5", "aiayn.convert.t5_to_hf", _TOKENIZERS),
             from_hf={
                 "t5": HFSource(
                     "aiayn.convert.t5:t5_from_hf_tensors",
@@ -340,15 +341,15 @@ FAMILIES: dict[str, Family] = {
             position_bias="aiayn.models.t5:t5_position_biases",
         ),
         Family(
-            "bert",
-            "BERT",
-            BertConfig,
-            BERT,
-            BERT_PRESETS,
-            "bert-tiny",
-            expected_bert_parameters,
-            frozenset({"embed", "fill-mask", "classify-text", "attention"}),
-            (
+            name="bert",
+            title="BERT",
+            config=BertConfig,
+            model=BERT,
+            presets=BERT_PRESETS,
+            default_preset="bert-tiny",
+            count=expected_bert_parameters,
+            commands=frozenset({"embed", "fill-mask", "classify-text", "attention"}),
+            modules=(
                 "aiayn.models.bert",
                 "aiayn.convert.bert",
                 "aiayn.convert.bert_to_hf",
@@ -386,15 +387,15 @@ FAMILIES: dict[str, Family] = {
             quantize=QuantizePolicy(keep=("pooler", "mlm_head", "classifier")),
         ),
         Family(
-            "vit",
-            "ViT",
-            ViTConfig,
-            ViT,
-            VIT_PRESETS,
-            "vit-tiny-digits",
-            expected_vit_parameters,
-            frozenset({"classify-image", "attention"}),
-            (
+            name="vit",
+            title="ViT",
+            config=ViTConfig,
+            model=ViT,
+            presets=VIT_PRESETS,
+            default_preset="vit-tiny-digits",
+            count=expected_vit_parameters,
+            commands=frozenset({"classify-image", "attention"}),
+            modules=(
                 "aiayn.models.vit",
                 "aiayn.convert.vit",
                 "aiayn.convert.vit_to_hf",

@@ -100,6 +100,11 @@ class GPT2Config(ModelConfig):
                 raise ConfigError(f"{name}={getattr(self, name)} is outside the vocabulary")
 
     @property
+    def max_positions(self) -> int:
+        """``max_len``: the learned position table's rows."""
+        return self.max_len
+
+    @property
     def inner_size(self) -> int:
         """The feed-forward network's inner size: ``d_ff``, or 4·D."""
         return 4 * self.d_model if self.d_ff is None else self.d_ff

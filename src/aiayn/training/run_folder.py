@@ -8,7 +8,8 @@
   :data:`RESUMABLE`, naming every difference.
 * A resumed run drops the ``metrics.jsonl`` entries written after its checkpoint (atomically)
   before it appends, so that no step is recorded twice.
-* One run at a time: a run holds an OS lock (``flock``) on ``run_dir/run.lock`` for its whole
+* One run at a time: a run holds an OS lock (``flock``; on Windows, where there is no
+  :mod:`fcntl`, a byte-range lock through :mod:`msvcrt`) on ``run_dir/run.lock`` for its whole
   life (:func:`hold_run_folder`, rank 0 under torchrun), taken before the folder is checked or
   written; a second run is refused naming the holder's pid. The lock dies with its process, so
   a crashed run leaves no stale lock. A run that fails before its first checkpoint removes what
@@ -19,11 +20,11 @@ docs/reliability.md states these rules and names the tests that prove them.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -35,6 +36,11 @@ from aiayn.checkpoint.files import read_small
 from aiayn.errors import UserError
 from aiayn.limits import MAX_CHECKPOINT_JSON_BYTES
 from aiayn.training.config import RunConfig, run_config_from_dict
+
+try:
+    import fcntl
+except ImportError:  # Windows: the run's lock goes through msvcrt (_try_lock)
+    fcntl = None  # type: ignore[assignment]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer")
 """Where a run keeps its tokenizer: aiayn's own file, or the subfolder of a converted model's
@@ -275,8 +281,15 @@ def _remove_empty(folders: list[Path]) -> None:
 def _take_lock(run_dir: Path) -> int:
     """Lock ``run_dir/run.lock`` (created if missing) and write this process's pid into it; the
     descriptor holds the lock. A file the holder removed meanwhile is opened again."""
+    if fcntl is None and sys.platform != "win32":
+        raise UserError(
+            f"aiayn train cannot lock its run folder on {sys.platform}: it needs fcntl (POSIX) "
+            "or msvcrt (Windows), and this Python has neither"
+        )
     path = run_dir / LOCK_FILE
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    flags = os.O_RDWR | os.O_CREAT
+    for name in ("O_NOFOLLOW", "O_NONBLOCK", "O_CLOEXEC"):  # POSIX's; Windows has none of them
+        flags |= getattr(os, name, 0)
     while True:
         try:
             fd = os.open(path, flags, 0o666)
@@ -285,9 +298,7 @@ def _take_lock(run_dir: Path) -> int:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise UserError(f"{path} is in the way of the run's lock: it is not a regular file")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _try_lock(fd):
             holder = _holder(fd)
             os.close(fd)
             raise UserError(
@@ -300,15 +311,43 @@ def _take_lock(run_dir: Path) -> int:
                 break
         os.close(fd)  # the holder removed the file as it ended: lock the new one
     os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, f"{os.getpid()}\n".encode("ascii"))
     return fd
+
+
+_MSVCRT_LOCK_OFFSET = 1024
+"""Where the Windows lock's one byte lies: past the pid, which other runs read (Windows' locks
+bar reading the locked bytes)."""
+
+
+def _try_lock(fd: int) -> bool:
+    """Take the run's exclusive lock on ``fd`` without waiting: True when taken, False when
+    another process holds it. The lock dies with its process: POSIX ``flock`` or, on Windows
+    (no :mod:`fcntl`), a byte-range lock (:func:`msvcrt.locking`)."""
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+    assert sys.platform == "win32", sys.platform  # _take_lock refused the others
+    import msvcrt  # Windows' lock, imported where it exists: this branch runs there only
+
+    os.lseek(fd, _MSVCRT_LOCK_OFFSET, os.SEEK_SET)
+    try:
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+    except OSError:
+        return False
+    return True
 
 
 def _holder(fd: int) -> str:
     """``pid N`` of the lock's holder, as it wrote it (waiting briefly for a holder that has
     just taken the lock to write it)."""
     for _ in range(50):
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.lseek(fd, 0, os.SEEK_SET)
+        text = os.read(fd, 32).decode("ascii", "replace").strip()
         if text.isdigit():
             return f"pid {text}"
         time.sleep(0.02)

@@ -47,7 +47,6 @@ import torch
 from torch import Tensor
 
 from aiayn.checkpoint import Checkpoint
-from aiayn.config import TransformerConfig
 from aiayn.data.pretrained_tokenizer import TranslationTokenizer
 from aiayn.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 from aiayn.decoding.translate import DecodeOptions, translate_ids
@@ -270,9 +269,7 @@ def collect_attention(
             ``max_tokens`` (see the module docstring).
     """
     src_row = [*_encode_sentence(tokenizer, source, "the source sentence"), tokenizer.eos_id]
-    config = model.config
-    learned = isinstance(config, TransformerConfig) and config.positional == "learned"
-    limit = config.max_len if learned else None  # sinusoidal and relative positions go on
+    limit = model.config.max_positions  # None: sinusoidal and relative positions go on
     check_length("the source sentence", len(src_row), limit, max_tokens)  # S: with EOS
     was_training = model.training
     model.eval()

@@ -19,9 +19,17 @@ from typing import Any
 
 from aiayn.errors import UserError
 from aiayn.models.families import FAMILIES, AttentionCapture, Family
-from aiayn.visualization.token_attention import AttentionRequest
+from aiayn.visualization.html_report import write_attention_files
+from aiayn.visualization.token_attention import AttentionRequest, TokenAttention
 
-__all__ = ["INPUT_FLAGS", "attention_capture", "capture_attention", "check_request", "given_flags"]
+__all__ = [
+    "INPUT_FLAGS",
+    "attention_capture",
+    "capture_attention",
+    "check_request",
+    "given_flags",
+    "write_capture",
+]
 
 INPUT_FLAGS: dict[str, str] = {"src": "SENTENCE", "text": "TEXT", "image": "IMAGE"}
 """The flags an input comes from, with their metavars."""
@@ -109,3 +117,15 @@ def run_capture(capture: AttentionCapture, folder: Path, request: AttentionReque
 
     loaded = load_checkpoint(folder, expect=nn.Module, command="attention")
     return resolve(capture.collect)(loaded, request)
+
+
+def write_capture(result: Any, folder: Path, *, png: bool = True) -> list[Path]:
+    """Write a capture's ``result`` into ``folder``; returns the files written. A
+    :class:`~aiayn.visualization.token_attention.TokenAttention` (the text families'): its PNGs
+    (with ``png``) and ``attention.html`` (:func:`~aiayn.visualization.html_report.
+    write_attention_files`); any other result (a ViT's) writes itself:
+    ``write(folder, png=...)``."""
+    if isinstance(result, TokenAttention):
+        return write_attention_files(result, folder, png=png)
+    written: list[Path] = result.write(folder, png=png)
+    return written

@@ -29,11 +29,16 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from aiayn.visualization.attention_maps import AttentionMaps
-    from aiayn.visualization.token_attention import TokenAttention
+from aiayn.visualization.attention_page import (
+    HEAD_VIEW_THRESHOLD,
+    as_token_attention,
+    page_head,
+    page_lines,
+    report_data,
+    script_json,
+)
+from aiayn.visualization.token_attention import AttentionLike
 
 __all__ = [
     "HEAD_VIEW_SCRIPT",
@@ -43,10 +48,6 @@ __all__ = [
     "head_view",
     "head_view_section",
 ]
-
-HEAD_VIEW_THRESHOLD = 0.01
-"""Weights at or below this are not drawn: a line that faint cannot be seen, and a long text
-would otherwise draw R·C·H lines per layer."""
 
 HEAD_VIEW_STYLE = """
 .headview .hv-controls { margin: 0.6em 0; display: flex; gap: 1.2em; align-items: center;
@@ -302,18 +303,10 @@ class HeadView:
         return path
 
 
-def head_view(attention: TokenAttention | AttentionMaps, *, title: str | None = None) -> HeadView:
+def head_view(attention: AttentionLike, *, title: str | None = None) -> HeadView:
     """The head view of ``attention`` (from a family's capture, e.g.
     :func:`aiayn.visualization.capture_attention`, or :func:`~aiayn.visualization.attention_maps.
     collect_attention`) as a page of its own, for a notebook cell or a file."""
-    from aiayn.visualization.html_report import (
-        as_token_attention,
-        page_head,
-        page_lines,
-        report_data,
-        script_json,
-    )
-
     attention = as_token_attention(attention)
     heading = title or attention.title
     page = f"""<!DOCTYPE html>

@@ -22,95 +22,25 @@ Shape legend:
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
-from typing import Any
 
-from aiayn.visualization.attention_maps import AttentionMaps
-from aiayn.visualization.head_view import (
-    HEAD_VIEW_SCRIPT,
-    HEAD_VIEW_STYLE,
-    HEAD_VIEW_THRESHOLD,
-    head_view_section,
+from aiayn.visualization.attention_page import (
+    as_token_attention,
+    page_head,
+    page_lines,
+    report_data,
+    script_json,
 )
-from aiayn.visualization.token_attention import TokenAttention
+from aiayn.visualization.head_view import HEAD_VIEW_SCRIPT, HEAD_VIEW_STYLE, head_view_section
+from aiayn.visualization.token_attention import AttentionLike, TokenAttention, write_view_pngs
 
-__all__ = ["attention_html", "report_data", "write_attention_html"]
-
-_DECIMALS = 4  # weights are rounded to this many decimals in the page (exact zeros stay zero)
-
-
-def as_token_attention(attention: TokenAttention | AttentionMaps) -> TokenAttention:
-    """``attention`` as a :class:`TokenAttention` (an :class:`AttentionMaps` converted)."""
-    return attention.token_attention() if isinstance(attention, AttentionMaps) else attention
-
-
-def report_data(attention: TokenAttention | AttentionMaps) -> dict[str, Any]:
-    """The JSON-ready content of the page: the input, labels and every map's weights.
-
-    ``kinds[k]["layers"]`` is nested N × H × R × C (lists of floats, rounded to 4 decimals);
-    ``threshold`` is the head view's (weights at or below it are not drawn there).
-    """
-    attention = as_token_attention(attention)
-    kinds = []
-    for view in attention.views:
-        layers = [
-            [[[round(float(x), _DECIMALS) for x in row] for row in head] for head in w.tolist()]
-            for w in view.layers  # w: (H, R, C)
-        ]
-        rows, cols = attention.highlight.get(view.name, ([], []))
-        kinds.append(
-            {
-                "name": view.name,
-                "title": view.title,
-                "rows": view.rows,
-                "cols": view.cols,
-                "axes": list(view.axis_names),
-                "layers": layers,
-                "highlight": [rows, cols],
-                "focus": attention.focus.get(view.name),
-            }
-        )
-    return {
-        "title": attention.title,
-        "lines": [list(line) for line in attention.lines],
-        "threshold": HEAD_VIEW_THRESHOLD,
-        "marked": attention.marked,
-        "kinds": kinds,
-    }
-
-
-def script_json(data: dict[str, Any]) -> str:
-    """JSON that is safe inside a ``<script>`` element (no ``</script>`` or ``<!--``)."""
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def page_head(title: str, style: str) -> str:
-    """The ``<head>`` element: charset, viewport, title and inline style."""
-    return f"""<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{html.escape(title)}</title>
-<style>{_BASE_STYLE}{style}</style>
-</head>"""
-
-
-def page_lines(attention: TokenAttention) -> str:
-    """The input's description, one paragraph per (label, text) line."""
-    return "\n".join(
-        f'<p class="pair"><b>{html.escape(label)}:</b> {html.escape(text)}</p>'
-        for label, text in attention.lines
-    )
-
-
-_BASE_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
-h1 { font-size: 1.3em; margin-bottom: 0.2em; }
-h2 { font-size: 1.1em; margin: 1.5em 0 0.3em; }
-p.pair { margin: 0.2em 0; }
-.note { color: #555; font-size: 0.9em; max-width: 60em; }
-"""
+__all__ = [
+    "attention_html",
+    "page_head",
+    "report_data",
+    "write_attention_files",
+    "write_attention_html",
+]
 
 _STYLE = """
 .controls { margin: 1em 0; display: flex; gap: 1.2em; align-items: center; flex-wrap: wrap; }
@@ -245,9 +175,7 @@ _SCRIPT = r"""
 """
 
 
-def attention_html(
-    attention: TokenAttention | AttentionMaps, *, title: str = "Attention maps"
-) -> str:
+def attention_html(attention: AttentionLike, *, title: str = "Attention maps") -> str:
     """The complete page as a string (inline data, scripts and style; no external resources)."""
     attention = as_token_attention(attention)
     return f"""<!DOCTYPE html>
@@ -276,9 +204,22 @@ def attention_html(
 
 
 def write_attention_html(
-    attention: TokenAttention | AttentionMaps, path: Path, *, title: str = "Attention maps"
+    attention: AttentionLike, path: Path, *, title: str = "Attention maps"
 ) -> Path:
     """Write :func:`attention_html` to ``path`` (parent folders are created); returns ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(attention_html(attention, title=title), encoding="utf-8")
     return path
+
+
+def write_attention_files(
+    attention: TokenAttention, folder: Path, *, png: bool = True
+) -> list[Path]:
+    """The PNGs (with ``png``: :func:`~aiayn.visualization.token_attention.write_view_pngs`)
+    and ``attention.html`` (the heatmap page with the head view) of ``attention`` in
+    ``folder``; returns the files written."""
+    caption = repr(attention.lines[0][1]) if attention.lines else ""
+    written = write_view_pngs(attention.views, caption, folder) if png else []
+    page = folder / "attention.html"
+    written.append(write_attention_html(attention, page, title=attention.title))
+    return written

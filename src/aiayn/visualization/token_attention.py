@@ -9,7 +9,8 @@ the model's forward returned them (``need_weights=True``: the weights of the one
 function, :func:`aiayn.attention.scaled_dot_product_attention`; nothing is recomputed).
 
 The PNG heatmaps (:func:`write_view_pngs`), the HTML page (:mod:`aiayn.visualization.html_report`)
-and the head view (:mod:`aiayn.visualization.head_view`) draw a :class:`TokenAttention`.
+and the head view (:mod:`aiayn.visualization.head_view`) draw a :class:`TokenAttention`; this
+module imports neither (the page's data: :mod:`aiayn.visualization.attention_page`).
 
 :class:`AttentionRequest` is what the user asked for (``aiayn attention``'s flags); each capture
 function reads the parts its family takes.
@@ -23,14 +24,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, TypeAlias
 
 from torch import Tensor
 
 from aiayn.errors import LengthError
 
 __all__ = [
+    "AttentionLike",
     "AttentionRequest",
     "AttentionView",
+    "HasTokenAttention",
     "TokenAttention",
     "check_length",
     "readable",
@@ -128,15 +132,18 @@ class TokenAttention:
             out.append(f"{view.title}: {len(view.rows)} × {len(view.cols)} tokens, {size}")
         return out
 
-    def write(self, folder: Path, *, png: bool = True) -> list[Path]:
-        """The PNGs (with ``png``: :func:`write_view_pngs`) and ``attention.html`` (the heatmap
-        page with the head view, :mod:`aiayn.visualization.html_report`) in ``folder``."""
-        from aiayn.visualization.html_report import write_attention_html
 
-        caption = repr(self.lines[0][1]) if self.lines else ""
-        written = write_view_pngs(self.views, caption, folder) if png else []
-        written.append(write_attention_html(self, folder / "attention.html", title=self.title))
-        return written
+class HasTokenAttention(Protocol):
+    """What converts itself into a :class:`TokenAttention` (an encoder–decoder's
+    ``AttentionMaps``, a ViT's result): the pages draw it through that."""
+
+    def token_attention(self) -> TokenAttention:
+        """These weights as a :class:`TokenAttention`."""
+        ...
+
+
+AttentionLike: TypeAlias = TokenAttention | HasTokenAttention
+"""What the attention pages (:mod:`aiayn.visualization.html_report`, the head view) draw."""
 
 
 def readable(label: str) -> str:
