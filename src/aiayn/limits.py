@@ -1,6 +1,7 @@
 """Bounds on the work an input from someone else can ask of aiayn: each limit lives here and
-nowhere else. docs/reliability.md ("Bounded work") gives each one's reasons and the commands it
-bounds. An input beyond a limit is refused in one line naming the limit, before the work starts.
+nowhere else. docs/reliability.md ("Bounded work") gives the commands each one bounds, and its
+lab book (docs/notes/reliability.md) each one's reasons. An input beyond a limit is refused in
+one line naming the limit, before the work starts.
 """
 
 from __future__ import annotations
