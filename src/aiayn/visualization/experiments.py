@@ -4,7 +4,8 @@ Each experiment is a function ``(out_dir, *, quick=False, seed=0) -> ExperimentR
 measures something, writes a PNG plot ``NAME.png`` and the table as ``NAME.md`` (Markdown) and
 ``NAME.csv`` into ``out_dir``, and returns the table as a list of dict rows. ``quick=True`` runs
 a tiny version in about a second (for tests); the default size is the one documented in
-``docs/insight.md``. :data:`EXPERIMENTS` maps the names to the functions:
+``docs/notes/insight.md`` (the lab book of docs/insight.md). :data:`EXPERIMENTS` maps the names
+to the functions:
 
 ``scaling`` (§3.2.1)
     Why Q Kᵀ is divided by √d_k: for queries and keys with unit-variance components the dot
