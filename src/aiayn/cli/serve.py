@@ -84,21 +84,37 @@ def _add_bounds(p: Any, d: Any) -> None:
     """The flags bounding one request's work and the connections (ServeOptions' fields)."""
     from aiayn.serving.options import ServeOptions as O
 
-    p.add_argument("--max-beam", type=flag(O, "max_beam"), default=d.max_beam,
-                   help=f"largest beam of a translation request ({d.max_beam})")  # fmt: skip
-    p.add_argument("--max-request-tokens", type=flag(O, "max_request_tokens"),
-                   default=d.max_request_tokens,
-                   help="most tokens one request may ask for: inputs plus output limits, times "
-                   f"beams or n ({d.max_request_tokens:,})")  # fmt: skip
-    p.add_argument("--header-timeout-s", type=flag(O, "header_timeout_s"),
-                   default=d.header_timeout_s,
-                   help="seconds a connection has to send a request's headers "
-                   f"({d.header_timeout_s:g})")  # fmt: skip
-    p.add_argument("--keep-alive-s", type=flag(O, "keep_alive_s"), default=d.keep_alive_s,
-                   help=f"seconds an idle connection stays open ({d.keep_alive_s})")  # fmt: skip
-    p.add_argument("--max-connections", type=flag(O, "max_connections"),
-                   default=d.max_connections,
-                   help=f"connections open at once; 503 beyond ({d.max_connections})")  # fmt: skip
+    p.add_argument(
+        "--max-beam",
+        type=flag(O, "max_beam"),
+        default=d.max_beam,
+        help=f"largest beam of a translation request ({d.max_beam})",
+    )
+    p.add_argument(
+        "--max-request-tokens",
+        type=flag(O, "max_request_tokens"),
+        default=d.max_request_tokens,
+        help="most tokens one request may ask for: inputs plus output limits, times "
+        f"beams or n ({d.max_request_tokens:,})",
+    )
+    p.add_argument(
+        "--header-timeout-s",
+        type=flag(O, "header_timeout_s"),
+        default=d.header_timeout_s,
+        help=f"seconds a connection has to send a request's headers ({d.header_timeout_s:g})",
+    )
+    p.add_argument(
+        "--keep-alive-s",
+        type=flag(O, "keep_alive_s"),
+        default=d.keep_alive_s,
+        help=f"seconds an idle connection stays open ({d.keep_alive_s})",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=flag(O, "max_connections"),
+        default=d.max_connections,
+        help=f"connections open at once; 503 beyond ({d.max_connections})",
+    )
 
 
 def named_checkpoints(values: list[str]) -> list[tuple[str, Path]]:

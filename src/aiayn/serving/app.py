@@ -140,8 +140,9 @@ def _add_info_routes(app: FastAPI, models: Sequence[ServedModel], metrics: Metri
             if m.name == model_id:
                 return _card(m)
         names = ", ".join(m.name for m in models)
-        raise Problem(404, f"model: no loaded model {model_id!r} (these are: {names})",
-                      param="model")  # fmt: skip
+        raise Problem(
+            404, f"model: no loaded model {model_id!r} (these are: {names})", param="model"
+        )
 
     @app.get("/metrics", response_class=Response, responses=_ERRORS)
     async def prometheus() -> Response:
@@ -176,9 +177,10 @@ def _add_chat_route(app: FastAPI, models: Sequence[ServedModel]) -> None:
             else ""
         )
         raise Problem(
-            404, f"{CHAT} is not served: no loaded model has a chat template (aiayn's GPT-2 "
+            404,
+            f"{CHAT} is not served: no loaded model has a chat template (aiayn's GPT-2 "
             f"checkpoints are plain language models, which continue a text){instead}",
-        )  # fmt: skip
+        )
 
 
 class _Routes:
@@ -201,8 +203,9 @@ class _Routes:
             if m.name == name:
                 return m.tasks[command]
         names = ", ".join(m.name for m in serving)
-        raise Problem(404, f"model: no loaded model {name!r} serves {path} (these do: {names})",
-                      param="model")  # fmt: skip
+        raise Problem(
+            404, f"model: no loaded model {name!r} serves {path} (these do: {names})", param="model"
+        )
 
     async def answer(self, request: Request, task: Task, job: Job) -> Any:
         """Queue the job and wait for its answer, the client's leaving or the timeout."""
@@ -408,9 +411,23 @@ def problem_response(problem: Problem) -> JSONResponse:
 
 
 _SCALAR_TAGS = frozenset(
-    {"str", "int", "float", "bool", "bytes", "none", "decimal", "date", "time", "datetime",
-     "timedelta", "uuid", "url", "any"}
-)  # fmt: skip
+    {
+        "str",
+        "int",
+        "float",
+        "bool",
+        "bytes",
+        "none",
+        "decimal",
+        "date",
+        "time",
+        "datetime",
+        "timedelta",
+        "uuid",
+        "url",
+        "any",
+    }
+)
 _TAG = re.compile(r"[a-z]+(-[a-z]+)+(\[.*\])?|[a-z]+\[.*\]")
 """A tag of pydantic's (``constrained-str``, ``list[int]``, ``function-after[f(), str]``,
 ``literal['a']``): lower-case words joined by hyphens and/or a bracketed part, which no field

@@ -121,7 +121,11 @@ def server_config(
     import uvicorn
 
     return uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, http=protocol_class(options),
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        http=protocol_class(options),
         timeout_keep_alive=options.keep_alive_s,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-    )  # fmt: skip
+    )

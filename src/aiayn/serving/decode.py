@@ -170,8 +170,12 @@ class DecodeEngine(Engine):
         retry = [j for j in jobs if not (j.retried or j.streamed)] if len(jobs) > 1 else []
         if retry:
             names = ", ".join(j.name for j in retry)
-            _log.warning("model %s: a decoding step of requests %s failed (%r): each starts "
-                         "again alone", self.name, names, error)  # fmt: skip
+            _log.warning(
+                "model %s: a decoding step of requests %s failed (%r): each starts again alone",
+                self.name,
+                names,
+                error,
+            )
         fail_jobs([j for j in jobs if j not in retry], error, self.name)
         for job in retry:
             job.retried = True

@@ -147,9 +147,10 @@ def internal_error(job: Job, model: str) -> Problem:
     """The 500 of a request that failed through no fault of its input: it names the request
     (the log holds the traceback under that name)."""
     return Problem(
-        500, f"request {job.name} failed: internal error of model {model} (the server's log "
+        500,
+        f"request {job.name} failed: internal error of model {model} (the server's log "
         "has the details under the request's name)",
-    )  # fmt: skip
+    )
 
 
 def fail_jobs(jobs: Sequence[Job], error: BaseException, model: str) -> None:
@@ -328,8 +329,13 @@ class Engine:
         if failure is not None:
             held = [j for j in self._held.jobs if not (j.settled or j.cancelled)]
             names = ", ".join(j.name for j in held) or "none"
-            _log.error("worker %s (thread %d) failed; its requests fail with it: %s", self.name,
-                       slot, names, exc_info=failure)  # fmt: skip
+            _log.error(
+                "worker %s (thread %d) failed; its requests fail with it: %s",
+                self.name,
+                slot,
+                names,
+                exc_info=failure,
+            )
             for job in held:
                 job.fail(internal_error(job, self.name))
             self._replace(slot, time.monotonic() - started)
@@ -403,8 +409,9 @@ class BatchEngine(Engine):
             if len(jobs) == 1:
                 fail_jobs(jobs, error, self.name)
                 return
-            _log.warning("model %s: a batch of %d failed (%r); each runs alone", self.name,
-                         len(jobs), error)  # fmt: skip
+            _log.warning(
+                "model %s: a batch of %d failed (%r); each runs alone", self.name, len(jobs), error
+            )
             for job in jobs:
                 self._execute([job])
             return

@@ -42,50 +42,51 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "aiayn_requests", "requests answered", ["endpoint", "status"], registry=r
-        )
+        endpoint, model = ["endpoint", "status"], ["model"]
+        self.requests = Counter("aiayn_requests", "requests answered", endpoint, registry=r)
         self.errors = Counter(
-            "aiayn_request_errors", "requests answered with an error", ["endpoint", "status"],
-            registry=r,
-        )  # fmt: skip
-        self.latency = Histogram(
-            "aiayn_request_duration_seconds", "time to the answer", ["endpoint", "model"],
-            buckets=_LATENCY, registry=r,
-        )  # fmt: skip
-        self.queue_depth = Gauge("aiayn_queue_depth", "requests waiting", ["model"], registry=r)
+            "aiayn_request_errors", "requests answered with an error", endpoint, registry=r
+        )
+        self.latency = _histogram(
+            r, "aiayn_request_duration_seconds", "time to the answer", _LATENCY, "endpoint"
+        )
+        self.queue_depth = Gauge("aiayn_queue_depth", "requests waiting", model, registry=r)
         self.running = Gauge(
-            "aiayn_requests_running", "requests taken by a worker, not answered yet", ["model"],
+            "aiayn_requests_running",
+            "requests taken by a worker, not answered yet",
+            model,
             registry=r,
-        )  # fmt: skip
+        )
         self._running: dict[str, list[Callable[[], int]]] = {}
-        self.first_token = Histogram(
-            "aiayn_time_to_first_token_seconds", "time from a request's arrival to its first "
-            "token", ["model"], buckets=_TTFT, registry=r,
-        )  # fmt: skip
-        self.per_token = Histogram(
-            "aiayn_time_per_output_token_seconds", "time per output token after the first",
-            ["model"], buckets=_TPOT, registry=r,
-        )  # fmt: skip
-        self.batch_size = Histogram(
-            "aiayn_batch_size", "requests per encoder batch, rows per decoding step", ["model"],
-            buckets=_SIZES, registry=r,
-        )  # fmt: skip
-        self.batch_tokens = Histogram(
-            "aiayn_batch_tokens", "tokens per encoder batch", ["model"], buckets=_TOKENS,
-            registry=r,
-        )  # fmt: skip
-        self.tokens = Counter("aiayn_tokens", "tokens read and generated", ["model", "kind"],
-                              registry=r)  # fmt: skip
+        self.first_token = _histogram(
+            r,
+            "aiayn_time_to_first_token_seconds",
+            "time from a request's arrival to its first token",
+            _TTFT,
+        )
+        self.per_token = _histogram(
+            r,
+            "aiayn_time_per_output_token_seconds",
+            "time per output token after the first",
+            _TPOT,
+        )
+        self.batch_size = _histogram(
+            r, "aiayn_batch_size", "requests per encoder batch, rows per decoding step", _SIZES
+        )
+        self.batch_tokens = _histogram(r, "aiayn_batch_tokens", "tokens per encoder batch", _TOKENS)
+        self.tokens = Counter(
+            "aiayn_tokens", "tokens read and generated", ["model", "kind"], registry=r
+        )
         self.tokens_per_second = Gauge(
-            "aiayn_tokens_per_second", "tokens per second of the latest batch or round",
-            ["model"], registry=r,
-        )  # fmt: skip
-        self.workers = Gauge("aiayn_workers_alive", "worker threads running", ["model"], registry=r)
-        self.worker_restarts = Counter(
-            "aiayn_worker_restarts", "worker threads replaced after a failure", ["model"],
+            "aiayn_tokens_per_second",
+            "tokens per second of the latest batch or round",
+            model,
             registry=r,
-        )  # fmt: skip
+        )
+        self.workers = Gauge("aiayn_workers_alive", "worker threads running", model, registry=r)
+        self.worker_restarts = Counter(
+            "aiayn_worker_restarts", "worker threads replaced after a failure", model, registry=r
+        )
 
     def request(self, endpoint: str, status: int, seconds: float, model: str = "") -> None:
         """Count one answered request (``model``: the model it went to, "" for none)."""
@@ -135,3 +136,14 @@ class Metrics:
     def text(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
+
+
+def _histogram(
+    registry: CollectorRegistry,
+    name: str,
+    documentation: str,
+    buckets: tuple[float, ...],
+    *labels: str,
+) -> Histogram:
+    """A histogram of ``registry`` labelled by ``labels`` and the model."""
+    return Histogram(name, documentation, [*labels, "model"], buckets=buckets, registry=registry)

@@ -38,15 +38,29 @@ def unhonoured(body: s.CompletionBody) -> Problem | None:
         ("frequency_penalty", bool(body.frequency_penalty), _PENALTY),
         ("logprobs", body.logprobs is not None, _LOGPROBS),
         ("logit_bias", bool(body.logit_bias), "biasing tokens is not served: leave it out"),
-        ("suffix", bool(body.suffix), "inserting text before a suffix is not served "
-         "(GPT-2 continues a prompt only): leave it out"),
-        ("best_of", body.best_of not in (None, body.n), "ranking more candidates than n by "
-         "log-probability is not served: leave it out or equal to n"),
-        ("stream_options", body.stream_options is not None and not body.stream,
-         "only with stream: true"),
-        ("stream_options.include_obfuscation", bool(body.stream_options and
-         body.stream_options.include_obfuscation), "padding chunks is not done: leave it out"),
-    ]  # fmt: skip
+        (
+            "suffix",
+            bool(body.suffix),
+            "inserting text before a suffix is not served "
+            "(GPT-2 continues a prompt only): leave it out",
+        ),
+        (
+            "best_of",
+            body.best_of not in (None, body.n),
+            "ranking more candidates than n by "
+            "log-probability is not served: leave it out or equal to n",
+        ),
+        (
+            "stream_options",
+            body.stream_options is not None and not body.stream,
+            "only with stream: true",
+        ),
+        (
+            "stream_options.include_obfuscation",
+            bool(body.stream_options and body.stream_options.include_obfuscation),
+            "padding chunks is not done: leave it out",
+        ),
+    ]
     for field, refused, why in problems:
         if refused:
             return Problem(400, f"{field}: {why}", param=field)
@@ -148,14 +162,20 @@ def _token_job(task: Any, body: s.CompletionBody, ids: list[list[int]], created:
         field = "prompt" if single else f"prompt.{i}"
         bad = next((j for j, x in enumerate(row) if x >= config.vocab_size), None)
         if bad is not None:
-            raise Problem(422, f"{field}.{bad}: token id {row[bad]} is outside the vocabulary "
-                          f"(0..{config.vocab_size - 1})", param=f"{field}.{bad}")  # fmt: skip
+            raise Problem(
+                422,
+                f"{field}.{bad}: token id {row[bad]} is outside the vocabulary "
+                f"(0..{config.vocab_size - 1})",
+                param=f"{field}.{bad}",
+            )
         if len(row) + body.max_tokens > config.max_len:
             raise Problem(
-                400, f"{field} has {len(row)} tokens: with max_tokens = {body.max_tokens} it "
+                400,
+                f"{field} has {len(row)} tokens: with max_tokens = {body.max_tokens} it "
                 f"needs {len(row) + body.max_tokens} positions; the model reads at most "
-                f"{config.max_len}", param=field,
-            )  # fmt: skip
+                f"{config.max_len}",
+                param=field,
+            )
     stand_in = task_request(body, [""] * len(ids))  # each encodes to BOS alone
     job: Job = as_400(lambda: task.prepare(stand_in, created))
     as_400(lambda: task.check_request(ids, body.max_tokens, body.n))
@@ -170,9 +190,11 @@ def check_embeddings(body: s.EmbeddingRequest, width: int) -> None:
     renormalised vector would not be a meaningful embedding."""
     if body.dimensions is not None and body.dimensions != width:
         raise Problem(
-            400, f"dimensions: the model gives {width}-dimensional embeddings and was not "
-            f"trained for shorter ones: leave dimensions out or give {width}", param="dimensions",
-        )  # fmt: skip
+            400,
+            f"dimensions: the model gives {width}-dimensional embeddings and was not "
+            f"trained for shorter ones: leave dimensions out or give {width}",
+            param="dimensions",
+        )
 
 
 def encode_embeddings(answer: s.EmbeddingResponse, encoding: str) -> s.EmbeddingResponse:

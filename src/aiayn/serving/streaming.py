@@ -103,9 +103,10 @@ async def _next_update(job: Job, updates: asyncio.Queue[Update], deadline: float
         return updates.get_nowait()
     getter = asyncio.ensure_future(updates.get())
     await asyncio.wait(
-        {getter, job.future}, timeout=max(0.0, deadline - time.monotonic()),
+        {getter, job.future},
+        timeout=max(0.0, deadline - time.monotonic()),
         return_when=asyncio.FIRST_COMPLETED,
-    )  # fmt: skip
+    )
     if getter.done():
         return getter.result()
     getter.cancel()
@@ -118,9 +119,12 @@ def _base(
     """A ``text_completion`` chunk (with ``usage``, null but the last, when asked for)."""
     p = plan.job.payload
     chunk: dict[str, Any] = {
-        "id": p.id, "object": "text_completion", "created": p.created, "model": model,
+        "id": p.id,
+        "object": "text_completion",
+        "created": p.created,
+        "model": model,
         "choices": choices,
-    }  # fmt: skip
+    }
     if plan.include_usage:
         chunk["usage"] = usage
     return chunk

@@ -89,10 +89,12 @@ class Task:
         most = self.options.max_request_tokens
         if tokens > most:
             raise Problem(
-                413, f"{field}: the request asks for {tokens:,} tokens ({what}); this server "
+                413,
+                f"{field}: the request asks for {tokens:,} tokens ({what}); this server "
                 f"takes at most {most:,} per request (--max-request-tokens): send fewer or "
-                "shorter items", param=field,
-            )  # fmt: skip
+                "shorter items",
+                param=field,
+            )
 
 
 def too_long(field: str, tokens: int, limit: int, what: str = "tokens") -> Problem:
@@ -141,13 +143,20 @@ class TranslateTask(Task):
         most = self.options.max_beam
         for field, value in (("beam", req.beam), ("n_best", req.n_best)):
             if value is not None and value > most:
-                raise Problem(422, f"{field}: {value} is more than this server's largest beam, "
-                              f"{most} (--max-beam)", param=field)  # fmt: skip
+                raise Problem(
+                    422,
+                    f"{field}: {value} is more than this server's largest beam, "
+                    f"{most} (--max-beam)",
+                    param=field,
+                )
         try:
             o = options_for_checkpoint(
-                self.generation, beam_size=req.beam, alpha=req.alpha, n_best=req.n_best,
+                self.generation,
+                beam_size=req.beam,
+                alpha=req.alpha,
+                n_best=req.n_best,
                 max_new_tokens=req.max_new_tokens,
-            )  # fmt: skip
+            )
         except UserError as error:
             raise Problem(422, str(error), param=_param_of(str(error))) from None
         ids = self.tokenizer.encode_batch(
@@ -341,9 +350,11 @@ class GenerateTask(Task):
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         if len(prompts) * req.n > MAX_REQUEST_ITEMS:
             raise Problem(
-                422, f"n: {len(prompts)} prompts × n = {req.n} completions is more than "
-                f"{MAX_REQUEST_ITEMS} per request", param="n",
-            )  # fmt: skip
+                422,
+                f"n: {len(prompts)} prompts × n = {req.n} completions is more than "
+                f"{MAX_REQUEST_ITEMS} per request",
+                param="n",
+            )
         ids = [self.tokenizer.encode(p) or [self.config.bos_id] for p in prompts]
         for i, row in enumerate(ids):
             field = "prompt" if isinstance(req.prompt, str) else f"prompt.{i}"
@@ -369,10 +380,11 @@ class GenerateTask(Task):
             raise Problem(422, f"{field} encodes to an id outside the vocabulary", param=field)
         if len(row) + max_tokens > c.max_len:
             raise Problem(
-                413, f"{field} has {len(row)} tokens: with max_tokens = {max_tokens} it needs "
+                413,
+                f"{field} has {len(row)} tokens: with max_tokens = {max_tokens} it needs "
                 f"{len(row) + max_tokens} positions; the model reads at most {c.max_len}",
                 param=field,
-            )  # fmt: skip
+            )
 
     def start(self, jobs: list[Job]) -> Group:
         """One group: every prompt × choice of the jobs, one batch."""
@@ -470,7 +482,9 @@ def _sampling(req: s.CompletionRequest) -> Sampling | None:
     for field in ("top_p", "seed"):
         if getattr(req, field) is not None:
             raise Problem(
-                422, f"{field} applies to sampling: give temperature > 0 (temperature left out "
-                "or 0 is greedy search)", param=field,
-            )  # fmt: skip
+                422,
+                f"{field} applies to sampling: give temperature > 0 (temperature left out "
+                "or 0 is greedy search)",
+                param=field,
+            )
     return None
