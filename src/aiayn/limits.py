@@ -18,9 +18,9 @@ MAX_IMAGE_SIDE = 16_384
 """The longest side (width or height, in pixels) of an image file aiayn decodes, read from the
 header with :data:`MAX_IMAGE_PIXELS`. The pixel count alone does not bound the resize: Pillow's
 resampling keeps, for every output pixel, weights over the input pixels it covers, about 14
-bytes per pixel of the input's side (bilinear; more for bicubic and Lanczos), so a
-64,000,000 × 1 grey PNG (62 KB, within the pixel bound) took 0.9 GB to resize to 224 × 224 and
-1.4 GB in all. Bounding the side bounds those tables to about 0.25 MB and the resize's
+bytes per pixel of the input's side (bilinear; more for bicubic and Lanczos), so a very long,
+thin image within the pixel bound costs gigabytes to resize (docs/reliability.md, "Bounded work",
+gives the measurement). Bounding the side bounds those tables to about 0.25 MB and the resize's
 intermediate image to the output's side × this; any aspect ratio within it is accepted (the
 cost grows with the side, not the ratio). 16,384 is WebP's own limit and twice the side of the
 largest square within :data:`MAX_IMAGE_PIXELS`: a camera's photo (≤ 8,000 a side at 64 MP) or
@@ -34,8 +34,8 @@ per sentence and scores K × V continuations per step, so its memory grows with 
 
 SERVE_MAX_BEAM = 16
 """``aiayn serve``'s default ``--max-beam``: the largest ``beam`` (and so ``n_best``) a
-``/v1/translate`` request may ask. A beam's time and memory grow with K (one request at beam
-1,000 took 35 s and 2.75 GB, kept by the process afterwards), while translation quality stops
+``/v1/translate`` request may ask. A beam's time and memory grow with K (docs/serving.md gives a
+measured request at beam 1,000), while translation quality stops
 improving well before 16: the paper decodes with 4, Marian and T5 releases with 4-6, and BLEU
 falls again for larger beams (Koehn and Knowles 2017, "Six challenges for neural machine
 translation"). A server that wants larger beams sets the flag, up to :data:`MAX_BEAM_SIZE`."""

@@ -88,7 +88,7 @@ class PerformanceSettings:
             bookkeeping and its small products run on one), which a second worker's steps use.
         kernel_build_timeout_s: the longest a build of aiayn's C++ kernels may take
             (:mod:`aiayn.kernels.build`) before it is stopped and the library kernels run
-            instead; a build takes about 30 s on a 2-core machine.
+            instead (docs/performance.md gives a measured build time).
     """
 
     explicit_attention_max_queries: int = 8

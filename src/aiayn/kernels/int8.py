@@ -10,7 +10,7 @@ gives the reference's bits. Two library kernels compute those sums:
 On a CPU with VNNI (AVX-512 VNNI, or AVX-VNNI) oneDNN multiplies u8 × s8 with ``vpdpbusd``, which
 sums in int32: exact. Without it (AVX2 alone, or oneDNN capped by ``ONEDNN_MAX_CPU_ISA``), it
 multiplies with ``vpmaddubsw``, whose pairs of products saturate at ±32767, and 255 · 127 · 2 does
-not fit: results off by up to 17% on ordinary weights. Whether a library kernel is exact is
+not fit (docs/quantization.md gives the measured error). Whether a library kernel is exact is
 therefore not assumed from the CPU's name: :func:`exact_library_kernels` runs each once on the
 operands that saturate soonest (every magnitude 127, both signs) against sums in int64, and a
 kernel that differs in one bit is never chosen (:func:`choose_int8`).

@@ -136,9 +136,10 @@ class Int8Kernel:
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """(N, D_in) -> (N, D_out), on the kernel chosen for N rows; plus ``residual`` (N, D_out)
         where given, added after the bias (by aiayn's kernel inside its call)."""
-        kernel = self.choice(x) if self.cpu else "reference"
+        ops = native_int8() if self.cpu else None  # looked up once per call
+        kernel = self._choose(x, ops) if self.cpu else "reference"
         if kernel == "native":
-            return self._native_on(native_int8(), x, residual)
+            return self._native_on(ops, x, residual)
         if kernel == "onednn":
             y = self.onednn(x)
         elif kernel == "int_mm":
@@ -150,11 +151,15 @@ class Int8Kernel:
     @staticmethod
     def choice(x: Tensor) -> str:
         """The kernel a call on ``x`` (N, D_in) runs (one of :data:`aiayn.kernels.int8.KERNELS`)."""
+        return Int8Kernel._choose(x, native_int8())
+
+    @staticmethod
+    def _choose(x: Tensor, ops: Any) -> str:
+        """:meth:`choice` with aiayn's kernel ``ops`` (or None) already looked up."""
         if x.device.type != "cpu":
             return "reference"
-        native = native_int8() is not None
         exact = library.exact_library_kernels()
-        return library.choose_int8(x.size(0), native, exact, performance())
+        return library.choose_int8(x.size(0), ops is not None, exact, performance())
 
     def native(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """aiayn's kernel (where it runs here: :func:`~aiayn.kernels.linear.native_int8`), with
