@@ -10,7 +10,6 @@ this layer only checks requests before they reach a task and reshapes the task's
 from __future__ import annotations
 
 import base64
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -117,20 +116,12 @@ class CompletionPlan:
         """The echoed prompt before choice ``index`` ("" without ``echo``)."""
         return "" if self.echo is None else self.echo[index // self.n]
 
-    def usage(self, answer: s.CompletionResponse) -> s.Usage:
-        """OpenAI's usage: each prompt's tokens counted once, whatever ``n``."""
-        prompt = sum(len(ids) for ids in self.job.payload.prompts)
-        completion = answer.usage.completion_tokens if answer.usage is not None else 0
-        return s.Usage(
-            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
-        )
-
     def finish(self, answer: s.CompletionResponse) -> s.CompletionResponse:
-        """The answer as OpenAI gives it: echoed prompts, usage counted once per prompt."""
+        """The answer as OpenAI gives it: the prompts echoed where asked."""
         choices = [
             c.model_copy(update={"text": self.prefix(c.index) + c.text}) for c in answer.choices
         ]
-        return answer.model_copy(update={"choices": choices, "usage": self.usage(answer)})
+        return answer.model_copy(update={"choices": choices})
 
 
 def plan_completion(task: Any, body: s.CompletionBody, created: int) -> CompletionPlan:
@@ -154,9 +145,9 @@ def plan_completion(task: Any, body: s.CompletionBody, created: int) -> Completi
 
 
 def _token_job(task: Any, body: s.CompletionBody, ids: list[list[int]], created: int) -> Job:
-    """The job of prompts given as token ids: each id checked against the vocabulary and each
-    prompt's length against the model's positions, then the task's job for as many one-token
-    stand-in prompts (its checks of ``n`` and the sampling options), holding these ids."""
+    """The job of prompts given as token ids: each id checked against the vocabulary (422
+    naming its position), then the task's job of these ids (its checks of length, ``n`` and
+    the sampling options, as for text prompts)."""
     config, single = task.config, isinstance(body.prompt[0], int)
     for i, row in enumerate(ids):
         field = "prompt" if single else f"prompt.{i}"
@@ -168,19 +159,8 @@ def _token_job(task: Any, body: s.CompletionBody, ids: list[list[int]], created:
                 f"(0..{config.vocab_size - 1})",
                 param=f"{field}.{bad}",
             )
-        if len(row) + body.max_tokens > config.max_len:
-            raise Problem(
-                400,
-                f"{field} has {len(row)} tokens: with max_tokens = {body.max_tokens} it "
-                f"needs {len(row) + body.max_tokens} positions; the model reads at most "
-                f"{config.max_len}",
-                param=field,
-            )
-    stand_in = task_request(body, [""] * len(ids))  # each encodes to BOS alone
-    job: Job = as_400(lambda: task.prepare(stand_in, created))
-    as_400(lambda: task.check_request(ids, body.max_tokens, body.n))
-    job.payload = dataclasses.replace(job.payload, prompts=ids)
-    job.cost = sum(len(row) for row in ids) * body.n
+    options = task_request(body, "")  # the request's options; its prompts are ``ids``
+    job: Job = as_400(lambda: task.prepare_ids(options, ids, single, created))
     return job
 
 

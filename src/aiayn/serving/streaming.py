@@ -92,8 +92,8 @@ async def _ending(plan: CompletionPlan, model: str) -> AsyncIterator[str]:
         if failed is not None:
             yield _chunk(plan, model, 0, "", None, error=str(failed))
         elif plan.include_usage:
-            usage = plan.usage(future.result())
-            yield _data(_base(plan, model, [], usage.model_dump()))
+            usage = future.result().usage
+            yield _data(_base(plan, model, [], None if usage is None else usage.model_dump()))
     yield "data: [DONE]\n\n"
 
 

@@ -346,19 +346,20 @@ class GenerateTask(Task):
 
     def prepare(self, req: s.CompletionRequest, created: int) -> Job:
         """The request's job; 422 for options of another method, 413 for a long prompt."""
-        sampling = _sampling(req)
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-        if len(prompts) * req.n > MAX_REQUEST_ITEMS:
-            raise Problem(
-                422,
-                f"n: {len(prompts)} prompts × n = {req.n} completions is more than "
-                f"{MAX_REQUEST_ITEMS} per request",
-                param="n",
-            )
+        _check_items(len(prompts), req.n)  # before any prompt is encoded
         ids = [self.tokenizer.encode(p) or [self.config.bos_id] for p in prompts]
+        return self.prepare_ids(req, ids, isinstance(req.prompt, str), created)
+
+    def prepare_ids(
+        self, req: s.CompletionRequest, ids: list[list[int]], single: bool, created: int
+    ) -> Job:
+        """The job of prompts already as token ids (``req``'s own prompt is not read: its
+        options are); ``single``: one prompt, named ``prompt`` rather than ``prompt.i``."""
+        sampling = _sampling(req)
+        _check_items(len(ids), req.n)
         for i, row in enumerate(ids):
-            field = "prompt" if isinstance(req.prompt, str) else f"prompt.{i}"
-            self._check(field, row, req.max_tokens)
+            self._check("prompt" if single else f"prompt.{i}", row, req.max_tokens)
         self.check_request(ids, req.max_tokens, req.n)
         stop = () if req.stop is None else (req.stop,) if isinstance(req.stop, str) else req.stop
         payload = GenerateJob(
@@ -458,7 +459,7 @@ class GenerateTask(Task):
             index: int = row.key[1]  # type: ignore[index]
             job.notify((index, text, reason))
             choices.append(s.CompletionChoice(text=text, index=index, finish_reason=reason))
-        prompt_tokens = sum(len(x) for x in p.prompts) * p.n
+        prompt_tokens = sum(len(x) for x in p.prompts)  # each prompt once, whatever n
         completion = sum(len(r.tokens) for r in rows)
         usage = s.Usage(
             prompt_tokens=prompt_tokens, completion_tokens=completion,
@@ -488,3 +489,14 @@ def _sampling(req: s.CompletionRequest) -> Sampling | None:
                 param=field,
             )
     return None
+
+
+def _check_items(prompts: int, n: int) -> None:
+    """422 naming ``n`` when ``prompts`` × ``n`` completions are more than a request may ask."""
+    if prompts * n > MAX_REQUEST_ITEMS:
+        raise Problem(
+            422,
+            f"n: {prompts} prompts × n = {n} completions is more than "
+            f"{MAX_REQUEST_ITEMS} per request",
+            param="n",
+        )
