@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from aiayn.kernels import cpu, dispatch
@@ -65,3 +66,21 @@ def test_the_command_prints_it_and_builds_nothing_on_a_generic_class(tmp_path: o
     assert "nothing to build: the CPU class is generic (capped)" in done.stdout
     assert "int8 linear, 1" in done.stdout and "aiayn linear" not in done.stdout
     assert not os.listdir(str(tmp_path))
+
+
+def test_the_command_exits_1_when_a_kernel_that_should_run_fails_to_build(tmp_path: object) -> None:
+    from aiayn.kernels.build import why_not_here
+
+    if why_not_here() is not None:
+        pytest.skip(f"no kernel runs here: {why_not_here()}")
+    env = {**os.environ, "CXX": "/nonexistent/c++", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "aiayn", "kernels", "build"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout
+    assert "not run: could not be built" in done.stdout
+    assert "PyTorch's kernels instead" in done.stderr and "!! WARNING" not in done.stderr

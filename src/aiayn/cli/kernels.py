@@ -28,16 +28,14 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the report, building first for ``build``."""
     from aiayn.kernels import prepare
-    from aiayn.kernels.build import why_not_here
+    from aiayn.kernels.build import failed_builds, why_not_here
     from aiayn.kernels.dispatch import report
 
-    failed = False
     if args.action == "build":
         for line in prepare():
             print(line)
-            failed = failed or "could not be built" in line
         if why_not_here() is not None:
             print(f"nothing to build: {why_not_here()}")
     for line in report():
         print(line)
-    return 1 if failed else 0
+    return 1 if args.action == "build" and failed_builds() else 0

@@ -144,6 +144,14 @@ def build_extension(name: str, sources: tuple[Path, ...]) -> str | None:
     return why if why is not None else _build_and_load(name, sources)
 
 
+_failed: set[str] = set()  # the kernels whose build failed in this process
+
+
+def failed_builds() -> frozenset[str]:
+    """The kernels (by name) this process tried to build and could not."""
+    return frozenset(_failed)
+
+
 @functools.cache
 def _build_and_load(name: str, sources: tuple[Path, ...]) -> str | None:
     """:func:`build_extension` past its checks: the result is kept for the process."""
@@ -155,6 +163,7 @@ def _build_and_load(name: str, sources: tuple[Path, ...]) -> str | None:
     except (ImportError, OSError, RuntimeError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         why = f"could not be built: {first}"
+        _failed.add(name)
         _log.warning("aiayn: kernel %s %s; running PyTorch's kernels instead", name, why)
         return why
     return None
