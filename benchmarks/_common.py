@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import platform
@@ -22,7 +23,11 @@ from aiayn.kernels import cpu
 from aiayn.kernels.dispatch import table
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "results"
+TABLES = ROOT / "docs" / "results"
+"""Each report's Markdown table, NAME.md, where the docs link it."""
+RESULTS = ROOT / "results"
+"""Each report's raw numbers, NAME.json.gz (gzipped JSON), and Multi30k's per-run results:
+what the tables are made from, kept out of docs/ (docs/benchmarks.md, "Where results live")."""
 
 
 MATMUL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
@@ -271,11 +276,42 @@ def command_line() -> str:
     return " ".join(["python", shlex.quote(str(script)), *map(shlex.quote, sys.argv[1:])])
 
 
-def write_report(name: str, data: dict[str, Any], markdown: list[str]) -> Path:
-    """docs/results/NAME.json and NAME.md; returns the Markdown path."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    path = RESULTS / f"{name}.md"
+def raw_path(name: str, folder: Path | None = None) -> Path:
+    """Where report NAME's raw numbers are: ``folder``/NAME.json.gz (default: results/)."""
+    return (RESULTS if folder is None else folder) / f"{name}.json.gz"
+
+
+def write_json_gz(path: Path, data: Any) -> None:
+    """``data`` as gzipped JSON at ``path``, whole or not at all (written beside it, then moved
+    over it). The same data gives the same bytes: no time or file name in the gzip header."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as gz:
+        gz.write((json.dumps(data, indent=1) + "\n").encode("utf-8"))
+    tmp.replace(path)
+
+
+def read_json(path: Path) -> Any:
+    """The JSON at ``path``, gzipped (by its first bytes, whatever its name) or plain."""
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return json.loads(raw.decode("utf-8"))
+
+
+def write_report(
+    name: str,
+    data: dict[str, Any],
+    markdown: list[str],
+    *,
+    tables: Path | None = None,
+    raw: Path | None = None,
+) -> Path:
+    """NAME.md in ``tables`` (default docs/results/) and NAME.json.gz in ``raw`` (default
+    results/); returns the Markdown path."""
+    write_json_gz(raw_path(name, raw), data)
+    path = (TABLES if tables is None else tables) / f"{name}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(markdown) + "\n", encoding="utf-8")
     return path
 

@@ -10,8 +10,9 @@ let the long experiment be spread over several sessions.
   0.1, ε_ls 0.1, its last weights, beam α 0.6), the second row.
 - :func:`summarize`, :func:`significant`: mean, min–max and standard deviation over seeds; a
   difference of means counts only when it is larger than the larger min–max range of the two.
-- :func:`result_path`, :func:`missing_runs`, :func:`check_protocol`: one JSON per (system, seed,
-  direction), skipped when present; results of another protocol are never mixed in.
+- :func:`result_path`, :func:`missing_runs`, :func:`check_protocol`: one gzipped JSON per
+  (system, seed, direction), skipped when present; results of another protocol are never mixed
+  in.
 """
 
 from __future__ import annotations
@@ -254,9 +255,29 @@ def seeds_of(base: int, count: int) -> list[int]:
     return [base + k for k in range(count)]
 
 
+RESULT_FILE = "result.json.gz"
+"""One run's result, gzipped JSON, in its seed's folder."""
+PLAIN_RESULT_FILE = "result.json"
+"""A result written before results were gzipped: still read, never written."""
+
+
 def result_path(root: Path, direction: str, system: str, seed: int) -> Path:
-    """``root/DIRECTION/SYSTEM/seed_N/result.json``: one run's result."""
-    return root / direction / system / f"seed_{seed}" / "result.json"
+    """``root/DIRECTION/SYSTEM/seed_N/result.json.gz``: where one run's result is written."""
+    return root / direction / system / f"seed_{seed}" / RESULT_FILE
+
+
+def result_in(folder: Path) -> Path | None:
+    """The result file in a seed's ``folder``: result.json.gz, else a plain result.json written
+    before results were gzipped; None when neither is there."""
+    for name in (RESULT_FILE, PLAIN_RESULT_FILE):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def stored_result(root: Path, direction: str, system: str, seed: int) -> Path | None:
+    """One run's result file in ``root`` (:func:`result_in`), or None."""
+    return result_in(result_path(root, direction, system, seed).parent)
 
 
 def missing_runs(
@@ -268,7 +289,7 @@ def missing_runs(
         (system, seed)
         for seed in seeds
         for system in systems
-        if not result_path(root, direction, system, seed).is_file()
+        if stored_result(root, direction, system, seed) is None
     ]
 
 

@@ -30,7 +30,8 @@ Then whole decodes, to see the kernel's share of a token: greedy and beam-4 deco
 d_model 512, 8 heads of 64; OPUS-MT's vocabulary size; random weights), as ``aiayn translate``
 runs it on CPU (``pack_for_inference``), in fp32 and in int8 (``quantize_model``), with the
 settings as they are and with ``native_attention_max_queries=0``, interleaved; ms per token
-(``--decode-repeats 0``: skipped). Writes docs/results/attention_step.{json,md}.
+(``--decode-repeats 0``: skipped). Writes docs/results/attention_step.md and
+results/attention_step.json.gz.
 """
 
 from __future__ import annotations

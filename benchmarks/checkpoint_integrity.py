@@ -14,7 +14,7 @@ of Adam moments) is written and read in a folder on the disk that holds ``--dir`
 
 The files stay in the page cache between reads (as after a save, or on a second load): the
 figures are the cost of hashing, not of the disk. Median (min–max) of ``--repeats`` rounds,
-interleaved. Writes docs/results/checkpoint_integrity.{json,md}.
+interleaved. Writes docs/results/checkpoint_integrity.md and results/checkpoint_integrity.json.gz.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@
 Best of 5 rounds of ``--calls`` calls each. The fp32 and int8 matmul peaks are measured in the
 same run with the fastest kernel of each (``_common.matmul_peaks``: fp32 ``torch.mm``/MKL or
 oneDNN's packed linear; int8 ``torch._int_mm`` or the quantized engines' linears), and named
-with the CPU. Writes docs/results/cpu_kernels.{json,md}.
+with the CPU. Writes docs/results/cpu_kernels.md and results/cpu_kernels.json.gz.
 """
 
 from __future__ import annotations

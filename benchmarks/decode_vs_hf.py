@@ -28,7 +28,7 @@ Both run in this one process with the same allocator setting (glibc keeps freed 
 are made of them, aiayn here with PyTorch's linears): "in F.linear" is the share of the wall
 time spent inside them, and "HF / aiayn's F.linear time" the HF time over that time, the
 highest ratio an fp32 implementation with PyTorch's linear kernels could reach.
-Writes docs/results/decode_vs_hf_PRESET.{json,md}.
+Writes docs/results/decode_vs_hf_PRESET.md and results/decode_vs_hf_PRESET.json.gz.
 """
 
 from __future__ import annotations

@@ -33,8 +33,9 @@ model, mode="int8")` under `BertInference`, what `aiayn embed --quantize int8` r
 rounds: sentences/s against aiayn fp32 (goal ≥ 1.5×), its fraction of the int8 matmul peak
 measured in the same run (integer operations of the linear layers, fp32 attention counted
 alike), and the cosine of its sentence embeddings (mean over the real tokens) to fp32's, the
-lowest over the sentences (gate ≥ 0.99). Writes docs/results/encoders_vs_hf.{json,md}
-(`encoders_vs_hf_int8` with `--quantize int8`) unless `--no-report`.
+lowest over the sentences (gate ≥ 0.99). Writes docs/results/encoders_vs_hf.md and
+results/encoders_vs_hf.json.gz (`encoders_vs_hf_int8` with `--quantize int8`) unless
+`--no-report`.
 """
 
 from __future__ import annotations
@@ -282,7 +283,7 @@ def main() -> None:
     parser.add_argument("--quantize", choices=("none", "int8"), default="none",
                         help="int8: also BERT int8 in the same rounds")  # fmt: skip
     parser.add_argument("--no-report", dest="report", action="store_false",
-                        help="print the table only; write nothing under docs/results")  # fmt: skip
+                        help="print the table only; write no report")  # fmt: skip
     add_cpu_class_flags(parser)
     args = parser.parse_args()
     if args.cpu_class is None:  # the parent: each class in a process of its own, with its caps

@@ -17,7 +17,8 @@ With `--quantize int8`, also aiayn int8 (`aiayn.inference.quantize.quantize_mode
 mode="int8")`, what `aiayn generate --quantize int8` runs) in the same rounds: its tokens/s,
 its ratio to aiayn fp32 (goal at batch 1: ≥ 2×), and the share of its outputs identical to
 fp32's (int8 arithmetic may change a greedy choice; no identity is required of it).
-Writes docs/results/generate_vs_hf_PRESET.{json,md} (`_int8` appended with `--quantize int8`).
+Writes docs/results/generate_vs_hf_PRESET.md and results/generate_vs_hf_PRESET.json.gz (`_int8`
+appended with `--quantize int8`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ Times, interleaved round by round (``_common.time_interleaved``), on rows of log
   of aiayn from this checkout). ``--loop-only`` times this part alone.
 
 Medians in µs (min–max in brackets for the step shapes). Writes
-docs/results/greedy_argmax.{json,md} (not with ``--loop-only``, which only prints).
+docs/results/greedy_argmax.md and results/greedy_argmax.json.gz (not with ``--loop-only``, which
+only prints).
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ setting counts when it exceeds the larger min–max range over the seeds (the pr
 the recipe's row must give the test scores its runs recorded (checked, and the page says so).
 
 The runs are the aiayn runs in the result store (``--results-store``, by default
-docs/results/multi30k_runs: ``DIRECTION/aiayn/seed_N/result.json``, whose recipe names the run
-folder that holds the checkpoints). Writes docs/results/multi30k_averaging.{json,md}.
+results/multi30k_runs: ``DIRECTION/aiayn/seed_N/result.json.gz``, whose recipe names the run
+folder that holds the checkpoints). Writes docs/results/multi30k_averaging.md and
+results/multi30k_averaging.json.gz.
 """
 
 from __future__ import annotations
@@ -262,7 +263,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--alphas", default="0.6,1,1.5,2", help="the α grid tuned on validation")
     add_alpha_growth_flags(p)
     p.add_argument("--test-sentences", type=int, help="only the first N sentences of each set")
-    p.add_argument("--name", default="multi30k_averaging", help="docs/results/NAME.{json,md}")
+    p.add_argument(
+        "--name", default="multi30k_averaging", help="docs/results/NAME.md, results/NAME.json.gz"
+    )
     args = p.parse_args(argv)
     try:
         args.variants = parse_variants(args.variants)
@@ -274,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def write(args: argparse.Namespace, studies: dict[str, dict[str, Any]]) -> None:
-    """docs/results/NAME.{json,md}."""
+    """docs/results/NAME.md and results/NAME.json.gz."""
     from _common import write_report
 
     lines = [

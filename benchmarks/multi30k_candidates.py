@@ -8,11 +8,12 @@ the baseline alone over every seed it ran.
         --candidate runs/cand_dropout0.3 --candidate runs/cand_window0.3 \
         --out docs/results/multi30k_candidates_en-de.md
 
-Each run folder is a ``--run-dir`` of benchmarks/train_multi30k.py (``DIRECTION/aiayn/seed_N/
-result.json``). A candidate is its ``--set`` overrides beyond the baseline's; every other part of
-the protocol (budget, config file, test sentences, α grid, device, threads) must be the
-baseline's, or the candidate is refused by name. Seeds are matched: a candidate is compared on
-the seeds both sides ran.
+Each run folder is a ``--run-dir`` or ``--results-store`` of benchmarks/train_multi30k.py
+(``DIRECTION/aiayn/seed_N/result.json.gz``, or an older run's plain result.json); the stored
+ones are under results/ (docs/quality.md). A candidate is its ``--set`` overrides beyond the
+baseline's; every other part of the protocol (budget, config file, test sentences, α grid,
+device, threads) must be the baseline's, or the candidate is refused by name. Seeds are matched:
+a candidate is compared on the seeds both sides ran.
 
 A candidate that changes what a step costs (the vocabulary size, the batch size) makes another
 number of steps in the same minutes: given as ``--rate-candidate DIR``, it is replayed at its own
@@ -27,12 +28,11 @@ comparison across hosts is marked where it is read.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 import _multi30k_protocol as protocol
-from _common import command_line
+from _common import command_line, read_json
 from _multi30k_report import row_names, spread_text, values
 
 SAME = ("minutes", "steps", "config", "config_sha256", "test_sentences", "alphas", "device",
@@ -43,9 +43,11 @@ SAME = ("minutes", "steps", "config", "config_sha256", "test_sentences", "alphas
 def aiayn_runs(run_dir: Path, direction: str) -> dict[int, dict[str, Any]]:
     """seed -> aiayn's result in ``run_dir`` for ``direction``."""
     found = {}
-    for path in sorted((run_dir / direction / "aiayn").glob("seed_*/result.json")):
-        result = json.loads(path.read_text(encoding="utf-8"))
-        found[int(result["seed"])] = result
+    for folder in sorted((run_dir / direction / "aiayn").glob("seed_*")):
+        path = protocol.result_in(folder)
+        if path is not None:
+            result = read_json(path)
+            found[int(result["seed"])] = result
     if not found:
         raise ValueError(f"{run_dir}: no aiayn result for {direction}")
     return found

@@ -3,7 +3,7 @@ the α of the tuned row is the best on the validation set of the grid, grown pas
 largest α while that one scores best (``--alpha-grow-by``, ``--alpha-grow-to``).
 
     python benchmarks/multi30k_retune.py --data-dir ../shared/data/multi30k --direction de-en \
-        --results-store docs/results/multi30k_runs
+        --results-store results/multi30k_runs
 
 It takes train_multi30k.py's flags, so the protocol it brings the results to is the one that
 script runs. A result made before the rule (its protocol the same but for ``alpha_growth``):
@@ -23,7 +23,6 @@ The direction's reports are written again afterwards (as ``train_multi30k.py --r
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
@@ -35,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _multi30k_protocol as protocol
 import train_multi30k as bench
-from _common import command_line, machine
+from _common import command_line, machine, read_json
 
 TUNED_ROW = f"final, {bench.TUNED}"
 WeightsOf = Callable[[str], "bench.Translate | None"]
@@ -167,17 +166,20 @@ def retune_direction(
     gone = []
     for system in protocol.SYSTEMS:
         for seed in seeds:
-            path = protocol.result_path(Path(args.results_store), direction, system, seed)
-            if not path.is_file():
+            path = protocol.stored_result(Path(args.results_store), direction, system, seed)
+            if path is None:
                 continue
-            result = json.loads(path.read_text(encoding="utf-8"))
+            result = read_json(path)
             of = weights_of(args, direction, system, seed, device)
             done = retune(result, expected, of, val, test)
             print(f"{path}: {done}", flush=True)
             if done == "no weights":
                 gone.append(path)
             elif done != "current":
-                bench.write_result(path, result)
+                out = protocol.result_path(Path(args.results_store), direction, system, seed)
+                bench.write_result(out, result)
+                if path != out:  # a plain result.json of an older run: now gzipped
+                    path.unlink()
     return gone
 
 

@@ -5,7 +5,8 @@
 The same setup as train_vs_torch.py (demo corpus, 8k BPE, 4,096-token batches, the real
 ``Trainer.train_step``), 2 warm-up steps, then ``--steps`` profiled. Self CPU time of every aten
 operator, summed into groups (matmuls, attention kernels, the loss's log-softmax, copies,
-dropout, …). Writes docs/results/profile_train_step_PRESET.{json,md}.
+dropout, …). Writes docs/results/profile_train_step_PRESET.md and
+results/profile_train_step_PRESET.json.gz.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def main() -> None:
     ]
     path = write_report(f"profile_train_step_{args.preset}", report, lines)
     print("\n".join(lines))
-    print(f"wrote {path} and .json")
+    print(f"wrote {path} and results/{path.stem}.json.gz")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ German references for BLEU). The ViT row takes the digits' test split and its ac
 training's own code (:mod:`aiayn.training.images`, as ``aiayn train`` reports it at the end), with
 the split settings the checkpoint's ``run_config`` records. Both sides load the same checkpoint:
 fp32 as stored, int8 quantised as it loads (``load_checkpoint(quantize="int8")``). Writes
-docs/results/quantize_accuracy.{json,md} (``--name``: another report name).
+docs/results/quantize_accuracy.md and results/quantize_accuracy.json.gz (``--name``: another
+report name).
 """
 
 from __future__ import annotations
@@ -249,7 +250,9 @@ def main() -> None:
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"))
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--name", default="quantize_accuracy", help="report name in docs/results")
+    parser.add_argument(
+        "--name", default="quantize_accuracy", help="report name (NAME.md, NAME.json.gz)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     data = Path(args.data)

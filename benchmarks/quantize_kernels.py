@@ -20,7 +20,7 @@ encoders), times, interleaved round by round (``_common.time_interleaved``):
 The fastest W8A8 kernel per row count sets
 :attr:`~aiayn.settings.PerformanceSettings.int8_native_max_rows` and ``int8_onednn_max_rows``;
 the fastest fp32 kernel, ``fp32_native_max_rows``.
-Medians in µs. Writes docs/results/quantize_kernels.{json,md}.
+Medians in µs. Writes docs/results/quantize_kernels.md and results/quantize_kernels.json.gz.
 """
 
 from __future__ import annotations

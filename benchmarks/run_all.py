@@ -17,23 +17,22 @@ Runs, each as its own process (so they never share the cores):
      against Hugging Face generate, outputs checked identical (CPU only);
   7. translate_vs_ct2.py — the opus-mt-en-de shape against CTranslate2, fp32 and int8 (CPU
      only).
-Then prints one table and writes docs/results/summary.{json,md} with the machine, the torch
-version and this command; each benchmark also leaves its own detailed files there. With
-``--from-results`` nothing runs: the summary is assembled from those files, and names the
-command that wrote each of them.
+Then prints one table and writes docs/results/summary.md (and results/summary.json.gz) with the
+machine, the torch version and this command; each benchmark also leaves its own table there and
+its raw numbers in results/. With ``--from-results`` nothing runs: the summary is assembled from
+those raw files (results/NAME.json.gz), and names the command that wrote each of them.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, command_line, machine, write_report
+from _common import command_line, machine, raw_path, read_json, write_report
 
 HERE = Path(__file__).resolve().parent
 
@@ -55,7 +54,7 @@ def main() -> None:
     parser.add_argument(
         "--from-results",
         action="store_true",
-        help="run nothing; rebuild the summary from the result files in docs/results",
+        help="run nothing; rebuild the summary from the raw result files in results/",
     )
     args = parser.parse_args()
     device = "cuda" if args.device.startswith("cuda") else "cpu"
@@ -73,13 +72,13 @@ def main() -> None:
 
 
 def load_results(device: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The training and decoding reports already in docs/results."""
-    training = json.loads((RESULTS / f"train_vs_torch_{device}.json").read_text())
+    """The training and decoding reports already in results/."""
+    training = read_json(raw_path(f"train_vs_torch_{device}"))
     decoding: dict[str, Any] = {}
     for preset in ("small", "base"):
-        path = RESULTS / f"decode_vs_hf_{preset}.json"
+        path = raw_path(f"decode_vs_hf_{preset}")
         if device == "cpu" and path.exists():
-            decoding[preset] = json.loads(path.read_text())
+            decoding[preset] = read_json(path)
     return training, decoding
 
 
@@ -95,26 +94,26 @@ GPT2_TRAINING = {
 
 
 def gpt2_results(device: str) -> dict[str, Any]:
-    """The GPT-2 reports in docs/results: "generate" and "train PRESET" (CPU only)."""
+    """The GPT-2 reports in results/: "generate" and "train PRESET" (CPU only)."""
     found: dict[str, Any] = {}
-    paths = {"generate": RESULTS / "generate_vs_hf_gpt2.json"}
-    paths.update({f"train {p}": RESULTS / f"train_lm_vs_hf_{p}.json" for p in GPT2_TRAINING})
+    paths = {"generate": raw_path("generate_vs_hf_gpt2")}
+    paths.update({f"train {p}": raw_path(f"train_lm_vs_hf_{p}") for p in GPT2_TRAINING})
     for name, path in paths.items():
         if device == "cpu" and path.exists():
-            found[name] = json.loads(path.read_text())
+            found[name] = read_json(path)
     return found
 
 
 def translation_results(device: str) -> dict[str, Any]:
-    """The translation reports in docs/results, by checkpoint shape (CPU only)."""
+    """The translation reports in results/, by checkpoint shape (CPU only)."""
     found: dict[str, Any] = {}
     for model in TRANSLATION_MODELS:
-        path = RESULTS / f"translate_vs_hf_{model}.json"
+        path = raw_path(f"translate_vs_hf_{model}")
         if device == "cpu" and path.exists():
-            found[model] = json.loads(path.read_text())
-    path = RESULTS / "translate_vs_ct2.json"
+            found[model] = read_json(path)
+    path = raw_path("translate_vs_ct2")
     if device == "cpu" and path.exists():
-        found[CT2_REPORT] = json.loads(path.read_text())
+        found[CT2_REPORT] = read_json(path)
     return found
 
 
@@ -148,7 +147,7 @@ def write_summary(
     *,
     from_results: bool,
 ) -> None:
-    """Print the summary table and write docs/results/summary.{json,md}."""
+    """Print the summary table and write docs/results/summary.md, results/summary.json.gz."""
     sources = [training, *decoding.values(), *gpt2.values(), *translation.values()]
     lines = summary_header(threads, training, sources if from_results else [])
     lines += training_rows(training)
@@ -165,7 +164,7 @@ def write_summary(
     }
     path = write_report("summary", summary, lines)
     print("\n".join(lines))
-    print(f"wrote {path} and .json")
+    print(f"wrote {path} and {raw_path('summary')}")
 
 
 def summary_header(

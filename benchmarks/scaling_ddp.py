@@ -12,7 +12,7 @@ Tatoeba EN-DE corpus three ways over the *same global batches* (2 x max_tokens p
 All with ``OMP_NUM_THREADS=1`` and ``train.threads=1``: one core per process. Throughput is the
 trainer's own ``tgt_tokens_per_s`` (target tokens of the global batch per second), averaged over
 the logged windows after the first (warm-up). Efficiency = speed-up / number of processes.
-Writes docs/results/scaling_ddp.{json,md}.
+Writes docs/results/scaling_ddp.md and results/scaling_ddp.json.gz.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ offline answer of each input; and the offline throughput of the same inputs (`tr
 `generate_ids` in this process, all inputs at once: the ceiling; and, for each number of
 clients N, N consecutive inputs per call: the ceiling with N requests in flight). The servers
 and the offline decoding run on the same `--device` (`auto`: a GPU where there is one). Writes
-docs/results/NAME.{json,md}.
+docs/results/NAME.md and results/NAME.json.gz.
 """
 
 from __future__ import annotations

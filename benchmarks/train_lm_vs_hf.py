@@ -15,7 +15,7 @@ the trainer builds it on CPU (the default, unfused implementation). Steps altern
 (interleaved rounds, after warm-up steps), so both meet the same machine. Reports tokens/s,
 the ratio aiayn / HF, and the fraction of the measured fp32 matmul peak (matmul FLOPs of a
 step / step time / peak).
-Writes docs/results/train_lm_vs_hf_PRESET.{json,md}.
+Writes docs/results/train_lm_vs_hf_PRESET.md and results/train_lm_vs_hf_PRESET.json.gz.
 """
 
 from __future__ import annotations

@@ -35,18 +35,19 @@ and calls a difference of means significant only when it exceeds the larger minâ
 sacreBLEU's paired bootstrap (1,000 resamples) between aiayn's and each peer's test outputs of
 the same seed is the second measure.
 
-Resumable: each run writes ``STORE/DIRECTION/SYSTEM/seed_N/result.json`` (scores, outputs,
-its protocol) and is skipped when that file is there, so the runs can be spread over several
-sessions (``--max-runs`` bounds a session's share); a result made under another protocol is
-refused. ``STORE`` is ``--results-store``, by default the run folder, whose checkpoints
+Resumable: each run writes ``STORE/DIRECTION/SYSTEM/seed_N/result.json.gz`` (scores, outputs,
+its protocol; gzipped JSON, a plain result.json of an older run is still read) and is skipped
+when that file is there, so the runs can be spread over several sessions (``--max-runs`` bounds
+a session's share); a result made under another protocol is refused. ``STORE`` is
+``--results-store``, by default the run folder, whose checkpoints
 (``RUN_DIR/DIRECTION/SYSTEM/seed_N/run``) are too big to keep under version control: a store
-in the repository (docs/results/multi30k_runs) carries the finished runs to a fresh checkout.
+in the repository (results/multi30k_runs) carries the finished runs to a fresh checkout.
 The report is assembled from the results there are and names the missing ones:
-``STORE/DIRECTION/report.{md,json}`` always, docs/results/multi30k_<direction>.{json,md}
-(``--results-dir``) once every run is there. ``--smoke`` checks the whole path quickly (0.3
-minutes per run, the first 20 test and validation sentences: an untrained peer decodes to the
-length limit without a cache) in runs/bench_multi30k_smoke, its report under
-the run folder instead of docs/results.
+``RUN_DIR/DIRECTION/report.{md,json.gz}`` always, and once every run is there
+docs/results/multi30k_<direction>.md with results/multi30k_<direction>.json.gz (both in
+``--results-dir`` when given). ``--smoke`` checks the whole path quickly (0.3 minutes per run,
+the first 20 test and validation sentences: an untrained peer decodes to the length limit
+without a cache) in runs/bench_multi30k_smoke, its report under the run folder instead.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _multi30k_protocol as protocol
 import _multi30k_report as report_mod
-from _common import RESULTS, ROOT, command_line, machine
+from _common import ROOT, command_line, machine, raw_path, read_json, write_json_gz, write_report
 
 DIRECTIONS = ("en-de", "de-en")
 SEARCHES = (("greedy", 1), ("beam 4, Î± 0.6", 4))
@@ -143,11 +144,13 @@ def _add_folder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", help="the runs' checkpoints (default runs/bench_multi30k[_smoke])")
     p.add_argument(
         "--results-store",
-        help="where each run's result.json and the report are kept (default: --run-dir); a folder"
-        " under version control carries a protocol spread over sessions to a fresh checkout",
+        help="where each run's result.json.gz is kept (default: --run-dir); a folder under"
+        " version control carries a protocol spread over sessions to a fresh checkout",
     )
     p.add_argument("--force", action="store_true", help="replace a run left without a result")
-    p.add_argument("--results-dir", help="where complete reports go (default: docs/results)")
+    p.add_argument(
+        "--results-dir", help="where complete reports go (default: docs/results and results)"
+    )
 
 
 def _add_peer_args(p: argparse.ArgumentParser) -> None:
@@ -554,9 +557,9 @@ def write_reports(
     results: dict[str, dict[int, dict[str, Any]]],
     missing: list[tuple[str, int]],
 ) -> None:
-    """STORE/DIRECTION/report.{md,json}, beside the results it is made of; once nothing is
-    missing, also the results folder's multi30k_DIRECTION.{md,json} (docs/results; for --smoke,
-    RUN_DIR/results)."""
+    """RUN_DIR/DIRECTION/report.{md,json.gz}; once nothing is missing, also
+    multi30k_DIRECTION.md and .json.gz: in docs/results and results (``--results-dir``, for
+    --smoke RUN_DIR/results: both there)."""
     if not any(results.values()):
         print(f"{direction}: no results yet")
         return
@@ -582,18 +585,15 @@ def write_reports(
         },
     }
     lines = markdown(direction, report, results)
-    folders = [Path(args.results_store) / direction]
+    interim = Path(args.run_dir) / direction
+    outputs: list[tuple[str, Path | None]] = [("report", interim)]
     if not missing:
         smoke = Path(args.run_dir) / "results"
-        folders.append(
-            Path(args.results_dir) if args.results_dir else smoke if args.smoke else RESULTS
-        )
-    for folder in folders:
-        name = "report" if folder == folders[0] else f"multi30k_{direction}"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-        (folder / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        print(f"wrote {folder / name}.md and .json")
+        folder = Path(args.results_dir) if args.results_dir else smoke if args.smoke else None
+        outputs.append((f"multi30k_{direction}", folder))  # None: docs/results and results
+    for name, folder in outputs:
+        path = write_report(name, report, lines, tables=folder, raw=folder)
+        print(f"wrote {path} and {raw_path(name, folder)}")
     print("\n".join(lines))
 
 
@@ -716,11 +716,9 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def write_result(out: Path, result: dict[str, Any]) -> None:
-    """``result`` as ``out`` whole or not at all (a stopped write leaves the old file, or none)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
-    tmp.replace(out)
+    """``result`` as ``out``, gzipped JSON, whole or not at all (a stopped write leaves the old
+    file, or none)."""
+    write_json_gz(out, result)
 
 
 def load_results(
@@ -731,9 +729,9 @@ def load_results(
     expected = protocol_of(args)
     for system in protocol.SYSTEMS:
         for seed in seeds:
-            path = protocol.result_path(Path(args.results_store), direction, system, seed)
-            if path.is_file():
-                result = json.loads(path.read_text(encoding="utf-8"))
+            path = protocol.stored_result(Path(args.results_store), direction, system, seed)
+            if path is not None:
+                result = read_json(path)
                 protocol.check_protocol(
                     path,
                     protocol.own_budget(result["protocol"], system),

@@ -11,7 +11,7 @@ never seen in training or in picking the best checkpoint) with the last checkpoi
 (highest validation accuracy) and the average of the last three. Reports steps, epochs,
 training images/s, the validation curve, and the machine's load average at the start and the
 end (the 2 cores may be shared). The issue's goal: test accuracy >= 97% within 5 minutes on 2
-cores. Writes docs/results/train_vit_digits.{json,md}.
+cores. Writes docs/results/train_vit_digits.md and results/train_vit_digits.json.gz.
 """
 
 from __future__ import annotations

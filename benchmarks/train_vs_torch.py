@@ -21,8 +21,8 @@ fraction of the measured matmul peak (model FLOPs / time / peak, FLOPs from
 GPU: peak allocated). Both processes get the same process settings (``--peer-settings same``,
 the default: aiayn's glibc allocator setting and TF32 matmuls apply to the torch loop too);
 ``--peer-settings default`` leaves the torch loop with the system defaults.
-Writes docs/results/train_vs_torch_DEVICE.{json,md} (``_peer_default`` added with
-``--peer-settings default``).
+Writes docs/results/train_vs_torch_DEVICE.md and results/train_vs_torch_DEVICE.json.gz
+(``_peer_default`` added with ``--peer-settings default``).
 """
 
 from __future__ import annotations
@@ -308,7 +308,7 @@ def main() -> None:
     suffix = "" if args.peer_settings == "same" else "_peer_default"
     path = write_report(f"train_vs_torch_{args.device_name}{suffix}", report, lines)
     print("\n".join(lines))
-    print(f"wrote {path} and .json")
+    print(f"wrote {path} and results/{path.stem}.json.gz")
 
 
 def run_presets(

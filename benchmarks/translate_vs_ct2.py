@@ -45,7 +45,7 @@ At batch 1, greedy, the weight-read floor: the time to read the weights one deco
 which gives the memory bandwidth; the int8 floor is the bytes of those weights in int8 plus
 one fp32 scale per output row, over that bandwidth; the share reached is floor / time per token.
 The matmul peaks of fp32 and int8 (fastest kernel of each) are measured in the same run.
-Writes docs/results/translate_vs_ct2.{json,md}.
+Writes docs/results/translate_vs_ct2.md and results/translate_vs_ct2.json.gz.
 """
 
 from __future__ import annotations
@@ -540,7 +540,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--peak-size", type=int, default=2048, help="side of the peak GEMMs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-report", dest="report", action="store_false",
-                        help="print the tables only; write nothing under docs/results")  # fmt: skip
+                        help="print the tables only; write no report")  # fmt: skip
     add_cpu_class_flags(parser)
     args = parser.parse_args()
     if len(args.sentences) != len(args.configs):
@@ -617,13 +617,7 @@ def main() -> None:
     def margin(src: list[int], a: list[int], b: list[int], beam: int) -> float:
         return mismatch_margin(ours, specials, src, a, b, beam)
 
-    rows = []
-    for (batch, beam), count in zip(args.pairs, args.sentences, strict=True):
-        read = weights if (batch, beam) == (1, 1) else None
-        rows.append(run_config(made, srcs[:count], batch, beam, args, margin, read))
-        if read is not None:
-            add_floor(rows[-1], floor)
-        print({k: v for k, v in rows[-1].items() if k != "seconds"}, flush=True)
+    rows = measure(made, srcs, args, margin, (weights, floor))
     for engine in info["ct2"]:
         engine.close()
     goals, floor_goal = goals_of(args.cpu_class)
@@ -652,7 +646,28 @@ def main() -> None:
     print("\n".join(lines))
     if args.report:
         name = report_name("translate_vs_ct2", args.cpu_class)
-        print(f"wrote {write_report(name, report, lines)} and .json")
+        print(f"wrote {write_report(name, report, lines)} and results/{name}.json.gz")
+
+
+def measure(
+    made: dict[str, Callable[..., Callable[[], list[list[int]]]]],
+    srcs: list[list[int]],
+    args: argparse.Namespace,
+    margin: Callable[[list[int], list[int], list[int], int], float],
+    batch_one: tuple[list[Tensor], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Each (batch, beam) pair's row (:func:`run_config`), printed as it is measured; batch 1
+    greedy also times reading the decoder's weights and gets the floors (``batch_one``: those
+    weights and :func:`floor_bytes`)."""
+    weights, floor = batch_one
+    rows = []
+    for (batch, beam), count in zip(args.pairs, args.sentences, strict=True):
+        read = weights if (batch, beam) == (1, 1) else None
+        rows.append(run_config(made, srcs[:count], batch, beam, args, margin, read))
+        if read is not None:
+            add_floor(rows[-1], floor)
+        print({k: v for k, v in rows[-1].items() if k != "seconds"}, flush=True)
+    return rows
 
 
 # -------------------------------------------------------------------------------- tables

@@ -33,7 +33,7 @@ both meet the same machine), tokens/s, the ratio aiayn / HF of tokens/s, and the
 sentences that end with EOS before the limit. At batch 1, greedy: the physical floor, the time to
 read the decoder's weights once (every decoder linear's weight and the output projection, a
 `Tensor.sum` of each, timed in the same rounds) against the time per generated token of each.
-Writes docs/results/translate_vs_hf_MODEL.{json,md}.
+Writes docs/results/translate_vs_hf_MODEL.md and results/translate_vs_hf_MODEL.json.gz.
 """
 
 from __future__ import annotations
@@ -454,7 +454,7 @@ def main() -> None:
     }
     path = write_report(f"translate_vs_hf_{args.model}", report, markdown(report))
     print("\n".join(markdown(report)))
-    print(f"wrote {path} and .json")
+    print(f"wrote {path} and results/{path.stem}.json.gz")
 
 
 def search_name(beam: int) -> str:

@@ -123,9 +123,10 @@ def test_the_study_scores_each_setting_on_its_own_average(
     recorded = score(_greedy(recipe, tokenizer), last)["bleu"]
     store = _store(tmp_path, run, {"averaged, greedy": {"bleu": recorded}})
     monkeypatch.setattr(_common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(_common, "TABLES", tmp_path / "results")
     avg.main(["--data-dir", str(data), "--direction", "en-de", "--results-store", str(store),
               "--variants", "1/0.05,2/0.2", "--alphas", "0.6,1"])  # fmt: skip
-    study = json.loads((tmp_path / "results" / "multi30k_averaging.json").read_text())
+    study = _common.read_json(tmp_path / "results" / "multi30k_averaging.json.gz")
     seed = study["directions"]["en-de"]["seeds"]["1"]
     assert list(seed) == ["1/0.05", "2/0.2", "4/0.2"]
     assert [seed[v]["steps"] for v in seed] == [[40], [20, 40], WINDOW]

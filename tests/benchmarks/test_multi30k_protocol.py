@@ -130,7 +130,7 @@ def test_seeds_and_result_paths() -> None:
     with pytest.raises(ValueError, match="--seeds"):
         protocol.seeds_of(1, 0)
     path = protocol.result_path(Path("r"), "en-de", "peer-same", 2)
-    assert path == Path("r/en-de/peer-same/seed_2/result.json")
+    assert path == Path("r/en-de/peer-same/seed_2/result.json.gz")
 
 
 def test_runs_with_a_result_are_skipped_seed_by_seed(tmp_path: Path) -> None:
