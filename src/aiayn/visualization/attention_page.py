@@ -2,7 +2,7 @@
 (:mod:`aiayn.visualization.html_report`), the head view (:mod:`aiayn.visualization.head_view`)
 and the service's playground: the JSON-ready content of a :class:`~aiayn.visualization.
 token_attention.TokenAttention` (:func:`report_data`), its safe inlining (:func:`script_json`),
-the page's ``<head>`` and the input's lines.
+the page's ``<head>`` (its template and common style in ``static/``) and the input's lines.
 
 It stands below both pages, so neither imports the other for these.
 
@@ -16,6 +16,7 @@ import html
 import json
 from typing import Any
 
+from aiayn.visualization.static_files import fill, page_file
 from aiayn.visualization.token_attention import AttentionLike, TokenAttention
 
 __all__ = [
@@ -83,13 +84,12 @@ def script_json(data: dict[str, Any]) -> str:
 
 
 def page_head(title: str, style: str) -> str:
-    """The ``<head>`` element: charset, viewport, title and inline style."""
-    return f"""<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{html.escape(title)}</title>
-<style>{_BASE_STYLE}{style}</style>
-</head>"""
+    """The ``<head>`` element (``static/page_head.html``, without its final newline): charset,
+    viewport, title and inline style, the pages' common ``static/page.css`` then ``style``."""
+    head = fill(
+        page_file("page_head.html"), title=html.escape(title), style=page_file("page.css") + style
+    )
+    return head.removesuffix("\n")
 
 
 def page_lines(attention: TokenAttention) -> str:
@@ -98,12 +98,3 @@ def page_lines(attention: TokenAttention) -> str:
         f'<p class="pair"><b>{html.escape(label)}:</b> {html.escape(text)}</p>'
         for label, text in attention.lines
     )
-
-
-_BASE_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
-h1 { font-size: 1.3em; margin-bottom: 0.2em; }
-h2 { font-size: 1.1em; margin: 1.5em 0 0.3em; }
-p.pair { margin: 0.2em 0; }
-.note { color: #555; font-size: 0.9em; max-width: 60em; }
-"""

@@ -24,7 +24,8 @@ many patches are small); :func:`write_image_attention_pngs` writes
 ``cls_L{layer}_H{head}.png`` per layer and head, ``cls_L{layer}_all.png`` (every head of a
 layer on one sheet) and ``rollout.png``; :func:`write_image_attention_html` writes one
 self-contained page (images as base64 data URIs) to pick the layer and head, with the rollout
-and the classifier's top labels.
+and the classifier's top labels (its template, style and script: the package's
+``static/image_attention.html``, ``.css`` and ``.js``).
 
 The image is drawn as the model reads it (resized as its preprocessing says), contrast-stretched
 (its darkest pixel black, its brightest white: an 8×8 digit stored as values 0–16 is visible), and
@@ -60,6 +61,7 @@ from torch import Tensor
 from aiayn.data.images import ImagePreprocessor, open_image
 from aiayn.errors import UserError
 from aiayn.models.vit import ViT
+from aiayn.visualization.static_files import fill, page_file
 
 __all__ = [
     "DISPLAY_MIN_SIDE",
@@ -565,99 +567,6 @@ def page_data(attention: ImageAttention, overlays: Overlays) -> dict[str, Any]:
     }
 
 
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
-h1 { font-size: 1.3em; margin-bottom: 0.2em; }
-.controls { margin: 1em 0; display: flex; gap: 1.2em; align-items: center; flex-wrap: wrap; }
-.controls label { font-weight: 600; }
-.panels { display: flex; gap: 1.2em; flex-wrap: wrap; align-items: flex-start; }
-figure { margin: 0; }
-figcaption { font-size: 0.9em; color: #444; margin-top: 0.3em; max-width: 26em; }
-.legend { display: flex; gap: 0.6em; align-items: center; font-size: 0.9em; margin: 0.6em 0; }
-.legend .bar { display: inline-block; width: 14em; height: 0.9em; border: 1px solid #999; }
-#readout { min-height: 1.4em; font-family: ui-monospace, monospace; margin: 0.6em 0; }
-table.predictions { border-collapse: collapse; margin: 0.5em 0; }
-table.predictions td { padding: 0.15em 0.8em 0.15em 0; }
-table.predictions td.p { font-family: ui-monospace, monospace; text-align: right; }
-.bar { display: inline-block; height: 0.7em; background: #3b6fb6; }
-.note { color: #555; font-size: 0.9em; max-width: 60em; }
-"""
-
-_SCRIPT = r"""
-(function () {
-  "use strict";
-  var data = JSON.parse(document.getElementById("image-attention-data").textContent);
-  var layerSelect = document.getElementById("layer");
-  var headSelect = document.getElementById("head");
-  var overlay = document.getElementById("overlay");
-  var caption = document.getElementById("overlay-caption");
-  var readout = document.getElementById("readout");
-
-  function fill(select, count, label, chosen) {
-    for (var i = 0; i < count; i++) {
-      var option = document.createElement("option");
-      option.value = String(i);
-      option.textContent = label + " " + (i + 1);
-      select.appendChild(option);
-    }
-    select.selectedIndex = chosen;
-  }
-
-  function draw() {
-    var l = layerSelect.selectedIndex, h = headSelect.selectedIndex;
-    overlay.src = data.layers[l][h];
-    caption.textContent = "class-token attention, layer " + (l + 1) + ", head " + (h + 1);
-    readout.textContent = "hover over an image to read a patch's weight";
-  }
-
-  function patchAt(img, event) {  // (row, column) of the patch under the mouse, or null
-    var box = img.getBoundingClientRect();
-    var y = (event.clientY - box.top) / box.height * data.size[0];
-    var x = (event.clientX - box.left) / box.width * data.size[1];
-    if (y < 0 || x < 0 || y >= data.covered[0] || x >= data.covered[1]) { return null; }
-    return [Math.floor(y / data.covered[0] * data.grid[0]),
-            Math.floor(x / data.covered[1] * data.grid[1])];
-  }
-
-  function hover(img, matrix, what) {
-    img.addEventListener("mousemove", function (event) {
-      var at = patchAt(img, event);
-      if (!at) { readout.textContent = what() + ": outside the patch grid (not seen)"; return; }
-      readout.textContent = what() + ", patch (row " + (at[0] + 1) + ", column " +
-        (at[1] + 1) + "): " + matrix()[at[0]][at[1]].toFixed(5);
-    });
-  }
-
-  fill(layerSelect, data.layers.length, "layer", data.layers.length - 1);
-  fill(headSelect, data.layers[0].length, "head", 0);
-  layerSelect.addEventListener("change", draw);
-  headSelect.addEventListener("change", draw);
-  hover(overlay, function () {
-    return data.maps[layerSelect.selectedIndex][headSelect.selectedIndex];
-  }, function () { return caption.textContent; });
-  hover(document.getElementById("rollout"), function () { return data.rollout_map; },
-        function () { return "attention rollout"; });
-  draw();
-
-  window.aiaynImageAttention = {
-    draw: draw,
-    state: function () {
-      return { layer: layerSelect.selectedIndex + 1, head: headSelect.selectedIndex + 1 };
-    },
-    select: function (layer, head) {
-      layerSelect.selectedIndex = layer - 1;
-      headSelect.selectedIndex = head - 1;
-      draw();
-    },
-    source: function () { return overlay.src; },
-    matrix: function () {
-      return data.maps[layerSelect.selectedIndex][headSelect.selectedIndex];
-    }
-  };
-})();
-"""
-
-
 def _predictions_html(attention: ImageAttention) -> str:
     predictions = attention.predictions()
     if not predictions:
@@ -689,51 +598,25 @@ def image_attention_html(
     overlays = draw_overlays(attention) if overlays is None else overlays
     data = page_data(attention, overlays)
     (height, width), (g_h, g_w) = attention.input_size, attention.grid
-    p = attention.patch_size
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{html.escape(title)}</title>
-<style>{_STYLE}</style>
-</head>
-<body>
-<h1>{html.escape(title)}</h1>
-<p>{html.escape(attention.name)}: read as {width}×{height} pixels, a {g_h}×{g_w} grid of
-{p}×{p} patches; {attention.num_layers} layers × {attention.num_heads} heads.</p>
-<div class="controls">
-  <span><label for="layer">Layer</label> <select id="layer"></select></span>
-  <span><label for="head">Head</label> <select id="head"></select></span>
-</div>
-<div class="panels">
-  <figure><img id="input" src="{data["input"]}" alt="the image as the model reads it">
-    <figcaption>the image as the model reads it</figcaption></figure>
-  <figure><img id="overlay" alt="class-token attention of the selected layer and head">
-    <figcaption id="overlay-caption"></figcaption></figure>
-  <figure><img id="rollout" src="{data["rollout"]}" alt="attention rollout">
-    <figcaption>attention rollout (Abnar &amp; Zuidema 2020): the class token's attention
-    through every layer, heads averaged, the residual stream counted</figcaption></figure>
-</div>
-<div class="legend"><span>the map's minimum</span>
-  <span class="bar" style="background: linear-gradient(to right, {_legend_colours()})"></span>
-  <span>its maximum (over the darkest grey of the image)</span></div>
-<div id="readout"></div>
-<h2>Predicted labels</h2>
-{_predictions_html(attention)}
-<p class="note">Each overlay is one layer's and head's attention of the class token
-([CLS], whose final state the classifier reads) over the image patches: the softmax row of the
-[CLS] query without its own column, upsampled to the image and laid over it, drawn in grey
-with the patch grid, as one translucent red: none at the map's minimum, the strongest at its
-maximum (each map scaled to its own range; the colour bar under the pictures). A border
-narrower than a patch is not seen by the model and has no colour. The rollout multiplies the
-layers' head-averaged attention matrices, each with the identity added and its rows
-renormalised, from the first layer to the last.</p>
-<script type="application/json" id="image-attention-data">{_script_json(data)}</script>
-<script>{_SCRIPT}</script>
-</body>
-</html>
-"""
+    return fill(
+        page_file("image_attention.html"),
+        title=html.escape(title),
+        style=page_file("image_attention.css"),
+        name=html.escape(attention.name),
+        width=width,
+        height=height,
+        g_h=g_h,
+        g_w=g_w,
+        patch=attention.patch_size,
+        layers=attention.num_layers,
+        heads=attention.num_heads,
+        input=data["input"],
+        rollout=data["rollout"],
+        legend=_legend_colours(),
+        predictions=_predictions_html(attention),
+        data=_script_json(data),
+        script=page_file("image_attention.js"),
+    )
 
 
 def write_image_attention_html(
