@@ -32,6 +32,12 @@ MAX_BEAM_SIZE = 1000
 ``num_beams``; the most ``aiayn serve --max-beam`` may allow). A beam search keeps K hypotheses
 per sentence and scores K × V continuations per step, so its memory grows with K."""
 
+MAX_LENGTH_PENALTY_ALPHA = 10.0
+"""The largest α of beam search's length penalty (``--alpha``, a request's ``alpha``, a
+``tuned_alpha.json``). GNMT's penalty ((5 + |Y|) / 6)^α overflows a float64 from α ≈ 76 at the
+longest outputs (65,536 tokens), and a server answered such a request 500; published settings
+lie in 0.6-2 (the paper's 0.6, Hugging Face's 1.0), and ``tune-alpha`` searches 0-2."""
+
 SERVE_MAX_BEAM = 16
 """``aiayn serve``'s default ``--max-beam``: the largest ``beam`` (and so ``n_best``) a
 ``/v1/translate`` request may ask. A beam's time and memory grow with K (docs/serving.md gives a

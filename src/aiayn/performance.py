@@ -42,6 +42,20 @@ def keep_freed_memory() -> bool:
     return bool(mmap_ok and trim_ok)
 
 
+def return_freed_memory() -> bool:
+    """Give the freed heap back to the system (glibc's ``malloc_trim(0)``), whatever
+    :func:`keep_freed_memory` keeps; True if it ran. A no-op (False) off Linux/glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
+
+
 def configure_device(device: torch.device) -> None:
     """Per-device speed settings: TF32 matmuls on CUDA (no effect on bf16/fp16 autocast)."""
     if device.type == "cuda":

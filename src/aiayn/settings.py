@@ -76,12 +76,10 @@ class PerformanceSettings:
         native_attention_min_parallel_macs: that kernel shares the heads (B·H) out over threads
             from this many multiply–adds in a call (B·H·T·S·(d_k + d_v)), each thread getting
             at least half of them; smaller calls run on the calling thread.
-        beam_merge_max_tokens: ``aiayn serve`` merges a beam-search group into a running one
-            (one model call per step for both: :class:`aiayn.serving.decode.BeamGroup`) only
-            while the requests still decoding in the two hold at most this many tokens (each
-            request's input tokens + 1, times the beam). Each step copies every row's
-            self-attention keys/values (the beams' reordering) at the merged columns, the
-            oldest row's; past this size that copy costs more than the fewer calls save.
+        serve_pool_keep_bytes: a decode worker of ``aiayn serve`` with nothing to run keeps its
+            key/value slot pools up to this many bytes; larger ones (grown for a large
+            request) are dropped and the freed heap returned to the system, so memory freed
+            after a large request goes back (:mod:`aiayn.serving.decode`).
         serve_decode_workers: worker threads ``aiayn serve`` runs per translation or
             generation model by default (:attr:`aiayn.serving.ServeOptions.decode_workers`):
             a decoding step at a server's batch sizes leaves cores idle (its Python
@@ -106,7 +104,7 @@ class PerformanceSettings:
     chunked_argmax_min_vocab: int = 1 << 14
     native_attention_max_queries: int = 32
     native_attention_min_parallel_macs: int = 1 << 17
-    beam_merge_max_tokens: int = 3072
+    serve_pool_keep_bytes: int = 256 << 20
     serve_decode_workers: int = 2
     kernel_build_timeout_s: float = 300.0
 

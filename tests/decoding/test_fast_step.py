@@ -20,7 +20,6 @@ from aiayn.decoding import (
     greedy_search,
     inference_step,
 )
-from aiayn.decoding.fast_step import compact_inference_state, merge_inference_states
 from aiayn.decoding.translate import DecodeOptions, translate_ids
 from aiayn.inference import pack_for_inference, packing_available
 from aiayn.inference.encoder import EncoderInference
@@ -74,7 +73,8 @@ def test_step_logits_equal_the_full_forward_pass(variant: str, kernels: str, row
     with torch.no_grad():
         full = model(src, tgt)  # (B, T, V)
     step, state = inference_step(model, src, capacity=2)  # the cache grows twice on the way
-    assert isinstance(state, InferenceState) and (state.src_mask is None) == (rows == 1)
+    assert isinstance(state, InferenceState)
+    assert state.sources.lengths.tolist() == [5, 3, 4][:rows]  # each source's real tokens
     for t in range(9):
         log_probs, state = step(tgt[:, t : t + 1], state)
         torch.testing.assert_close(log_probs[:, REAL], full[:, t, REAL], atol=1e-5, rtol=1e-5)
@@ -108,52 +108,59 @@ def test_beam_reorders_match_the_module_step(kernels: str) -> None:
         index = torch.tensor(rows)
         states = [state.index_select(index) for state in states]
         tokens = torch.randint(3, V, (len(rows), 1))
-    assert [s.group for s in states] == [1, 1]  # type: ignore[attr-defined]
 
 
 @torch.no_grad()
-def test_a_selection_is_copied_out_by_what_reads_it_next() -> None:
-    """Beam search's selection of rows copies nothing; the merge and the compaction that read
-    it next copy the selected rows' keys/values out themselves (one copy, not two)."""
+def test_a_selection_copies_only_the_beams_continued_twice() -> None:
+    """Beam search's selection keeps each picked row's slot; a row picked a second time gets a
+    free slot with a copy of its columns; the slots nobody picks are freed."""
     model = _model()
     step, state = inference_step(model, _sources(3), capacity=4)
     state = state.repeat_interleave(2)  # 6 rows: 2 beams per sentence
     for _ in range(2):
         _, state = step(torch.randint(3, V, (6, 1)), state)
     assert isinstance(state, InferenceState)
-    index = torch.tensor([5, 4, 1, 1])  # sentences 2 and 0, beams reordered
+    pool, rows = state.slots.pool, state.slots.rows.clone()
+    before = pool.buffer.clone()
+    free = pool.free
+    index = torch.tensor([5, 4, 1, 1])  # sentences 2 and 0, beams reordered, row 1 twice
     picked = state.index_select(index)
-    assert picked.self_kv.buffer is state.self_kv.buffer  # nothing copied yet
-    _, late = inference_step(model, _sources(1))
-    merged = merge_inference_states(picked, late.repeat_interleave(2))  # late rows: 2 pads
-    want = state.self_kv.buffer[:, :, index, :, :2]  # (N, 2, 4, H, 2, d_k)
-    assert torch.equal(merged.self_kv.buffer[:, :, :4, :, :2], want)
-    _, merged = step(torch.randint(3, V, (6, 1)), merged)  # column 2: the late rows' first
-    assert isinstance(merged, InferenceState)
-    late_only = compact_inference_state(merged.index_select(torch.tensor([5, 4])))
-    assert isinstance(late_only, InferenceState) and late_only.offset == 1
-    want = merged.self_kv.buffer[:, :, [5, 4], :, 2:3]  # (N, 2, 2, H, 1, d_k)
-    assert torch.equal(late_only.self_kv.buffer[:, :, :, :, :1], want)
+    assert isinstance(picked, InferenceState)
+    got = picked.slots.rows.tolist()
+    assert got[:3] == rows[[5, 4, 1]].tolist() and got[3] not in got[:3]
+    assert pool.free == free + 3 - 1  # rows 0, 2, 3 freed, one slot taken for the copy
+    assert torch.equal(pool.buffer[:, :, got[3], :, :2], before[:, :, int(rows[1]), :, :2])
+    assert picked.sources.rows.tolist() == state.sources.rows[index].tolist()
+    assert state.sources.pool.free == 1  # sentence 1's source slot is freed
 
 
 @torch.no_grad()
-def test_two_continuations_of_one_state_do_not_share_writes() -> None:
-    model, src = _model(), _sources(3)
-    step, state = inference_step(model, src)
-    prefix = torch.randint(3, V, (3, 1))
-    _, state = step(prefix, state)
-    a, b = torch.full((3, 1), 7), torch.full((3, 1), 9)
-    _, after_a = step(a, state)
-    _, after_b = step(b, state)  # writes the same position again: must copy, not overwrite
-    third = torch.full((3, 1), 4)
-    got_a, _ = step(third, after_a)
-    got_b, _ = step(third, after_b)
-    for second, got in ((a, got_a), (b, got_b)):
-        fresh_step, fresh = inference_step(model, src)
-        for tokens in (prefix, second, third):
-            want, fresh = fresh_step(tokens, fresh)
-        torch.testing.assert_close(got, want, atol=0, rtol=0)
-    assert not torch.equal(got_a, got_b)
+def test_rows_that_join_later_and_rows_that_leave_step_as_alone() -> None:
+    """A sentence started two steps later joins the running rows (one pool, its own positions);
+    then the first rows leave: every row's log-probs are the ones it gets alone."""
+    model = _model()
+    step = InferenceStep(model)
+    pools = step.pools(2, 2, 2, 2)  # both grow on the way
+    first = step.initial_state(_sources(2), pools=pools)
+    tokens = torch.randint(3, V, (6, 3, 1))
+    alone: list[torch.Tensor] = []
+    _, late_alone = inference_step(model, _sources(3)[2:])
+    for t in range(4):
+        out, late_alone = step(tokens[t, 2:], late_alone)
+        alone.append(out)
+    for t in range(2):
+        _, first = step(tokens[t, :2], first)
+    late = step.initial_state(_sources(3)[2:], pools=pools)
+    assert isinstance(first, InferenceState) and isinstance(late, InferenceState)
+    both: object = InferenceState.concat([first, late])
+    for t in range(2):
+        out, both = step(torch.cat([tokens[2 + t, :2], tokens[t, 2:]]), both)  # type: ignore[arg-type]
+        torch.testing.assert_close(out[2:], alone[t], atol=1e-5, rtol=1e-5)
+    assert isinstance(both, InferenceState) and both.slots.lengths.tolist() == [4, 4, 2]
+    left: object = both.index_select(torch.tensor([2]))
+    for t in range(2, 4):
+        out, left = step(tokens[t, 2:], left)  # type: ignore[arg-type]
+        torch.testing.assert_close(out, alone[t], atol=1e-5, rtol=1e-5)
 
 
 def test_positions_past_the_precomputed_table_are_computed() -> None:
@@ -180,7 +187,13 @@ def test_the_source_is_encoded_on_its_real_tokens_unless_a_hook_needs_the_module
     step = InferenceStep(model)
     assert isinstance(step.encoder, EncoderInference)
     cross = model.decoder.layers[0].cross_attn
-    keys = step.initial_state(src).cross[0].key.transpose(1, 2)  # (B, S, H, d_k)
+
+    def source_keys(state: object) -> torch.Tensor:
+        assert isinstance(state, InferenceState)
+        rows = state.sources
+        return rows.pool.buffer[0, 0, rows.rows, :, :5].transpose(1, 2)  # (B, S, H, d_k)
+
+    keys = source_keys(step.initial_state(src))
     module_keys = cross.project_key_value(reference).key.transpose(1, 2)  # (B, S, H, d_k)
     torch.testing.assert_close(keys[real], module_keys[real], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(keys[~real], module_keys[~real])  # padding: W^K's bias vs states
@@ -190,7 +203,7 @@ def test_the_source_is_encoded_on_its_real_tokens_unless_a_hook_needs_the_module
     )
     step = InferenceStep(model)
     assert step.encoder is None
-    keys = step.initial_state(src).cross[0].key.transpose(1, 2)  # (B, S, H, d_k)
+    keys = source_keys(step.initial_state(src))
     torch.testing.assert_close(keys, module_keys)
     assert seen == [(3, 5, 32)]
     hook.remove()
@@ -250,7 +263,7 @@ def test_the_step_carries_no_graph_outside_no_grad() -> None:
     log_probs, state = step(torch.full((2, 1), BOS), step.initial_state(src))
     assert isinstance(state, InferenceState)
     assert not log_probs.requires_grad
-    assert not any(kv.key.requires_grad for kv in state.cross)
+    assert not state.sources.pool.buffer.requires_grad
 
 
 @pytest.mark.parametrize("beam", [1, 3])

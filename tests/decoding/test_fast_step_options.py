@@ -25,12 +25,7 @@ from torch import nn
 from aiayn.attention import CrossAttention, SelfAttention
 from aiayn.config import TransformerConfig, preset
 from aiayn.decoding import InferenceState, InferenceStep, encoder_decoder_step, inference_step
-from aiayn.decoding.fast_step import (
-    compact_inference_state,
-    merge_inference_states,
-    own_columns,
-)
-from aiayn.decoding.step import DecoderState
+from aiayn.decoding.step import DecoderState, join_states
 from aiayn.inference.quantize import quantize_model
 from aiayn.layers import FeedForward, GatedFeedForward, RMSNorm
 from aiayn.layers.relative_position import RelativePositionBias
@@ -382,9 +377,9 @@ def test_parts_the_fast_step_does_not_compute_run_the_module_step(
     assert len(said) == 1 and re.search(message, said[0]), said
 
 
-# Rows that started at different steps, merged into one batch (merge_inference_states), rows
-# leaving and the state compacted (compact_inference_state): every row's log-probs at every step
-# are the module step's for its source alone.
+# Rows that started at different steps, joined into one batch over one pair of slot pools
+# (InferenceState.concat), and rows leaving (their slots freed): every row's log-probs at every
+# step are the module step's for its source alone.
 MERGE_SOURCES = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]]
 
 
@@ -398,6 +393,7 @@ class _Merged:
                       for _ in MERGE_SOURCES]  # fmt: skip
         self.want = [self._alone(model, i) for i in range(len(MERGE_SOURCES))]
         self.step = InferenceStep(model, banned=())  # type: ignore[arg-type]
+        self.pools = self.step.pools(2, 2, 1, 2)  # every one grows on the way
         self.rows: list[int] = []
         self.at: dict[int, int] = {}
         self.state: DecoderState | None = None
@@ -412,10 +408,10 @@ class _Merged:
 
     def start(self, rows: list[int]) -> DecoderState:
         self.at.update({r: 0 for r in rows})
-        return self.step.initial_state(_merge_batch(rows), capacity=2)
+        return self.step.initial_state(_merge_batch(rows), capacity=2, pools=self.pools)
 
     def join(self, rows: list[int], state: DecoderState) -> None:
-        self.state = state if self.state is None else merge_inference_states(self.state, state)
+        self.state = state if self.state is None else join_states([self.state, state])
         self.rows += rows
 
     def advance(self, steps: int) -> None:
@@ -430,7 +426,7 @@ class _Merged:
     def drop(self, rows: list[int]) -> None:
         keep = [i for i, r in enumerate(self.rows) if r not in rows]
         assert self.state is not None
-        self.state = compact_inference_state(self.state.index_select(torch.tensor(keep)))
+        self.state = self.state.index_select(torch.tensor(keep))
         self.rows = [self.rows[i] for i in keep]
 
 
@@ -443,9 +439,7 @@ def _merge_batch(rows: list[int]) -> torch.Tensor:
 
 def _assert_merged_rows_agree(model: nn.Module, *, vocab: int = V) -> None:
     """Rows 0, 1 start; row 2 joins before its first step, row 3 after its own first step;
-    the oldest rows leave: the state drops the columns no row owns (rows 2 and 3 keep 0 and 1
-    pad columns), then goes back to the one-position step with no source mask when one row is
-    left."""
+    the oldest rows leave, freeing their slots: each row keeps its own positions throughout."""
     run = _Merged(model, vocab, steps=7)  # the most steps a row runs here
     run.join([0, 1], run.start([0, 1]))
     run.advance(3)  # past a capacity of 2
@@ -458,13 +452,14 @@ def _assert_merged_rows_agree(model: nn.Module, *, vocab: int = V) -> None:
     run.join([3], late)  # 4 pad columns
     run.advance(2)
     run.drop([0, 1])
-    assert isinstance(run.state, InferenceState) and run.state.pads is not None
-    assert run.state.pads.flatten().tolist() == [0, 1]
+    assert isinstance(run.state, InferenceState)
+    assert run.state.slots.lengths.tolist() == [4, 3]  # no column of the rows that left
+    assert run.state.sources.lengths.tolist() == [4, 2]  # the real source tokens
     run.advance(1)
     run.drop([2])
-    assert isinstance(run.state, InferenceState)
-    assert run.state.pads is None and run.state.src_mask is None
+    assert isinstance(run.state, InferenceState) and run.state.slots.lengths.tolist() == [4]
     run.advance(2)
+    assert run.pools[0].free == run.pools[0].slots - 1  # only row 3's slot is taken
 
 
 @pytest.mark.parametrize(("name", "value"), _cases(), ids=lambda x: str(x))
@@ -509,12 +504,6 @@ def test_merged_rows_equal_the_module_step_alone_for_every_t5_option(
     _assert_merged_rows_agree(model, vocab=model.config.vocab_size)
 
 
-def test_own_columns_by_hand() -> None:
-    pads = torch.tensor([[0], [2], [3]])
-    want = [[True, True, True], [False, False, True], [False, False, False]]
-    assert own_columns(pads, 3)[:, 0, 0].tolist() == want
-
-
 def test_states_of_the_module_step_do_not_merge() -> None:
     torch.manual_seed(0)
     model = Transformer(_base()).eval()
@@ -522,5 +511,5 @@ def test_states_of_the_module_step_do_not_merge() -> None:
     step = InferenceStep(model)
     assert step.fallback is not None
     a, b = (step.initial_state(_merge_batch([i])) for i in (0, 1))
-    with pytest.raises(ValueError, match="InferenceState"):
-        merge_inference_states(a, b)
+    with pytest.raises(ValueError, match="do not join"):
+        join_states([a, b])

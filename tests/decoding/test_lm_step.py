@@ -96,18 +96,19 @@ def test_cached_steps_equal_the_full_forward(model: GPT2, batch: str, quantize: 
             torch.testing.assert_close(out[r], full[len(prompt) - 1 + t], atol=2e-5, rtol=0)
 
 
-def test_no_mask_without_padding_and_a_growing_key_mask_with_it(model: GPT2) -> None:
-    _, state = decoder_only_step(model, [PROMPTS[0][:3], PROMPTS[1] + [4]])
-    assert state.padding is None and state.key_padding is None  # causal: no mask at all
+def test_each_row_keeps_its_own_positions_in_its_own_slot(model: GPT2) -> None:
     step, state = decoder_only_step(model, [PROMPTS[0], PROMPTS[1]], max_new_tokens=2)
-    assert state.key_padding is not None
-    assert state.key_padding.tolist() == [[True] * 7, [False] * 5 + [True] * 2]
+    assert state.slots.lengths.tolist() == [7, 2]  # no padding column is cached
+    assert len(set(state.slots.rows.tolist())) == 2
     bos = torch.zeros(2, 1, dtype=torch.long)
-    _, state = step(bos, state)
+    _, state = step(bos, state)  # the prompt's log-probs: nothing written
     _, state = step(bos, state)
     assert isinstance(state, LMState) and state.length == 8
-    assert state.key_padding is not None
-    assert state.key_padding.tolist() == [[True] * 8, [False] * 5 + [True] * 3]
+    assert state.slots.lengths.tolist() == [8, 3]
+    pool = state.slots.pool
+    free = pool.free
+    state.index_select(torch.tensor([1, 1]))  # row 0 leaves, row 1 is continued twice
+    assert pool.free == free  # row 0's slot holds the copy
 
 
 def test_the_padding_grows_past_its_first_capacity(model: GPT2) -> None:
@@ -187,24 +188,30 @@ def test_beam_n_best_are_distinct_and_sorted(model: GPT2) -> None:
 
 
 def test_index_select_and_repeat_interleave_reorder_every_part(model: GPT2) -> None:
-    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2]]  # lengths 7, 2, 4: padded
-    step, state = decoder_only_step(model, prompts, max_new_tokens=4)
-    bos = torch.zeros(3, 1, dtype=torch.long)
+    """A state is used once: selecting rows hands their slots on (copies for rows picked twice),
+    so each case starts from its own prefill."""
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2]]  # lengths 7, 2, 4
+
+    def started(steps: int) -> tuple[Any, LMState]:
+        step, state = decoder_only_step(model, prompts, max_new_tokens=4)
+        for _ in range(steps):
+            _, state = step(torch.zeros(3, 1, dtype=torch.long), state)  # type: ignore[assignment]
+        return step, state
+
+    index = torch.tensor([2, 0, 0, 1])
+    step, state = started(0)
     pending = state.pending
     assert pending is not None
-    index = torch.tensor([2, 0, 0, 1])
-    picked = state.index_select(index)  # before the first step: the pending log-probs follow
-    assert picked.key_padding is not None and state.key_padding is not None
-    assert torch.equal(picked.key_padding, state.key_padding[index])
-    first, picked = step(bos[index], picked)
-    torch.testing.assert_close(first, pending[index], atol=0, rtol=0)
-    _, state = step(bos, state)
+    first, _ = step(torch.zeros(4, 1, dtype=torch.long), state.index_select(index))
+    torch.testing.assert_close(first, pending[index], atol=0, rtol=0)  # the pending follow
     tokens = torch.tensor([[21], [22], [23]])
+    step, state = started(1)
     expected, _ = step(tokens, state)  # (3, V)
+    step, state = started(1)
     got, _ = step(tokens[index], state.index_select(index))
     torch.testing.assert_close(got, expected[index], atol=2e-5, rtol=0)
-    beams = state.repeat_interleave(2)  # rows 0, 0, 1, 1, 2, 2
-    got, _ = step(tokens.repeat_interleave(2, dim=0), beams)
+    step, state = started(1)
+    got, _ = step(tokens.repeat_interleave(2, dim=0), state.repeat_interleave(2))  # 0, 0, 1, ...
     torch.testing.assert_close(got, expected.repeat_interleave(2, dim=0), atol=2e-5, rtol=0)
 
 
@@ -291,8 +298,9 @@ BAD_OPTIONS = [
     ({"beam_size": 0}, r"beam_size must be in \[1, 1000\], got 0"),
     ({"n_best": 5, "method": "beam"}, "n_best must be between 1 and 4 .*, got 5"),
     ({"n_best": 2}, "n_best = 2 needs method 'beam', got 'greedy'"),
-    ({"alpha": -0.1}, "alpha must be finite and >= 0, got -0.1"),
-    ({"alpha": math.nan}, "alpha must be finite .* got nan"),
+    ({"alpha": -0.1}, r"alpha must be in \[0, 10\], got -0.1"),
+    ({"alpha": math.nan}, r"alpha must be in \[0, 10\], got nan"),
+    ({"alpha": 1e308}, r"alpha must be in \[0, 10\], got 1e\+308"),
     ({"temperature": 0.0}, "temperature must be finite and > 0, got 0.0"),
     ({"temperature": math.inf}, "temperature must be finite .* got inf"),
     ({"top_k": 0}, "top_k must be >= 1, got 0"),

@@ -18,7 +18,6 @@ import torch
 from aiayn.config import preset
 from aiayn.decoding import InferenceStep, beam_search
 from aiayn.decoding.beam import Hypothesis, SteppedBeamSearch, _rules
-from aiayn.decoding.fast_step import compact_inference_state, merge_inference_states
 from aiayn.decoding.step import DecoderState
 from aiayn.models import Transformer
 
@@ -39,9 +38,9 @@ class _Prefixes:
     def repeat_interleave(self, repeats: int) -> _Prefixes:
         return _Prefixes(tuple(row for row in self.rows for _ in range(repeats)))
 
-
-def _merged(a: Any, b: Any) -> DecoderState:
-    return _Prefixes(a.rows + b.rows)
+    @staticmethod
+    def concat(states: list[_Prefixes]) -> _Prefixes:
+        return _Prefixes(tuple(row for state in states for row in state.rows))
 
 
 def _row_log_probs(row: tuple[int, ...]) -> torch.Tensor:
@@ -104,15 +103,15 @@ def _stepped(rules: dict[str, Any]) -> tuple[dict[Hashable, Any], set[Hashable]]
     lists, and the keys removed while still searching."""
     step, out, removed = _Step(), {}, set()
     search = _search(step, [0, 1], rules)
-    search.merge(_search(step, [2], rules), _merged)  # joins at step 0
+    search.merge(_search(step, [2], rules))  # joins at step 0
     _advance(search, step, out)
-    search.merge(_search(step, [3], rules), _merged)  # joins at step 1
+    search.merge(_search(step, [3], rules))  # joins at step 1
     _advance(search, step, out)
     removed |= set(search.remove([1]))
     _advance(search, step, out)
     later = _search(step, [4, 5, 6], rules)
     _advance(later, step, out)
-    search.merge(later, _merged)  # joins at step 3, itself at step 1
+    search.merge(later)  # joins at step 3, itself at step 1
     assert later.done and not later.sentences
     _advance(search, step, out)
     removed |= set(search.remove([5]))
@@ -160,7 +159,7 @@ def test_a_sentence_counts_its_own_steps_for_min_len() -> None:
 
     first = search(0)
     assert first.advance() == [] and first.advance() == []
-    first.merge(search(1), _merged)
+    first.merge(search(1))
     assert [key for key, _ in first.advance()] == [0]
     assert first.advance() == [] and first.most_steps() == 9 - 2 + 1
     ((key, hyps),) = first.advance()
@@ -187,7 +186,7 @@ def test_searches_with_other_rules_do_not_merge() -> None:
     rules = next(_rule_sets("hf", 2))
     a, b = _search(_Step(), [0], rules), _search(_Step(), [1], {**rules, "alpha": 0.6})
     with pytest.raises(ValueError, match="same rules"):
-        a.merge(b, _merged)
+        a.merge(b)
 
 
 SOURCES = [[5, 6, 7, 8, EOS], [9, 10, EOS], [11, 12, 13, EOS], [14, EOS], [6, 9, 4, 3, 7, EOS]]
@@ -219,15 +218,16 @@ HF_RULES = {"beam_size": 2, "n_best": 1, "alpha": 1.0, "length_penalty": "hf",
 def test_merged_inference_states_give_each_sentence_its_search_alone(
     rules: dict[str, Any],
 ) -> None:
-    """The flattened step's states (merge_inference_states, compacted as sentences leave):
+    """The flattened step's states (joined over one pair of slot pools, freed as they leave):
     sentences joining at steps 0, 1 and 3, one removed; each sentence's hypotheses are its own
     beam search's (the same tokens; scores up to float rounding: a batch's matmuls may sum in
     another order)."""
     model, limits = _model(), [6, 9, 3, 8, 7]
     step = InferenceStep(model)
+    pools = step.pools(2, 4, 1, 4)
 
     def search(ids: list[int]) -> SteppedBeamSearch:
-        state = step.initial_state(_batch(ids), capacity=4)
+        state = step.initial_state(_batch(ids), capacity=4, pools=pools)
         return SteppedBeamSearch(step, state, ids, [limits[i] for i in ids], bos_id=BOS,
                                  eos_id=EOS, **rules)  # fmt: skip
 
@@ -235,14 +235,14 @@ def test_merged_inference_states_give_each_sentence_its_search_alone(
     joining = {0: [1], 1: [2], 3: [3, 4]}
     for t in itertools.count():
         if t in joining:
-            running.merge(search(joining[t]), merge_inference_states)
+            running.merge(search(joining[t]))
         if t == 2:
             assert running.remove([1]) == [1]
         out.update(running.advance())
-        running.state = compact_inference_state(running.state)
         if running.done:
             break
     assert set(out) == {0, 2, 3, 4}
+    assert pools[0].free == pools[0].slots and pools[1].free == pools[1].slots  # all freed
     for i, hyps in out.items():
         alone = beam_search(step, step.initial_state(_batch([i])), batch_size=1, bos_id=BOS,
                             eos_id=EOS, max_len=limits[i], **rules)[0]  # fmt: skip

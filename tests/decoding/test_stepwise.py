@@ -93,17 +93,18 @@ def _alone(model: GPT2, prompt: list[int], limit: int, eos: int, sampled: bool) 
 
 @pytest.mark.parametrize("sampled", [False, True])
 def test_rows_that_join_later_get_what_they_get_alone(model: GPT2, sampled: bool) -> None:
-    """Search A starts, runs 3 steps; B starts, runs 1; B joins A (left-padded, each row keeping
-    its positions); rows leave as they end and the batch is compacted: every row's output is
+    """Search A starts, runs 3 steps; B starts, runs 1; B joins A (one slot pool, each row
+    keeping its positions); rows leave as they end, freeing their slots: every row's output is
     the one it gets alone."""
-    from aiayn.decoding.lm import LMState, merge_lm_states
+    from aiayn.decoding.lm import LMState, LMStep
 
     eos = _greedy(model, 2, 0)[0][1]
     limits = [7, 3, 9, 5]
+    pool = LMStep(model).pool(1, 2)  # grows on the way
 
     def search(rows: range) -> SteppedSearch:
         prompts = [PROMPTS[i] for i in rows]
-        step, state = decoder_only_step(model, prompts, max_new_tokens=max(limits))
+        step, state = decoder_only_step(model, prompts, max_new_tokens=max(limits), pool=pool)
         gens = [torch.Generator().manual_seed(7 + len(PROMPTS[i])) for i in rows]
         return SteppedSearch(step, state, list(rows), [limits[i] for i in rows], bos_id=1,
                              eos_id=eos, sampling=Sampling(0.8) if sampled else None,
@@ -115,12 +116,11 @@ def test_rows_that_join_later_get_what_they_get_alone(model: GPT2, sampled: bool
         out.update({r.key: r.tokens for r in a.advance()})
     out.update({r.key: r.tokens for r in b.advance()})
     assert isinstance(a.state, LMState) and isinstance(b.state, LMState)
-    assert a.state.length > b.state.length and a.rows  # B's rows get pad columns
-    a.merge(b, merge_lm_states)
+    assert a.state.length > b.state.length and a.rows
+    a.merge(b)
     assert b.done and len(a.rows) + len(out) == 4
     while not a.done:
         out.update({r.key: r.tokens for r in a.advance()})
-        assert isinstance(a.state, LMState)
-        a.state = a.state.compacted()
+    assert pool.free == pool.slots  # every slot freed
     expected = {i: _alone(model, PROMPTS[i], limits[i], eos, sampled) for i in range(4)}
     assert out == expected

@@ -19,7 +19,6 @@ from transformers import T5Config as HFT5Config
 
 from aiayn.convert import from_hf
 from aiayn.decoding import InferenceState, InferenceStep
-from aiayn.decoding.fast_step import compact_inference_state, merge_inference_states
 from aiayn.decoding.greedy import greedy_search
 from aiayn.decoding.sampling import sample
 from aiayn.decoding.stepwise import Sampling, SteppedSearch
@@ -157,6 +156,7 @@ class _Searches:
                                    bos_id=specials.decoder_start_id)  # fmt: skip
         banned = (self.tok.pad_id, self.tok.bos_id) if self.o.banned is None else self.o.banned
         self.step = InferenceStep(model, banned=banned, renormalize=self.o.renormalize)
+        self.pools = self.step.pools(2, 2, 2, 2)  # both grow on the way
         cut = 1 if self.o.forced_eos else 0
         limits = output_limits(model, self.o, [len(r) for r in rows])
         self.rows, self.limits, self.sampled = rows, [max(0, m - cut) for m in limits], sampled
@@ -166,7 +166,7 @@ class _Searches:
 
     def search(self, ids: list[int]) -> SteppedSearch:
         src = source_batch([self.rows[i] for i in ids], self.tok)  # type: ignore[arg-type]
-        state = self.step.initial_state(src, capacity=max(self.limits) + 1)
+        state = self.step.initial_state(src, capacity=max(self.limits) + 1, pools=self.pools)
         return SteppedSearch(
             self.step, state, ids, [self.limits[i] for i in ids], bos_id=self.tok.bos_id,
             eos_id=self.tok.eos_id, min_len=self.o.min_len,
@@ -188,23 +188,23 @@ class _Searches:
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampling"])
 def test_rows_that_join_a_running_search_get_what_they_get_alone(pair: Any, sampled: bool) -> None:
     """Rows 0-3 start; rows 4-7 join before their first step, rows 8-11 after theirs (other
-    source lengths: the source keys are padded); rows leave as they end and the state drops
-    the columns no row needs: every row's output is the library's for it alone."""
+    source lengths, each row over its own); rows leave as they end, freeing their slots: every
+    row's output is the library's for it alone."""
     _, model, specials = pair
     runs = _Searches(model, specials, sources(specials.eos_id, specials.pad_id)[:12], sampled)
     a, out = runs.search(list(range(4))), {}
     for _ in range(3):
         out.update({r.key: r.tokens for r in a.advance()})
     running = len(a.rows)
-    a.merge(runs.search(list(range(4, 8))), merge_inference_states)
+    a.merge(runs.search(list(range(4, 8))))
     out.update({r.key: r.tokens for r in a.advance()})
     c = runs.search(list(range(8, 12)))
     out.update({r.key: r.tokens for r in c.advance()})
-    a.merge(c, merge_inference_states)
-    assert isinstance(a.state, InferenceState) and a.state.pads is not None
+    a.merge(c)
+    assert isinstance(a.state, InferenceState) and len(set(a.state.slots.lengths.tolist())) > 1
     while not a.done:
         out.update({r.key: r.tokens for r in a.advance()})
-        a.state = compact_inference_state(a.state)
+    assert runs.pools[0].free == runs.pools[0].slots  # every slot freed
     assert running > 0, "want rows of the first search still running when others join"
     assert out == {i: runs.alone(i) for i in range(12)}
     lengths = [len(out[i]) for i in range(12)]

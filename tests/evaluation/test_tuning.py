@@ -95,9 +95,9 @@ def test_the_grid_grows_while_its_largest_alpha_scores_best() -> None:
     assert decoded == grid
     with pytest.raises(UserError, match="grow_by"):
         tune_alpha(decode, refs, grid, grow_by=float("nan"), grow_to=4.0)
-    with pytest.raises(UserError, match=r"each α of the grid must be finite and >= 0, got nan"):
+    with pytest.raises(UserError, match=r"each α of the grid must be in \[0, 10\], got nan"):
         tune_alpha(decode, refs, [0.6, float("nan")])
-    with pytest.raises(UserError, match=r"each α of the grid must be finite and >= 0, got -1"):
+    with pytest.raises(UserError, match=r"each α of the grid must be in \[0, 10\], got -1"):
         tune_alpha(decode, refs, [-1.0])
     with pytest.raises(UserError, match="at least one α"):
         tune_alpha(decode, refs, [])

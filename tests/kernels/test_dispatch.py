@@ -84,3 +84,18 @@ def test_the_command_exits_1_when_a_kernel_that_should_run_fails_to_build(tmp_pa
     assert done.returncode == 1, done.stdout
     assert "not run: could not be built" in done.stdout
     assert "PyTorch's kernels instead" in done.stderr and "!! WARNING" not in done.stderr
+
+
+def test_the_slot_attention_row_is_what_attend_slots_runs_on_every_class() -> None:
+    """The table names aiayn's build where attend_slots takes its kernel, the gathered
+    reference elsewhere (each CPU class, the kernel off by the settings too)."""
+    from aiayn.attention import slots
+
+    query, pool = torch.zeros(1, 1, 1, 4), torch.zeros(2, 1, 3, 4)
+    cache = slots.SlotCache(pool, pool, torch.tensor([1]), torch.tensor([2]), 2)
+    for level in cpu.LEVELS:
+        for limit in (0, 32):
+            with cpu.capped(level), performance_settings(native_attention_max_queries=limit):
+                (row,) = [r for r in dispatch.table() if r.operation == "attention over slots"]
+                runs_kernel = slots._native(query, cache, None) is not None
+                assert ("aiayn" in row.kernel) == runs_kernel, (level, limit, row)

@@ -1,6 +1,7 @@
-"""Decode groups (aiayn.serving.decode): generation and greedy translation groups started at
-different steps merge into one batch, and every request still gets the library's answer for its
-input alone."""
+"""The decode worker (aiayn.serving.decode) over one key/value cache with per-row lengths: groups
+with other options and other start steps step in one model call, requests are admitted by
+prefill budget and cache tokens, slots are freed as rows leave, and every request still gets
+the library's answer for its input alone."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from aiayn.decoding.translate import options_for_checkpoint, translate_ids
 from aiayn.inference.packed import pack_for_inference
 from aiayn.models.gpt2 import GPT2
 from aiayn.serving import load_served_model
-from aiayn.serving.decode import DecodeEngine, _merge_groups
+from aiayn.serving.decode import DecodeEngine, _return_memory, _Worker, advance
 from aiayn.serving.engine import Job
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.options import ServeOptions
@@ -30,35 +31,11 @@ from aiayn.serving.schemas import CompletionRequest, TranslateRequest
 from aiayn.settings import performance_settings
 
 PROMPTS = ["the cat sleeps on", "a", "two men", "hello world the cat"]
-
-
-def test_generation_groups_merge_and_answer_as_alone(checkpoints: dict[str, Path]) -> None:
-    lm = load_served_model("lm", checkpoints["lm"], ServeOptions(), Metrics()).tasks["generate"]
-
-    async def jobs() -> list[Job]:
-        return [lm.prepare(CompletionRequest(prompt=p, max_tokens=8 + i), 0)  # type: ignore[attr-defined]
-                for i, p in enumerate(PROMPTS)]  # fmt: skip
-
-    made = asyncio.run(jobs())
-    first = lm.start(made[:2])  # type: ignore[attr-defined]
-    answers = {}
-    for _ in range(3):
-        answers.update({id(j): r for j, r in first.advance()[0]})
-    second = lm.start(made[2:])  # type: ignore[attr-defined]
-    answers.update({id(j): r for j, r in second.advance()[0]})
-    groups = [first, second]
-    _merge_groups(groups)
-    assert groups == [first] and second.done and first.rows == 4 - len(answers)
-    while not first.done:
-        answers.update({id(j): r for j, r in first.advance()[0]})
-    c = load_checkpoint(checkpoints["lm"], expect=GPT2)
-    tok = load_lm_tokenizer(c.tokenizer_path)
-    for i, job in enumerate(made):
-        expected = generate(c.model, tok, [PROMPTS[i]], GenerateOptions(max_new_tokens=8 + i))
-        assert answers[id(job)].choices[0].text == expected[0]
-
-
 TEXTS = ["a small dog runs on the mat", "two men", "the cat sleeps", "hello"]
+
+
+def _task(folder: Path, name: str, command: str, **options: Any) -> Any:
+    return load_served_model(name, folder, ServeOptions(**options), Metrics()).tasks[command]
 
 
 def _translate_offline(folder: Path, text: str, max_new_tokens: int, beam: int = 1) -> str:
@@ -69,14 +46,20 @@ def _translate_offline(folder: Path, text: str, max_new_tokens: int, beam: int =
     options = options_for_checkpoint(
         None, beam_size=beam, max_new_tokens=max_new_tokens, pack=False
     )
-    found = translate_ids(pack_for_inference(c.model), tok.encode_batch([normalize(text)]), tok,
-                          options)  # fmt: skip
+    found = translate_ids(
+        pack_for_inference(c.model), tok.encode_batch([normalize(text)]), tok, options
+    )
     return tok.decode_batch([found[0][0].tokens])[0]
 
 
+def _generate_offline(folder: Path, prompt: str, options: GenerateOptions) -> str:
+    c = load_checkpoint(folder, expect=GPT2)
+    return generate(c.model, load_lm_tokenizer(c.tokenizer_path), [prompt], options)[0]
+
+
 def _counted(task: Any, calls: list[int], then: Callable[[int], None] = lambda n: None) -> None:
-    """Count the rows of each call of ``task``'s search step (and call ``then`` with the count
-    of calls after each)."""
+    """Count the rows of each model call of ``task``'s search step (and call ``then`` with the
+    count of calls after each): every group started from now on shares the counting step."""
     inner = task.search_step
 
     def step(tokens: torch.Tensor, state: Any) -> Any:
@@ -88,15 +71,18 @@ def _counted(task: Any, calls: list[int], then: Callable[[int], None] = lambda n
 
 
 def _through_worker(
-    task: Any, requests: list[Any], calls: list[int], on_call: Callable[[int, list[Job]], None]
-) -> list[Any]:
-    """The answers to ``requests``: the first submitted to ``task``'s started worker(s), the
-    others by ``on_call(n, jobs)``, called at each model call with the calls so far (the rows of
-    each counted into ``calls``); the worker(s) stopped after."""
-    engine = task.engine
+    task: Any,
+    requests: list[Any],
+    on_call: Callable[[int, list[Job]], None],
+    *args: Any,
+) -> tuple[list[Any], list[int]]:
+    """The answers to ``requests`` and the rows of each model call: the first request submitted
+    to ``task``'s started worker(s), the others by ``on_call(n, jobs)``, called at each model
+    call with the calls so far; the worker(s) stopped after."""
+    engine, calls = task.engine, []
 
     async def run() -> list[Any]:
-        made = [task.prepare(r) for r in requests]
+        made = [task.prepare(r, *args) for r in requests]
         _counted(task, calls, lambda n: on_call(n, made))
         engine.start()
         engine.submit(made[0])
@@ -105,153 +91,100 @@ def _through_worker(
         finally:
             engine.stop()
 
-    return asyncio.run(run())
+    return asyncio.run(run()), calls
 
 
-@pytest.mark.parametrize("beam", [1, 2])
-def test_translation_groups_merge_and_answer_as_alone(
-    checkpoints: dict[str, Path], beam: int
+def test_translations_with_other_options_and_start_steps_share_each_model_call(
+    checkpoints: dict[str, Path],
 ) -> None:
-    """A group started 3 steps later (other source lengths) joins the running one before its
-    first step: one model call per step from then on, over both groups' rows (greedy rows, or
-    each beam search's beams); every answer is the library's for its text alone."""
-    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
-    limits = [5, 4, 9, 8]
-
-    async def jobs() -> list[Job]:
-        return [mt.prepare(TranslateRequest(texts=[t], beam=beam, max_new_tokens=m))  # type: ignore[attr-defined]
-                for t, m in zip(TEXTS, limits, strict=True)]  # fmt: skip
-
-    made, calls = asyncio.run(jobs()), []
-    _counted(mt, calls)
-    first = mt.start(made[:2])  # type: ignore[attr-defined]
-    answers = {}
-    for _ in range(3):
-        answers.update({id(j): r for j, r in first.advance()[0]})
-    kept = first.rows
-    second = mt.start(made[2:])  # type: ignore[attr-defined]
-    groups = [first, second]
-    _merge_groups(groups)
-    assert groups == [first] and second.done
-    while not first.done:
-        before = len(calls)
-        answers.update({id(j): r for j, r in first.advance()[0]})
-        assert len(calls) - before <= 1
-    assert calls[:3] == [2 * beam] * 3 and calls[3] == kept + 2 * beam
-    assert len(calls) <= 3 + max(limits[2:]) + 1
-    for job, text, limit in zip(made, TEXTS, limits, strict=True):
-        want = _translate_offline(checkpoints["mt"], text, limit, beam)
-        assert answers[id(job)].translations[0].text == want
+    """Greedy and beam-3 requests arriving at steps 0, 2 and 4 (other source lengths, limits,
+    beams): from the step each joins, one model call per round runs every row; every answer is
+    the library's for its text alone."""
+    mt = _task(checkpoints["mt"], "mt", "translate", decode_workers=1)
+    requests = [
+        TranslateRequest(texts=[TEXTS[0]], beam=1, max_new_tokens=12),
+        TranslateRequest(texts=TEXTS[1:3], beam=3, max_new_tokens=9),
+        TranslateRequest(texts=[TEXTS[3]], beam=1, max_new_tokens=7),
+    ]
+    at = {2: 1, 4: 2}  # call -> the request submitted after it
+    answers, calls = _through_worker(
+        mt, requests, lambda n, made: mt.engine.submit(made[at[n]]) if n in at else None
+    )
+    assert calls[:3] == [1, 1, 1 + 2 * 3]  # K = 3 rows per sentence
+    assert max(calls) == 1 + 6 + 1  # all three requests' rows in one call
+    assert mt.engine.group_steps == len(calls)  # one call per round
+    got = [t.text for a in answers for t in a.translations]
+    want = [
+        _translate_offline(checkpoints["mt"], TEXTS[0], 12),
+        *(_translate_offline(checkpoints["mt"], t, 9, 3) for t in TEXTS[1:3]),
+        _translate_offline(checkpoints["mt"], TEXTS[3], 7),
+    ]
+    assert got == want
 
 
-def test_beam_groups_merge_after_steps_of_their_own(checkpoints: dict[str, Path]) -> None:
-    """A beam group 3 steps in takes in one that has run a step of its own: from then on one
-    model call per step over both groups' beams (one search, each sentence at its own step);
-    every answer is the library's for its text alone."""
-    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
-    limits = [7, 5, 9, 8]
-
-    async def jobs() -> list[Job]:
-        return [mt.prepare(TranslateRequest(texts=[t], beam=2, max_new_tokens=m))  # type: ignore[attr-defined]
-                for t, m in zip(TEXTS, limits, strict=True)]  # fmt: skip
-
-    made, calls = asyncio.run(jobs()), []
-    _counted(mt, calls)
-    first, answers = mt.start(made[:2]), {}  # type: ignore[attr-defined]
-    for _ in range(3):
-        answers.update(first.advance()[0])
-    second = mt.start(made[2:])  # type: ignore[attr-defined]
-    answers.update(second.advance()[0])
-    rows, groups = first.rows + second.rows, [first, second]
-    _merge_groups(groups)
-    assert groups == [first] and second.done and first.rows == rows > 0
-    steps = len(calls)
-    while not first.done:
-        before = len(calls)
-        answers.update(first.advance()[0])
-        assert len(calls) - before <= 1
-    assert calls[steps] == rows and set(answers) == set(made)
-    for job, text, limit in zip(made, TEXTS, limits, strict=True):
-        want = _translate_offline(checkpoints["mt"], text, limit, 2)
-        assert answers[job].translations[0].text == want
+def test_completions_with_other_sampling_options_share_each_model_call(
+    checkpoints: dict[str, Path],
+) -> None:
+    """Greedy, and sampling at two temperatures with seeds, arriving at other steps: after
+    each one's prompt pass, one model call per round; every answer is ``aiayn generate``'s."""
+    lm = _task(checkpoints["lm"], "lm", "generate", decode_workers=1)
+    requests = [
+        CompletionRequest(prompt=PROMPTS[0], max_tokens=10),
+        CompletionRequest(prompt=PROMPTS[1], max_tokens=8, temperature=0.7, seed=3),
+        CompletionRequest(prompt=PROMPTS[2], max_tokens=6, temperature=1.3, seed=5),
+    ]
+    at = {1: 1, 3: 2}
+    answers, calls = _through_worker(
+        lm, requests, lambda n, made: lm.engine.submit(made[at[n]]) if n in at else None, 0
+    )
+    assert max(calls) == 3  # the three requests' rows in one call
+    options = [
+        GenerateOptions(max_new_tokens=10),
+        GenerateOptions(max_new_tokens=8, method="sample", temperature=0.7, seed=3),
+        GenerateOptions(max_new_tokens=6, method="sample", temperature=1.3, seed=5),
+    ]
+    for answer, prompt, o in zip(answers, PROMPTS, options, strict=False):
+        assert answer.choices[0].text == _generate_offline(checkpoints["lm"], prompt, o)
 
 
 def test_beam_groups_on_the_module_step_decode_apart(checkpoints: dict[str, Path]) -> None:
     """A served model the flattened step does not run (a forward hook on a decoder layer: the
-    module step runs it, whose states do not merge): a later beam group does not join the
-    running one; each decodes on its own, and answers as the library does for its text alone."""
+    module step runs it, whose states do not join): each group makes its own model call, and
+    answers as the library does for its text alone."""
     from aiayn.decoding import InferenceStep
     from aiayn.serving.tasks import TranslateTask
 
-    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+    mt = _task(checkpoints["mt"], "mt", "translate", decode_workers=1)
     assert isinstance(mt, TranslateTask)
     mt.model.decoder.layers[0].feed_forward.register_forward_hook(lambda *_: None)
     given = mt.step
     mt.step = InferenceStep(mt.model, banned=given.banned_given, renormalize=given.renormalize)
     mt.search_step = mt.step
-    assert mt.step.fallback is not None
-    limits = [6, 9]
-
-    async def jobs() -> list[Job]:
-        return [mt.prepare(TranslateRequest(texts=[t], beam=2, max_new_tokens=m))
-                for t, m in zip(TEXTS, limits, strict=False)]  # fmt: skip
-
-    made = asyncio.run(jobs())
-    first, answers = mt.start(made[:1]), {}
-    answers.update(first.advance()[0])
-    groups = [first, mt.start(made[1:])]
-    _merge_groups(groups)
-    assert len(groups) == 2
-    while not all(g.done for g in groups):
-        for group in groups:
-            answers.update(group.advance()[0])
-    for job, text, limit in zip(made, TEXTS, limits, strict=False):
-        want = _translate_offline(checkpoints["mt"], text, limit, 2)
-        assert answers[job].translations[0].text == want
-
-
-def test_a_translation_arriving_mid_decode_joins_the_running_batch(
-    checkpoints: dict[str, Path],
-) -> None:
-    """Through the worker: a request submitted while another decodes runs in the same model
-    call from the next step on (as many group steps as rounds); both answers are the library's
-    for each text alone."""
-    options = ServeOptions(decode_workers=1)  # another worker would take the second request
-    mt = load_served_model("mt", checkpoints["mt"], options, Metrics()).tasks["translate"]
-    engine = mt.engine
-    assert isinstance(engine, DecodeEngine)
-
-    requests = [TranslateRequest(texts=[TEXTS[0]], beam=1, max_new_tokens=6),
-                TranslateRequest(texts=TEXTS[1:3], beam=1, max_new_tokens=9)]  # fmt: skip
-    calls: list[int] = []
-    answers = _through_worker(
-        mt, requests, calls, lambda n, made: engine.submit(made[1]) if n == 3 else None
+    assert mt.step.fallback is not None and mt.pools() == ()
+    requests = [TranslateRequest(texts=[t], beam=2, max_new_tokens=m) for t, m in
+                zip(TEXTS, [6, 9], strict=False)]  # fmt: skip
+    answers, calls = _through_worker(
+        mt, requests, lambda n, made: mt.engine.submit(made[1]) if n == 1 else None
     )
-    assert calls[:4] == [1, 1, 1, 3]
-    # one batch per round (a round whose rows all reached their limits makes no call)
-    assert engine.group_steps == engine.rounds >= len(calls)
-    got = [t.text for a in answers for t in a.translations]
-    limits = [6, 9, 9]
-    want = [
-        _translate_offline(checkpoints["mt"], t, m) for t, m in zip(TEXTS, limits, strict=False)
-    ]
-    assert got == want
+    assert set(calls) <= {1, 2}  # never the two groups' rows in one call
+    for answer, text, limit in zip(answers, TEXTS, [6, 9], strict=False):
+        want = _translate_offline(checkpoints["mt"], text, limit, 2)
+        assert answer.translations[0].text == want
 
 
 @pytest.mark.parametrize("beam", [1, 3])
 def test_two_decode_workers_run_their_own_groups(checkpoints: dict[str, Path], beam: int) -> None:
     """With two decode workers, a request that arrives while one worker is inside its step is
-    started by the other, on its own thread; every answer is the library's for its text
-    alone."""
-    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(decode_workers=2), Metrics()
-                           ).tasks["translate"]  # fmt: skip
+    started by the other, on its own thread (its own pools); every answer is the library's for
+    its text alone."""
+    mt = _task(checkpoints["mt"], "mt", "translate", decode_workers=2)
     engine, threads = mt.engine, []
     assert isinstance(engine, DecodeEngine) and engine.threads == 2
     starter = engine._start
 
-    def start(jobs: list[Job]) -> Any:
-        threads.append(threading.current_thread().name)
-        return starter(jobs)
+    def start(jobs: list[Job], pools: Any) -> Any:
+        threads.append((threading.current_thread().name, id(pools)))
+        return starter(jobs, pools)
 
     def hand_over(calls: int, made: list[Job]) -> None:  # inside the first worker's first step
         if calls == 1:
@@ -263,13 +196,21 @@ def test_two_decode_workers_run_their_own_groups(checkpoints: dict[str, Path], b
     engine._start = start
     requests = [TranslateRequest(texts=[TEXTS[0]], beam=beam, max_new_tokens=8),
                 TranslateRequest(texts=TEXTS[1:3], beam=beam, max_new_tokens=6)]  # fmt: skip
-    answers = _through_worker(mt, requests, [], hand_over)
-    assert len(set(threads)) == 2, threads
-    assert not any(t.is_alive() for t in threading.enumerate() if t.name in threads)
+    answers, _ = _through_worker(mt, requests, hand_over)
+    assert len({name for name, _ in threads}) == 2 and len({p for _, p in threads}) == 2
     got = [t.text for a in answers for t in a.translations]
     want = [_translate_offline(checkpoints["mt"], t, m, beam)
             for t, m in zip(TEXTS, [8, 6, 6], strict=False)]  # fmt: skip
     assert got == want
+
+
+def _jobs(task: Any, requests: list[Any], *args: Any) -> list[Job]:
+    """The requests' jobs, answered on an event loop left open (run it to read the answers)."""
+
+    async def made() -> list[Job]:
+        return [task.prepare(r, *args) for r in requests]
+
+    return asyncio.new_event_loop().run_until_complete(made())
 
 
 def test_beam_search_answers_each_request_when_its_sentences_are_done(
@@ -277,127 +218,105 @@ def test_beam_search_answers_each_request_when_its_sentences_are_done(
 ) -> None:
     """One beam-search group of requests with other length limits: each is answered the step
     its own sentences are done, the shortest first, while the search goes on for the others;
-    every answer is the library's for its text alone."""
-    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
+    every answer is the library's for its text alone; every slot is free at the end."""
+    mt = _task(checkpoints["mt"], "mt", "translate")
     limits = [2, 9, 5]
-
-    async def jobs() -> list[Job]:
-        return [mt.prepare(TranslateRequest(texts=[t], beam=2, max_new_tokens=m))  # type: ignore[attr-defined]
-                for t, m in zip(TEXTS, limits, strict=False)]  # fmt: skip
-
-    made = asyncio.run(jobs())
-    group = mt.start(made)  # type: ignore[attr-defined]
+    made = _jobs(mt, [TranslateRequest(texts=[t], beam=2, max_new_tokens=m)
+                      for t, m in zip(TEXTS, limits, strict=False)])  # fmt: skip
+    pools = mt.pools()
+    group = mt.start(made, pools)
     answered_at, answers, steps = {}, {}, 0
     while not group.done:
-        ended, _ = group.advance()
+        ended, _ = advance(group)
         steps += 1
         for job, result in ended:
-            answered_at[id(job)], answers[id(job)] = steps, result
-    order = [answered_at[id(j)] for j in made]
+            answered_at[job], answers[job] = steps, result
+    order = [answered_at[j] for j in made]
     assert order[0] < order[2] < order[1] <= steps
-    c = load_checkpoint(checkpoints["mt"])
-    tok = load_translation_tokenizer(c.path)
-    model = pack_for_inference(c.model)
+    assert all(pool.free == pool.slots for pool in pools)
     for job, text, limit in zip(made, TEXTS, limits, strict=False):
-        o = options_for_checkpoint(None, beam_size=2, max_new_tokens=limit, pack=False)
-        found = translate_ids(model, tok.encode_batch([normalize(text)]), tok, o)
-        assert answers[id(job)].translations[0].text == tok.decode_batch([found[0][0].tokens])[0]
+        want = _translate_offline(checkpoints["mt"], text, limit, 2)
+        assert answers[job].translations[0].text == want
 
 
-def _three_steps_in(folder: Path, beam: int, limits: tuple[int, ...]) -> tuple[Any, Any, list[Job]]:
-    """The served translation task, a group of a request with the first limit 3 steps in, and
-    requests with the others (one text, ``beam``)."""
-    mt = load_served_model("mt", folder, ServeOptions(), Metrics()).tasks["translate"]
-
-    async def jobs() -> list[Job]:
-        return [mt.prepare(TranslateRequest(texts=[TEXTS[0]], beam=beam, max_new_tokens=m))  # type: ignore[attr-defined]
-                for m in limits]  # fmt: skip
-
-    made = asyncio.run(jobs())
-    first = mt.start(made[:1])  # type: ignore[attr-defined]
-    for _ in range(3):
-        first.advance()
-    assert not first.done
-    return mt, first, made
-
-
-def test_a_translation_merge_waits_when_the_columns_would_not_fit(
+def test_a_cancelled_request_leaves_the_joint_call_and_frees_its_slots(
     checkpoints: dict[str, Path],
 ) -> None:
-    """The served model reads 24 positions: a group 3 steps in cannot take rows that may need
-    22 more columns (3 + 22 > 24); it can take rows that need 21 at most, within the tokens
-    the worker's groups may hold."""
-    mt, first, made = _three_steps_in(checkpoints["mt"], 1, (12, 22, 21))
-    groups = [first, mt.start(made[1:2])]  # type: ignore[attr-defined]
-    _merge_groups(groups)
-    assert len(groups) == 2
-    groups = [first, mt.start(made[2:])]  # type: ignore[attr-defined]
-    budget = first.cost + groups[1].cost  # type: ignore[attr-defined]
-    _merge_groups(groups, budget - 1)  # more tokens than the worker's groups may hold
-    assert len(groups) == 2
-    _merge_groups(groups, budget)
-    assert groups == [first] and first.rows == 2
-
-
-def test_a_cancelled_beam_search_leaves_the_shared_batch(checkpoints: dict[str, Path]) -> None:
-    """Two merged groups (one search); nobody waits for the second's request any more: its
-    sentences leave at the next step, and the first's answer is still the library's."""
-    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
-
-    async def jobs() -> list[Job]:
-        return [mt.prepare(TranslateRequest(texts=[TEXTS[0]], beam=2, max_new_tokens=9)),  # type: ignore[attr-defined]
-                mt.prepare(TranslateRequest(texts=TEXTS[1:3], beam=2, max_new_tokens=9))]  # type: ignore[attr-defined]  # fmt: skip
-
-    made, calls = asyncio.run(jobs()), []
+    """Two beam groups stepping in one call; nobody waits for the second's request any more:
+    its sentences leave at the next round, their slots freed, and the first's answer is still
+    the library's."""
+    mt = _task(checkpoints["mt"], "mt", "translate", decode_workers=1)
+    engine: DecodeEngine = mt.engine
+    made = _jobs(mt, [TranslateRequest(texts=[TEXTS[0]], beam=2, max_new_tokens=9),
+                      TranslateRequest(texts=TEXTS[1:3], beam=2, max_new_tokens=9)])  # fmt: skip
+    calls: list[int] = []
     _counted(mt, calls)
-    first, second = mt.start(made[:1]), mt.start(made[1:])  # type: ignore[attr-defined]
-    groups = [first, second]
-    _merge_groups(groups)
-    assert groups == [first]
-    answers = dict(first.advance()[0])
-    assert calls == [6] and first.rows == 6
+    worker = _Worker()
+    for jobs in (made[:1], made[1:]):
+        engine._begin(worker, jobs, worker.groups)
+    engine._round(worker, [])
+    engine._round(worker, [])
+    assert calls == [6, 6]  # one call for both groups: 2 + 4 beams
     made[1].cancelled = True
-    first.drop_cancelled()
-    while not first.done:
-        answers.update(first.advance()[0])
-    assert calls[1] == 2 and made[1] not in answers
+    self_pool = worker.pools[0]
+    engine._round(worker, [])
+    assert calls[-1] == 2 and self_pool.free == self_pool.slots - 2
+    while not worker.groups[0].done:
+        engine._round(worker, [])
+    assert not made[1].settled and made[0].settled
     want = _translate_offline(checkpoints["mt"], TEXTS[0], 9, 2)
-    assert answers[made[0]].translations[0].text == want
+    loop = made[0].loop
+    loop.run_until_complete(asyncio.sleep(0))
+    assert made[0].future.result().translations[0].text == want
 
 
-def test_a_beam_merge_waits_when_the_columns_would_not_fit(
+def test_admission_waits_for_cache_tokens_and_spreads_prefill_over_rounds(
     checkpoints: dict[str, Path],
 ) -> None:
-    """The served model reads 24 positions: a beam group 3 steps in cannot take a search that
-    may run 22 more steps (limit 21, and EOS: 3 + 22 > 24); it takes one of 21."""
-    mt, first, made = _three_steps_in(checkpoints["mt"], 2, (12, 21, 20))
-    groups = [first, mt.start(made[1:2])]  # type: ignore[attr-defined]
-    _merge_groups(groups)
-    assert len(groups) == 2
-    groups[1].close()  # type: ignore[attr-defined]
-    groups = [first, mt.start(made[2:])]  # type: ignore[attr-defined]
-    _merge_groups(groups)
-    assert groups == [first]
-    while not first.done:
-        first.advance()
+    """Requests are admitted first come first served: while their prefill fits the round's
+    --max-batch-tokens (the rest wait for the next round, the running rows stepping
+    meanwhile), and while their cache tokens fit --max-cache-tokens (else they wait for rows
+    to leave); the first is admitted whatever its size when nothing runs."""
+    lm = _task(checkpoints["lm"], "lm", "generate", decode_workers=1)
+    made = _jobs(lm, [CompletionRequest(prompt=p, max_tokens=6) for p in PROMPTS], 0)
+    costs, reserves = [j.cost for j in made], [j.reserve for j in made]
+    assert reserves == [c + 6 for c in costs]  # its prompt and max_tokens, n = 1
+    options = ServeOptions(max_batch_tokens=costs[0] + costs[1],
+                           max_cache_tokens=sum(reserves[:3]), decode_workers=1)  # fmt: skip
+    engine = DecodeEngine("lm", options, Metrics(), lm.start, lm.pools)
+    for job in made:
+        engine.submit(job)
+    worker = _Worker()
+    engine._admit(worker)
+    assert [len(g.jobs) for g in worker.groups] == [2]  # the prefill budget of a round
+    engine._round(worker, [])
+    engine._admit(worker)
+    assert sum(len(g.jobs) for g in worker.groups) == 3  # the cache is full: the 4th waits
+    assert len(engine._queue) == 1
+    while len(engine._queue):
+        engine._round(worker, [])
+        for group in worker.groups:
+            if group.done:
+                worker.let_go(group.jobs)
+        worker.groups[:] = [g for g in worker.groups if not g.done]
+        engine._admit(worker)
+    while worker.groups:
+        engine._round(worker, [])
+        worker.groups[:] = [g for g in worker.groups if not g.done]
+    assert all(job.settled for job in made)
+    assert worker.pools[0].free == worker.pools[0].slots
 
 
-@pytest.mark.parametrize("over", [0, 1])
-def test_beam_groups_merge_only_within_beam_merge_max_tokens(
-    checkpoints: dict[str, Path], over: int
-) -> None:
-    """Two beam groups whose requests hold T tokens merge under a bound of T, not of T − 1
-    (the bound in force when the running group started)."""
-    mt = load_served_model("mt", checkpoints["mt"], ServeOptions(), Metrics()).tasks["translate"]
-
-    async def jobs() -> list[Job]:
-        return [mt.prepare(TranslateRequest(texts=[t], beam=2, max_new_tokens=6))  # type: ignore[attr-defined]
-                for t in TEXTS[:2]]  # fmt: skip
-
-    made = asyncio.run(jobs())
-    with performance_settings(beam_merge_max_tokens=made[0].cost + made[1].cost - over):
-        groups = [mt.start(made[:1]), mt.start(made[1:])]  # type: ignore[attr-defined]
-    _merge_groups(groups)
-    assert len(groups) == 1 + over
-    for group in groups:
-        group.close()  # type: ignore[attr-defined]
+def test_a_worker_with_nothing_to_run_returns_large_pools(checkpoints: dict[str, Path]) -> None:
+    """Pools over serve_pool_keep_bytes are dropped when the worker has nothing to run; smaller
+    ones are kept."""
+    mt = _task(checkpoints["mt"], "mt", "translate")
+    worker = _Worker()
+    worker.pools = mt.pools()
+    size = sum(p.buffer.numel() * p.buffer.element_size() for p in worker.pools)
+    with performance_settings(serve_pool_keep_bytes=size):
+        _return_memory(worker)
+    assert worker.pools is not None
+    with performance_settings(serve_pool_keep_bytes=size - 1):
+        _return_memory(worker)
+    assert worker.pools is None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from aiayn.checkpoint import load_checkpoint, load_translation_tokenizer
@@ -22,7 +23,7 @@ from aiayn.decoding import GenerateOptions, generate
 from aiayn.decoding.translate import options_for_checkpoint, translate_ids
 from aiayn.models.gpt2 import GPT2
 from aiayn.serving import ServedModel, ServeOptions, create_app, load_served_model
-from aiayn.serving.decode import BeamGroup, SteppedGroup
+from aiayn.serving.decode import BeamGroup, SteppedGroup, _Worker
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.problems import Problem
 from aiayn.serving.schemas import CompletionRequest
@@ -94,17 +95,20 @@ def test_a_failed_step_fails_only_its_request(
     served: tuple[TestClient, list[ServedModel]], expected: Any, path: str, group: type,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    """The step of every batch holding the poisoned request fails (a model call that raises);
-    its batch's other requests start again alone and get their answers."""
+    """The model call of every batch holding the poisoned request fails (its tokens are made
+    ids outside the vocabulary): the joint call fails, each group steps alone, and the
+    poisoned request's group's other requests start again alone and get their answers."""
     client, models = served
-    advance = group.advance
+    inputs = group.inputs
 
     def failing(self: Any) -> Any:
-        if _poisoned(self):
-            raise RuntimeError("injected: the model call fails")
-        return advance(self)
+        given = inputs(self)
+        if given is None or not _poisoned(self):
+            return given
+        tokens, state = given
+        return torch.full_like(tokens, 10**6), state  # the model call raises IndexError
 
-    monkeypatch.setattr(group, "advance", failing)
+    monkeypatch.setattr(group, "inputs", failing)
     requests = _requests(path)
     with caplog.at_level(logging.WARNING), ThreadPoolExecutor(len(requests)) as pool:
         answers = list(pool.map(lambda body: client.post(path, json=body), requests))
@@ -171,24 +175,27 @@ def test_a_failed_group_ends_and_its_requests_start_again(checkpoints: dict[str,
     lm: Any = served.tasks["generate"]
     engine: Any = lm.engine
 
-    def broken() -> Any:
+    def broken(*_: Any) -> Any:
         raise RuntimeError("injected")
 
     async def run() -> list[Any]:
         a, b = (lm.prepare(CompletionRequest(prompt=p, max_tokens=5), 0) for p in ("the cat", "a"))
-        group = lm.start([a, b])
-        group.advance()
-        group.search.advance = broken
+        worker = _Worker()
+        engine._begin(worker, [a, b], worker.groups)
+        group = worker.groups[0]
+        engine._round(worker, [])
+        group.search.end = broken  # the step's choices fail
         again: list[Any] = []
-        failed: list[Any] = []
-        engine._step(group, again, failed)
-        assert failed == [group] and group.done and group.rows == 0 and len(again) == 2
+        engine._round(worker, again)
+        assert group.done and not group.search.rows and len(again) == 2
+        assert worker.pools[0].free == worker.pools[0].slots - 2  # the group's slots are freed
         b.cancelled = True
         group.drop_cancelled()  # the IndexError of before
-        again[0].search.advance = broken  # a's own start fails again: a 500 naming it
-        for g in again:
-            while not g.done:
-                engine._step(g, [], [])
+        again[0].search.end = broken  # a's own step fails again: a 500 naming it
+        worker.groups[:] = again
+        while worker.groups:
+            engine._round(worker, [])
+            worker.groups[:] = [g for g in worker.groups if not g.done]
         done = await asyncio.wait_for(asyncio.gather(a.future, return_exceptions=True), 10)
         return [a.name, done[0], b.future.done()]
 

@@ -67,11 +67,11 @@ def test_a_worker_that_fails_is_replaced_and_the_model_keeps_serving(
     assert engine.alive == 2 and _metric(client, 'aiayn_workers_alive{model="lm"}') == 2
     companions, broke = engine._companions, []
 
-    def failing(first: Any) -> Any:  # a bug outside any group: the worker's loop fails
+    def failing(worker: Any, first: Any, budget: int) -> Any:  # a bug outside any group
         if not broke:
             broke.append(first)
             raise RuntimeError("injected: the worker's loop fails")
-        return companions(first)
+        return companions(worker, first, budget)
 
     monkeypatch.setattr(engine, "_companions", failing)
     with caplog.at_level(logging.ERROR), ThreadPoolExecutor(4) as pool:

@@ -111,6 +111,7 @@ def test_timeout_is_504_and_a_full_queue_503(checkpoints: dict[str, Path], serve
 
 def test_a_cancelled_request_leaves_its_decode_group(checkpoints: dict[str, Path]) -> None:
     from aiayn.serving import load_served_model
+    from aiayn.serving.decode import advance
     from aiayn.serving.metrics import Metrics
     from aiayn.serving.options import ServeOptions
     from aiayn.serving.schemas import CompletionRequest
@@ -123,15 +124,17 @@ def test_a_cancelled_request_leaves_its_decode_group(checkpoints: dict[str, Path
                 for p in ("the cat", "a")]  # fmt: skip
 
     first, second = asyncio.run(jobs())
-    group = lm.start([first, second])  # type: ignore[attr-defined]
-    group.advance()
-    assert group.rows == 4
+    pools = lm.pools()  # type: ignore[attr-defined]
+    group = lm.start([first, second], pools)  # type: ignore[attr-defined]
+    advance(group)
+    assert len(group.search.rows) == 4
     first.cancelled = True
     group.drop_cancelled()
-    assert group.rows == 2
+    assert len(group.search.rows) == 2 and pools[0].free == pools[0].slots - 2  # freed
     while not group.done:
-        ended, _ = group.advance()
+        ended, _ = advance(group)
         assert all(job is second for job, _ in ended)
+    assert pools[0].free == pools[0].slots
 
 
 def test_a_client_that_leaves_frees_its_place(checkpoints: dict[str, Path]) -> None:

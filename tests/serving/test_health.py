@@ -60,7 +60,7 @@ def _a_worker_being_replaced_is_not_ready(
     engine._quick_failures = 10  # the next replacement waits 1 s: readiness is seen meanwhile
     companions = engine._companions
 
-    def failing(first: Any) -> Any:
+    def failing(*_: Any) -> Any:
         monkeypatch.setattr(engine, "_companions", companions)
         raise RuntimeError("injected: the worker's loop fails")
 

@@ -21,6 +21,7 @@ from aiayn.attention.multi_head import (
     SelfAttention,
 )
 from aiayn.attention.scaled_dot_product import scaled_dot_product_attention
+from aiayn.attention.slots import SlotCache, SlotPool, SlotRows, attend_slots, select_slots
 
 __all__ = [
     "CAUSAL",
@@ -31,6 +32,10 @@ __all__ = [
     "Mask",
     "MultiHeadAttention",
     "SelfAttention",
+    "SlotCache",
+    "SlotPool",
+    "SlotRows",
+    "attend_slots",
     "causal_mask",
     "combine_masks",
     "decoder_only_mask",
@@ -40,4 +45,5 @@ __all__ = [
     "padding_mask",
     "positions_from_padding",
     "scaled_dot_product_attention",
+    "select_slots",
 ]

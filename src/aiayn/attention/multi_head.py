@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from aiayn.attention.masks import Causal, Mask
 from aiayn.attention.scaled_dot_product import scaled_dot_product_attention
+from aiayn.attention.slots import SlotCache, attend_slots
 
 
 class _Storage:
@@ -141,7 +142,7 @@ class AttentionOutput(NamedTuple):
 
     output: Tensor
     weights: Tensor | None
-    cache: KVCache
+    cache: KVCache | SlotCache
 
 
 class MultiHeadAttention(nn.Module):
@@ -225,7 +226,7 @@ class MultiHeadAttention(nn.Module):
     def attend(
         self,
         query: Tensor,
-        kv: KVCache,
+        kv: KVCache | SlotCache,
         mask: Mask,
         need_weights: bool,
         bias: Tensor | None = None,
@@ -239,8 +240,17 @@ class MultiHeadAttention(nn.Module):
             mask: boolean, broadcastable to (B, H, T, S); True = may attend. With G > 1 it must
                 not vary along T (a source padding mask), as the G·T queries share it.
             bias: additive float scores broadcastable to (B, H, T, S) (G = 1 only), or None.
+
+        With a :class:`~aiayn.attention.slots.SlotCache` (one new position per row, each over
+        its own keys: no mask), no weights are returned.
         """
         b_q, _, t, _ = query.shape
+        if isinstance(kv, SlotCache):
+            if need_weights:
+                raise ValueError("attention over a slot cache returns no weights")
+            heads_s = attend_slots(query, kv, bias=bias, scale=self.scale)  # (B, H, 1, d_v)
+            concat_s = heads_s.transpose(1, 2).reshape(b_q, t, self.inner_dim)  # -> (B, 1, I)
+            return AttentionOutput(self.out_proj(concat_s), None, kv)
         groups = b_q // kv.key.size(0)
         if b_q != kv.key.size(0):
             if bias is not None:
@@ -305,19 +315,19 @@ class SelfAttention(MultiHeadAttention):
         x: Tensor,
         mask: Mask = None,
         *,
-        cache: KVCache | None = None,
+        cache: KVCache | SlotCache | None = None,
         need_weights: bool = False,
         bias: Tensor | None = None,
     ) -> AttentionOutput:
         """Args:
         x: (B, T, D).
         mask: broadcastable to (B, H, T, L + T); True = may attend; or CAUSAL.
-        cache: keys/values (B, H, L, d_k) of earlier positions, or None.
+        cache: keys/values (B, H, L, d_k) of earlier positions, or each row's in a slot pool
+            (:class:`~aiayn.attention.slots.SlotCache`: T = 1, the mask unused), or None.
         bias: additive scores broadcastable to (B, H, T, L + T) (a position bias), or None.
         """
-        query, kv = self.project_qkv(x)  # (B, H, T, d_k), 2 × (B, H, T, d_k)
-        if cache is not None:
-            kv = cache.append(kv.key, kv.value)  # 2 × (B, H, L + T, d_k)
+        query, new = self.project_qkv(x)  # (B, H, T, d_k), 2 × (B, H, T, d_k)
+        kv = new if cache is None else cache.append(new.key, new.value)  # (B, H, L + T, d_k)
         return self.attend(query, kv, mask, need_weights, bias)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import signal
@@ -24,7 +25,6 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 def register(subparsers: Any) -> None:
     """Add the ``serve`` sub-command (each batching option checked by the rule of the
     :class:`~aiayn.serving.options.ServeOptions` field it sets)."""
-    from aiayn.serving.options import ServeOptions as O
 
     p = add_command(
         subparsers,
@@ -38,10 +38,13 @@ def register(subparsers: Any) -> None:
         "requests in flight. See docs/serving.md.",
     )
     p.add_argument(
-        "--checkpoint", action="append", required=True, metavar="[NAME=]DIR",
+        "--checkpoint",
+        action="append",
+        required=True,
+        metavar="[NAME=]DIR",
         help="a checkpoint folder to serve, named NAME (default: the folder's name); repeat "
         "for more models",
-    )  # fmt: skip
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument(
         "--port", type=flag_type(int, Bounds(ge=0, le=65535)), default=8000, help="port (8000)"
@@ -51,70 +54,40 @@ def register(subparsers: Any) -> None:
         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none)",
     )
     p.add_argument(
-        "--cors-origin", action="append", default=[], metavar="ORIGIN",
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
         help="a browser origin allowed to call the service (CORS is off without it)",
-    )  # fmt: skip
-    d = O()  # the defaults, written once: ServeOptions'
-    p.add_argument("--max-batch-tokens", type=flag(O, "max_batch_tokens"),
-                   default=d.max_batch_tokens,
-                   help=f"token budget of a batch ({d.max_batch_tokens})")  # fmt: skip
-    p.add_argument("--max-wait-ms", type=flag(O, "max_wait_ms"), default=d.max_wait_ms,
-                   help="how long an encoder batch waits for more requests "
-                   f"({d.max_wait_ms:g} ms)")  # fmt: skip
-    p.add_argument("--max-decode-groups", type=flag(O, "max_decode_groups"),
-                   default=d.max_decode_groups,
-                   help="decode groups running together per model "
-                   f"({d.max_decode_groups})")  # fmt: skip
-    p.add_argument("--decode-workers", type=flag(O, "decode_workers"), default=d.decode_workers,
-                   help="worker threads decoding per translation or generation model "
-                   f"({d.decode_workers})")  # fmt: skip
-    p.add_argument("--queue-size", type=flag(O, "queue_size"), default=d.queue_size,
-                   help=f"requests waiting per model before 503 ({d.queue_size})")  # fmt: skip
-    p.add_argument("--timeout-s", type=flag(O, "timeout_s"), default=d.timeout_s,
-                   help=f"seconds before a request is answered 504 ({d.timeout_s:g})")  # fmt: skip
-    p.add_argument("--max-body-bytes", type=flag(O, "max_body_bytes"), default=d.max_body_bytes,
-                   help=f"largest request body in bytes ({d.max_body_bytes:,})")  # fmt: skip
-    p.add_argument("--no-batching", dest="batching", action="store_false",
-                   help="one request at a time per model (a baseline)")  # fmt: skip
-    _add_bounds(p, d)
+    )
+    _add_options(p)
     add_device_option(p)
 
 
-def _add_bounds(p: Any, d: Any) -> None:
-    """The flags bounding one request's work and the connections (ServeOptions' fields)."""
+def _add_options(p: Any) -> None:
+    """One flag per :class:`~aiayn.serving.options.ServeOptions` field, made from the field:
+    its name (``--max-batch-tokens``; ``--no-batching`` for the switch), its rules, its default
+    and its help (:data:`~aiayn.serving.options.FLAG_HELP`)."""
     from aiayn.serving.options import ServeOptions as O
 
-    p.add_argument(
-        "--max-beam",
-        type=flag(O, "max_beam"),
-        default=d.max_beam,
-        help=f"largest beam of a translation request ({d.max_beam})",
-    )
-    p.add_argument(
-        "--max-request-tokens",
-        type=flag(O, "max_request_tokens"),
-        default=d.max_request_tokens,
-        help="most tokens one request may ask for: inputs plus output limits, times "
-        f"beams or n ({d.max_request_tokens:,})",
-    )
-    p.add_argument(
-        "--header-timeout-s",
-        type=flag(O, "header_timeout_s"),
-        default=d.header_timeout_s,
-        help=f"seconds a connection has to send a request's headers ({d.header_timeout_s:g})",
-    )
-    p.add_argument(
-        "--keep-alive-s",
-        type=flag(O, "keep_alive_s"),
-        default=d.keep_alive_s,
-        help=f"seconds an idle connection stays open ({d.keep_alive_s})",
-    )
-    p.add_argument(
-        "--max-connections",
-        type=flag(O, "max_connections"),
-        default=d.max_connections,
-        help=f"connections open at once; 503 beyond ({d.max_connections})",
-    )
+    defaults = O()
+    for f in dataclasses.fields(O):
+        default = getattr(defaults, f.name)
+        if isinstance(default, bool):
+            p.add_argument(
+                f"--no-{f.name.replace('_', '-')}",
+                dest=f.name,
+                action="store_false",
+                help=O.flag_help(f.name),
+            )
+            continue
+        shown = f"{default:,}" if isinstance(default, int) else f"{default:g}"
+        p.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=flag(O, f.name),
+            default=default,
+            help=f"{O.flag_help(f.name)} ({shown})",
+        )
 
 
 def named_checkpoints(values: list[str]) -> list[tuple[str, Path]]:
@@ -165,14 +138,8 @@ def run(args: argparse.Namespace) -> int:
 
     named = named_checkpoints(args.checkpoint)
     options = ServeOptions(
-        max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
-        max_decode_groups=args.max_decode_groups, decode_workers=args.decode_workers,
-        queue_size=args.queue_size,
-        timeout_s=args.timeout_s, max_body_bytes=args.max_body_bytes, batching=args.batching,
-        max_beam=args.max_beam, max_request_tokens=args.max_request_tokens,
-        header_timeout_s=args.header_timeout_s, keep_alive_s=args.keep_alive_s,
-        max_connections=args.max_connections,
-    )  # fmt: skip
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeOptions)}
+    )
     _check_port(args.host, args.port)
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     metrics = Metrics()

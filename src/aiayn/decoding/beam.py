@@ -45,13 +45,13 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, cast
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.decoding.step import DecoderState, StepFunction
+from aiayn.decoding.step import DecoderState, StepFunction, join_states, release_state
 from aiayn.settings import performance
 
 
@@ -221,6 +221,15 @@ class SteppedBeamSearch:
         if not self.sentences:
             return []
         log_probs, state = self.step(self.tokens, self.state)  # (b·K, V)
+        return self.end(log_probs, state)
+
+    @torch.inference_mode()
+    def end(
+        self, log_probs: Tensor, state: DecoderState
+    ) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """After a step made of ``tokens`` and ``state`` (by :meth:`advance`, or by a caller
+        stepping several searches in one model call), its (b·K, V) log-probs and next state:
+        :meth:`advance`'s result."""
         self.stepped = True
         sentences, rules = self.sentences, self.rules
         steps = [s.t for s in sentences]  # (b,) each sentence's own t
@@ -232,6 +241,9 @@ class SteppedBeamSearch:
         self.sentences = [sentences[r] for r in chosen.kept]
         if self.sentences:
             self._keep(chosen, state)
+        else:
+            self.state = state
+            release_state(state)
         return [(s.key, s.finished[: rules.n_best]) for s in done]
 
     def _keep(self, chosen: _Chosen, state: DecoderState) -> None:
@@ -262,20 +274,22 @@ class SteppedBeamSearch:
             self.state = self.state.index_select(index)  # (b'·K,) rows
             self.scores = self.scores[torch.tensor(keep, device=self.device)]  # (b', K)
             self.tokens = self.tokens.index_select(0, index)  # (b'·K, 1)
+        else:
+            release_state(self.state)
         return gone
 
     @torch.inference_mode()
-    def merge(self, other: SteppedBeamSearch, states: Callable[[Any, Any], DecoderState]) -> None:
+    def merge(self, other: SteppedBeamSearch) -> None:
         """Take in the sentences of ``other`` (same rules and step function; at any step of
-        either): from now on they run in this batch, each at its own step; ``states`` merges
-        the two states (rows of this one first), and refuses (raises) states it cannot merge."""
+        either; states that join: :func:`~aiayn.decoding.step.join_states`): from now on they
+        run in this batch, each at its own step."""
         if other.rules != self.rules:
             raise ValueError("only searches with the same rules merge")
         if not self.sentences:  # nothing runs here: the other's batch as it is
             self.state, self.scores, self.tokens = other.state, other.scores, other.tokens
             self.paths, self.stepped = other.paths, other.stepped
         elif other.sentences:
-            self.state = states(self.state, other.state)
+            self.state = join_states([self.state, other.state])
             self.scores = torch.cat([self.scores, other.scores])  # (b + b', K)
             self.tokens = torch.cat([self.tokens, other.tokens])  # (b·K + b'·K, 1)
             self.paths = self.paths + other.paths

@@ -22,40 +22,43 @@ and says so once per model at debug level (logger ``aiayn.decoding.fast_step``).
   encoder's flattened path shares;
 - T5's relative position bias is one (H, P) table over relative positions, computed once: the
   bias of a step's query is a slice of it;
-- the self-attention keys/values of every layer live in one preallocated buffer, written in
-  place one position per step (its capacity doubles when full), reordered for beam search in
-  one copy (made by what reads the reordered rows next: the step, a merge or a compaction);
-  the cross-attention keys/values are computed once per source.
-
-Rows that started at different steps run in one call (``aiayn serve``):
-:func:`merge_inference_states` right-aligns their self-attention columns, the later rows'
-leading columns masked (``InferenceState.pads``), each row embedded at its own position, and
-pads the shorter sources (masked); T5's bias is a function of the query–key distance, so one
-slice serves every row. :func:`compact_inference_state` drops the columns no row needs once
-rows have left. Without pads (every row started together) the step is the one-position step.
+- the keys/values live in slot pools (:class:`~aiayn.attention.SlotPool`): each row's
+  self-attention keys/values in its own slot, written one position per step at the row's own
+  length, and each sentence's source keys/values (its real tokens only), computed once, in a
+  slot of the source pool that its beams share. Rows of different lengths, and rows that
+  started at other steps, step together (:meth:`InferenceState.concat`), each attending over
+  exactly its own positions (:func:`~aiayn.attention.attend_slots`), so a row gets what it gets
+  alone; a beam reorder copies only the columns of the beams two survivors continue, and a row
+  that leaves frees its slots.
 
 The model's modules stay the reference: tests check that both steps give the same
-log-probabilities at every position, with and without padding and beams, and for merged rows
-against each row's module step alone.
+log-probabilities at every position, with and without padding and beams, and for rows joined
+at different steps against each row's module step alone.
 
 Shape legend:
-    B decoder rows (sentences × beams)   G rows per source row   b source rows (B = b·G)
-    S source length   D d_model   H heads   d_k size per head   N layers   C cache capacity
-    P positions of the precomputed tables
-    L positions decoded so far   V vocabulary
+    B decoder rows (sentences × beams)   b source rows   S source length   D d_model   H heads
+    d_k size per head   N layers   P positions of the precomputed tables
+    L the longest row's positions decoded so far   V vocabulary
 """
 
 from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.attention import CrossAttention, KVCache, SelfAttention, scaled_dot_product_attention
+from aiayn.attention import (
+    CrossAttention,
+    SelfAttention,
+    SlotCache,
+    SlotPool,
+    SlotRows,
+    attend_slots,
+)
 from aiayn.decoding.step import (
     DecoderState,
     StepFunction,
@@ -63,7 +66,6 @@ from aiayn.decoding.step import (
     banned_log_probs,
     encode_source,
     encoder_decoder_step,
-    select_source_rows,
 )
 from aiayn.inference.encoder import EncoderInference
 from aiayn.inference.kernels import (
@@ -177,91 +179,52 @@ class _Layer:
         )
 
 
-class _SelfKV:
-    """Self-attention keys/values of every layer, (N, 2, B, H, C, d_k), shared by the successive
-    states of one decoding run; ``filled`` is how many positions the newest state has written.
-
-    ``rows``: (B',) the rows of ``buffer`` that a selection (``index_select``: beam search's
-    surviving beams) keeps, not copied yet, or None: every row, in order. What reads the keys
-    and values next (the step, a merge, a compaction) copies the rows out in the copy it makes
-    anyway: a selection followed by a merge copies them once, not twice."""
-
-    __slots__ = ("buffer", "filled", "rows")
-
-    def __init__(self, buffer: Tensor, filled: int, rows: Tensor | None = None):
-        self.buffer, self.filled, self.rows = buffer, filled, rows
-
-    @staticmethod
-    def allocate(
-        layers: int, rows: int, heads: int, capacity: int, d_k: int, like: Tensor
-    ) -> _SelfKV:
-        return _SelfKV(like.new_empty(layers, 2, rows, heads, capacity, d_k), 0)
-
-    @property
-    def count(self) -> int:
-        """B, the state's rows."""
-        return self.buffer.size(2) if self.rows is None else self.rows.numel()
-
-    def copy_columns(self, start: int, stop: int, out: Tensor) -> None:
-        """The state's rows' keys/values at columns ``start`` .. ``stop`` - 1 into ``out``,
-        (N, 2, B, H, stop - start, d_k)."""
-        own = self.buffer[:, :, :, :, start:stop]  # (N, 2, B or more, H, stop - start, d_k)
-        if self.rows is None:
-            out.copy_(own)
-        else:
-            torch.index_select(own, 2, self.rows, out=out)  # (N, 2, B, H, stop - start, d_k)
-
-
 @dataclass(frozen=True)
 class InferenceState:
-    """Incremental state of :func:`inference_step`.
+    """Incremental state of :func:`inference_step`: a state is used once (a step or a selection
+    hands its slots on).
 
     Attributes:
-        src_mask: (b, 1, 1, S) source padding mask, or None when no source is padded.
-        cross: per layer, the encoder output's keys/values (b, H, S, d_k), computed once.
-        self_kv: the self-attention keys/values of the positions decoded so far.
-        offset: L, the self-attention key columns written so far: the number of target
-            positions decoded, when every row started at the same step (``pads`` None).
-        group: G, the number of consecutive decoder rows that share one source row (beams).
-        pads: (B, 1) per row, the leading key columns that are not its own (rows that joined
-            later: :func:`merge_inference_states`; masked, and the row's position is its column
-            minus its pads), or None: every row's columns are 0 .. L - 1, the one-position step.
+        slots: each row's self-attention keys/values in the step's pool; its length is the
+            number of target positions it has decoded (rows that started at other steps have
+            other lengths, each at its own positions).
+        sources: each row's source keys/values, per layer, in the source pool: the rows of one
+            sentence (its beams) share its slot; the length is the source's real tokens.
     """
 
-    src_mask: Tensor | None
-    cross: tuple[KVCache, ...]
-    self_kv: _SelfKV
-    offset: int
-    group: int = 1
-    pads: Tensor | None = None
+    slots: SlotRows
+    sources: SlotRows
+
+    @property
+    def offset(self) -> int:
+        """The longest row's target positions decoded."""
+        return self.slots.longest
 
     def repeat_interleave(self, repeats: int) -> InferenceState:
-        """Each decoder row becomes ``repeats`` rows (the beams); the source side is not copied."""
-        rows = self.cross[0].key.size(0) * self.group  # B = b·G
-        index = torch.arange(rows, device=self.cross[0].key.device)
-        return self._with_rows(index.repeat_interleave(repeats), self.group * repeats)
+        """Each decoder row becomes ``repeats`` rows (the beams); the source side is shared."""
+        rows = self.slots.rows.numel()
+        index = torch.arange(rows, device=self.slots.rows.device).repeat_interleave(repeats)
+        return self.index_select(index)
 
     def index_select(self, index: Tensor) -> InferenceState:
-        """Reorder/select decoder rows (sentences or beams): index is (B'·G,) into B·G; the
-        source side follows as :func:`~aiayn.decoding.step.select_source_rows` says."""
-        source_rows = self.cross[0].key.size(0)
-        sentences, group = select_source_rows(index, source_rows, self.group)
-        state = self._with_rows(index, group)
-        if sentences is None:
-            return state
-        return replace(
-            state,
-            src_mask=None if self.src_mask is None else self.src_mask.index_select(0, sentences),
-            cross=tuple(kv.index_select(sentences) for kv in self.cross),
-        )
+        """Rows ``index`` (B',) of B (sentences or beams; a row picked twice gets its own copy
+        of its keys/values); the slots no row picks are freed."""
+        return InferenceState(self.slots.select(index), self.sources.select_shared(index))
 
-    def _with_rows(self, index: Tensor, group: int) -> InferenceState:
-        """The decoder rows ``index`` (B',) of the self-attention keys/values: a selection of
-        the buffer's rows, copied out by what reads them next (:class:`_SelfKV`)."""
-        kv = self.self_kv
-        rows = index if kv.rows is None else kv.rows.index_select(0, index)  # (B',) in buffer
-        pads = None if self.pads is None else self.pads.index_select(0, index)  # (B', 1)
-        return replace(self, self_kv=_SelfKV(kv.buffer, self.offset, rows), group=group, pads=pads)
+    def advanced(self) -> InferenceState:
+        """The state after a step wrote one position per row."""
+        return InferenceState(self.slots.advanced(), self.sources)
+
+    def release(self) -> None:
+        """Free every row's slots (the decode has ended)."""
+        self.slots.release()
+        self.sources.release()
+
+    @staticmethod
+    def concat(states: list[InferenceState]) -> InferenceState:
+        """The rows of ``states`` (one pair of pools) as one batch, each at its own positions."""
+        slots = SlotRows.concat([s.slots for s in states])
+        return InferenceState(slots, SlotRows.concat([s.sources for s in states]))
 
 
 @dataclass(frozen=True)
@@ -386,12 +349,23 @@ class InferenceStep:
         with torch.no_grad():
             return self.position_bias.causal_table(length).detach()  # (H, length)
 
-    @torch.inference_mode()
-    def initial_state(self, src: Tensor, *, capacity: int = 64) -> DecoderState:
-        """Encode ``src`` (b, S) once: the state before the first step.
+    def pools(
+        self, rows: int, capacity: int, sources: int, length: int
+    ) -> tuple[SlotPool, SlotPool]:
+        """Empty pools: ``rows`` slots of ``capacity`` target positions, and ``sources`` slots of
+        ``length`` source positions (both grow when a decode needs more)."""
+        like, n = self.embedding, len(self.layers)
+        own = SlotPool(n, self.heads, self.d_k, like, slots=rows, capacity=capacity)
+        return own, SlotPool(n, self.heads, self.d_k, like, slots=sources, capacity=length)
 
-        As :func:`~aiayn.decoding.step.encode_source` says, no source mask is kept when no
-        source is padded. ``capacity``: target positions the cache holds before it first grows.
+    @torch.inference_mode()
+    def initial_state(
+        self, src: Tensor, *, capacity: int = 64, pools: tuple[SlotPool, SlotPool] | None = None
+    ) -> DecoderState:
+        """Encode ``src`` (b, S) once: the state before the first step, its rows in free slots
+        of ``pools`` (the target's and the source's; new ones when None).
+
+        ``capacity``: target positions the cache holds before it first grows.
         """
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -401,16 +375,18 @@ class InferenceStep:
             )
             return _ModuleStepState(state, step)
         memory, src_mask, padded = encode_source(self.model, src, self.encoder)  # (b, S, D), ...
-        mask = src_mask if padded else None
-        # contiguous once here: as the projection's head views, every step's products would
-        # copy them (per layer, per step)
-        cross = tuple(
-            KVCache(kv.key.contiguous(), kv.value.contiguous())  # 2 × (b, H, S, d_k)
-            for kv in (layer.cross_attn.project_key_value(memory) for layer in self.decoder_layers)
-        )
-        n = len(self.layers)
-        kv = _SelfKV.allocate(n, src.size(0), self.heads, capacity, self.d_k, memory)
-        return InferenceState(mask, cross, kv, 0)
+        b, s = src.shape
+        lengths = src_mask[:, 0, 0, :].sum(dim=1).tolist() if padded else [s] * b  # real tokens
+        own, source_pool = pools if pools is not None else self.pools(b, capacity, b, s)
+        sources = SlotRows.taken(source_pool, lengths)
+        source_pool.reserve(s)
+        kv = [layer.cross_attn.project_key_value(memory) for layer in self.decoder_layers]
+        keys = torch.stack([x.key for x in kv])  # N × (b, H, S, d_k) -> (N, b, H, S, d_k)
+        source_pool.buffer[:, 0, sources.rows, :, :s] = keys
+        source_pool.buffer[:, 1, sources.rows, :, :s] = torch.stack([x.value for x in kv])
+        slots = SlotRows.taken(own, [0] * b)
+        own.reserve(capacity)
+        return InferenceState(slots, sources)
 
     @torch.inference_mode()
     def __call__(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
@@ -419,17 +395,13 @@ class InferenceStep:
             log_probs, inner = state.step(tokens, state.state)
             return log_probs, _ModuleStepState(inner, state.step)
         assert isinstance(state, InferenceState)
-        kv = self._writable(state)
-        pos = state.offset
-        if state.pads is None:  # every row at position L: no self-attention mask
-            x, mask = self._embed(tokens[:, -1], pos), None  # (B, D)
-        else:  # rows at their own positions, their columns right-aligned
-            x = self._embed_rows(tokens[:, -1], pos - state.pads[:, 0], pos)  # (B, D)
-            mask = own_columns(state.pads, pos + 1)  # (B, 1, 1, L + 1)
-        bias = self._self_bias(pos)  # (1, H, 1, L + 1) or None: the same in every layer
+        rows, sources = state.slots, state.sources
+        rows.pool.reserve(rows.longest + 1)
+        x = self._embed_rows(tokens[:, -1], rows.lengths, rows.longest)  # (B, D)
+        bias = self._self_bias(rows.lengths, rows.longest)  # (B, H, 1, L + 1) or None
         for i, layer in enumerate(self.layers):
-            x = self._self_attention(layer, x, kv.buffer[i], pos, bias, mask)
-            x = self._cross_attention(layer, x, state.cross[i], state.src_mask, state.group)
+            x = self._self_attention(layer, x, rows.cache(i), bias)
+            x = self._cross_attention(layer, x, sources.cache(i))
             x = layer.ff(x)  # the feed-forward sub-layer (§3.3)
         if self.final_norm is not None:
             x = self.final_norm(x)
@@ -437,216 +409,53 @@ class InferenceStep:
             x = x * self.output_scale  # T5 v1.0
         logits = self.output(x)  # (B, D) @ (D, V)
         log_probs = banned_log_probs(logits, self.banned, renormalize=self.renormalize)
-        kv.filled = pos + 1
-        # built directly: dataclasses.replace goes through every field by name, each step
-        advanced = InferenceState(state.src_mask, state.cross, kv, pos + 1, state.group, state.pads)
-        return log_probs, advanced
-
-    def _embed(self, tokens: Tensor, pos: int) -> Tensor:
-        """(B,) tokens at position ``pos`` -> (B, D) embeddings × √d_model + position (§3.4–3.5)."""
-        x = F.embedding(tokens, self.embedding).mul_(self.scale)  # (B, D)
-        if pos < self.positions.size(0):
-            return x.add_(self.positions[pos])
-        return self.positional(x[:, None], pos)[:, 0]  # (B, 1, D) -> (B, D), computed on demand
+        return log_probs, state.advanced()
 
     def _embed_rows(self, tokens: Tensor, positions: Tensor, highest: int) -> Tensor:
-        """(B,) tokens at their rows' (B,) ``positions`` (none above ``highest``) -> (B, D), as
-        :meth:`_embed` gives each row at its position."""
+        """(B,) tokens at their rows' (B,) ``positions`` (none above ``highest``) -> (B, D):
+        embeddings × √d_model + position (§3.4–3.5)."""
         x = F.embedding(tokens, self.embedding).mul_(self.scale)  # (B, D)
         if highest < self.positions.size(0):
             return x.add_(self.positions[positions])  # (B, D) + (B, D)
         return self.positional(x[:, None], positions=positions[:, None])[:, 0]  # (B, 1, D)
 
-    def _writable(self, state: InferenceState) -> _SelfKV:
-        """The buffer to write position L into: the state's own, or a copy when it is full, a
-        newer state already wrote past L (two continuations of one prefix never share writes),
-        or the state is a selection of the buffer's rows (copied out here)."""
-        kv, pos = state.self_kv, state.offset
-        n, _, _, h, capacity, d_k = kv.buffer.shape
-        if kv.rows is None and kv.filled == pos and capacity > pos:
-            return kv
-        room = kv.rows is not None and capacity > pos  # a selection: the same capacity
-        size = capacity if room else max(capacity, 2 * (pos + 1))
-        new = _SelfKV.allocate(n, kv.count, h, size, d_k, kv.buffer)
-        kv.copy_columns(0, pos, new.buffer[:, :, :, :, :pos])  # (N, 2, B, H, L, d_k)
-        new.filled = pos
-        return new
-
     def _self_attention(
-        self, w: _Layer, x: Tensor, kv: Tensor, pos: int, bias: Tensor | None, mask: Tensor | None
+        self, w: _Layer, x: Tensor, cache: SlotCache, bias: Tensor | None
     ) -> Tensor:
-        """Masked self-attention sub-layer for one new position (§3.2.3); x (B, D), kv the
-        layer's (2, B, H, C, d_k) buffer, column ``pos`` written here; ``bias`` T5's
-        position bias of the new query (1, H, 1, L + 1), or None; ``mask`` (B, 1, 1, L + 1)
-        the columns each row may attend to (its own), or None: all of them."""
+        """Masked self-attention sub-layer for each row's new position (§3.2.3); x (B, D); the
+        row's new key/value is written at its length in its slot, and it attends over its own
+        positions (the later ones are not there yet: the causal mask is the lengths); ``bias``
+        T5's position bias of the new queries (B, H, 1, L + 1), or None."""
         b, h, d_k = x.size(0), self.heads, self.d_k
         qkv = w.qkv(w.self_norm(x) if self.norm_first else x)  # (B, D) @ (D, 3D) -> (B, 3D)
-        new_kv = qkv[:, h * d_k :].view(b, 2, h, d_k).transpose(0, 1)  # (B, 2D) -> (2, B, H, d_k)
-        kv.select(3, pos).copy_(new_kv)  # into position L of (2, B, H, C, d_k)
-        keys, values = kv.narrow(3, 0, pos + 1).unbind(0)  # 2 × (B, H, L + 1, d_k)
-        query = qkv[:, : h * d_k].view(b, h, 1, d_k)  # (B, D) -> (B, H, 1, d_k)
-        heads, _ = scaled_dot_product_attention(
-            query, keys, values, mask, bias=bias, scale=self.attention_scale
-        )  # (B, H, 1, d_k)
+        key = qkv[:, h * d_k : 2 * h * d_k].view(b, h, 1, d_k)  # (B, D) -> (B, H, 1, d_k)
+        value = qkv[:, 2 * h * d_k :].view(b, h, 1, d_k)
+        query = qkv[:, : h * d_k].view(b, h, 1, d_k)
+        heads = attend_slots(query, cache.append(key, value), bias=bias, scale=self.attention_scale)
         concat = heads.view(b, h * d_k)  # (B, H, 1, d_k) -> (B, D)
         return residual(w.self_out, w.self_norm, self.norm_first, concat, x)  # (B, D)
 
-    def _cross_attention(
-        self, w: _Layer, x: Tensor, kv: KVCache, mask: Tensor | None, group: int
-    ) -> Tensor:
-        """Encoder–decoder attention sub-layer: x (B, D) over the source keys/values (b, H, S,
-        d_k); the G rows of one source attend as G queries of it (no key/value copied)."""
-        b_rows, h, d_k = x.size(0), self.heads, self.d_k
+    def _cross_attention(self, w: _Layer, x: Tensor, cache: SlotCache) -> Tensor:
+        """Encoder–decoder attention sub-layer: x (B, D), each row over its source's keys/values
+        (its real tokens only; the beams of a sentence share them)."""
+        b, h, d_k = x.size(0), self.heads, self.d_k
         query = w.cross_query(w.cross_norm(x) if self.norm_first else x)  # (B, D)
-        query = query.view(b_rows // group, group, h, d_k).transpose(1, 2)  # (b, H, G, d_k)
-        heads, _ = scaled_dot_product_attention(
-            query, kv.key, kv.value, mask, scale=self.attention_scale
-        )  # (b, H, G, d_k)
-        concat = heads.transpose(1, 2).reshape(b_rows, h * d_k)  # (b, G, H, d_k) -> (B, D)
+        heads = attend_slots(query.view(b, h, 1, d_k), cache, scale=self.attention_scale)
+        concat = heads.view(b, h * d_k)  # (B, H, 1, d_k) -> (B, D)
         return residual(w.cross_out, w.cross_norm, self.norm_first, concat, x)  # (B, D)
 
-    def _self_bias(self, pos: int) -> Tensor | None:
-        """T5's bias of the query at ``pos`` over keys 0 .. pos: (1, H, 1, pos + 1), or None."""
+    def _self_bias(self, lengths: Tensor, longest: int) -> Tensor | None:
+        """T5's bias of each row's query (at its position ``lengths``) over its keys 0 .. its
+        position: (B, H, 1, longest + 1), the columns past a row's position unread; or None."""
         if self.bias_table is None:
             return None
-        length = self.bias_table.size(1)
-        if pos >= length:  # past the table: a longer one, kept
-            self.bias_table = self._bias_table(max(2 * length, pos + 1))
+        table_length = self.bias_table.size(1)
+        if longest >= table_length:  # past the table: a longer one, kept
+            self.bias_table = self._bias_table(max(2 * table_length, longest + 1))
             assert self.bias_table is not None
-            length = self.bias_table.size(1)
-        return self.bias_table[None, :, None, length - 1 - pos :]  # (H, L+1) -> (1, H, 1, L + 1)
-
-
-def own_columns(pads: Tensor, columns: int) -> Tensor:
-    """Which of ``columns`` right-aligned key columns are each row's own: (B, 1) leading pad
-    columns per row -> (B, 1, 1, columns) boolean, True = column ≥ the row's pads (may attend).
-    E.g. pads [[0], [2]], 3 columns -> [[T, T, T], [F, F, T]]."""
-    index = torch.arange(columns, device=pads.device)  # (columns,)
-    return (index >= pads)[:, None, None, :]  # (B, columns) -> (B, 1, 1, columns)
-
-
-def merge_inference_states(a: DecoderState, b: DecoderState) -> InferenceState:
-    """The rows of ``a`` then those of ``b`` in one state of :class:`InferenceStep`, each row
-    keeping its own positions: how a decoding run takes in rows that started later, at the next
-    step (``aiayn serve``).
-
-    The self-attention keys/values are right-aligned at L = max(L_a, L_b) columns, the shorter
-    state.s rows given |L_a − L_b| more leading pad columns (zeros, masked: ``pads``); the source
-    keys/values are padded on the right to the longer source, the padding masked. Each row then
-    attends to exactly what it attends to alone. Both states need the same G (rows per source);
-    the module step's states (a model this step does not compute) do not merge: ValueError."""
-    if not (isinstance(a, InferenceState) and isinstance(b, InferenceState)):
-        raise ValueError("only the flattened step's states merge (InferenceState)")
-    if a.group != b.group:
-        raise ValueError(f"states of {a.group} and {b.group} rows per source do not merge")
-    length = max(a.offset, b.offset)
-    pads = torch.cat([_pads_at(s, length) for s in (a, b)])  # (B_a + B_b, 1)
-    src_mask, cross = _merged_source(a, b)
-    return InferenceState(src_mask, cross, _merged_self_kv(a, b, length), length, a.group, pads)
-
-
-def _pads_at(state: InferenceState, length: int) -> Tensor:
-    """(B, 1) the rows' leading pad columns once right-aligned at ``length`` columns."""
-    rows = state.self_kv.count
-    own = state.pads if state.pads is not None else state.self_kv.buffer.new_zeros(rows, 1)
-    return own.long() + (length - state.offset)  # (B, 1)
-
-
-def _merged_self_kv(a: InferenceState, b: InferenceState, length: int) -> _SelfKV:
-    """The two states' self-attention keys/values, right-aligned at ``length`` columns in one
-    new buffer with room for as many more as the roomier of the two had."""
-    n, _, _, h, capacity_a, d_k = a.self_kv.buffer.shape
-    rows_a, rows_b, capacity_b = a.self_kv.count, b.self_kv.count, b.self_kv.buffer.size(4)
-    room = max(capacity_a - a.offset, capacity_b - b.offset, 1)
-    kv = _SelfKV.allocate(n, rows_a + rows_b, h, length + room, d_k, a.self_kv.buffer)
-    for state, rows in ((a, slice(0, rows_a)), (b, slice(rows_a, rows_a + rows_b))):
-        start = length - state.offset
-        kv.buffer[:, :, rows, :, :start].zero_()  # new pad columns: masked, never NaN × 0
-        own = kv.buffer[:, :, rows, :, start:length]  # (N, 2, B_s, H, L_s, d_k)
-        state.self_kv.copy_columns(0, state.offset, own)
-    kv.filled = length
-    return kv
-
-
-def _merged_source(
-    a: InferenceState, b: InferenceState
-) -> tuple[Tensor | None, tuple[KVCache, ...]]:
-    """The source masks (b_a + b_b, 1, 1, S) and per layer the source keys/values (b_a + b_b,
-    H, S, d_k), the shorter source padded on the right (masked) to S = max(S_a, S_b); no mask
-    when neither is padded."""
-    lengths = (a.cross[0].key.size(2), b.cross[0].key.size(2))
-    s = max(lengths)
-    if a.src_mask is None and b.src_mask is None and lengths[0] == lengths[1]:
-        mask = None
-    else:
-        mask = torch.cat([_right_padded(_source_real(x), s, 3) for x in (a, b)])  # (b, 1, 1, S)
-    cross = tuple(
-        KVCache(
-            torch.cat([_right_padded(ka.key, s, 2), _right_padded(kb.key, s, 2)]),  # (b, H, S, d_k)
-            torch.cat([_right_padded(ka.value, s, 2), _right_padded(kb.value, s, 2)]),
-        )
-        for ka, kb in zip(a.cross, b.cross, strict=True)
-    )
-    return mask, cross
-
-
-def _source_real(state: InferenceState) -> Tensor:
-    """(b, 1, 1, S) boolean, True = a real source token (all True where no mask is kept)."""
-    if state.src_mask is not None:
-        return state.src_mask
-    key = state.cross[0].key  # (b, H, S, d_k)
-    return torch.ones(key.size(0), 1, 1, key.size(2), dtype=torch.bool, device=key.device)
-
-
-def _right_padded(x: Tensor, length: int, dim: int) -> Tensor:
-    """``x`` with zeros (False) after its entries along ``dim``, up to ``length`` of them."""
-    missing = length - x.size(dim)
-    if missing == 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = missing
-    return torch.cat([x, x.new_zeros(shape)], dim=dim)
-
-
-def compact_inference_state(state: DecoderState) -> DecoderState:
-    """``state`` without the columns no row needs any more (after rows have left): the leading
-    self-attention columns that are padding in every row, and the trailing source columns that
-    are padding in every source row; back to the one-position step (no ``pads``) when no row has
-    pad columns left, and to no source mask when no source is padded. Each row's positions and
-    results stay. Other states are returned as they are."""
-    if not isinstance(state, InferenceState):
-        return state
-    return _without_pad_sources(_without_pad_columns(state))
-
-
-def _without_pad_columns(state: InferenceState) -> InferenceState:
-    """Without the leading self-attention columns that are padding in every row (a copy)."""
-    if state.pads is None or state.pads.numel() == 0:
-        return state
-    cut = int(state.pads.min())
-    if cut == 0:
-        return state
-    pads = state.pads - cut  # (B, 1)
-    old = state.self_kv  # (N, 2, B, H, C, d_k), or a selection of its rows
-    n, _, _, h, capacity, d_k = old.buffer.shape
-    length = state.offset - cut
-    kv = _SelfKV.allocate(n, old.count, h, max(capacity - cut, 1), d_k, old.buffer)
-    old.copy_columns(cut, state.offset, kv.buffer[:, :, :, :, :length])  # (N, 2, B, H, L', d_k)
-    kv.filled = length
-    return replace(state, self_kv=kv, offset=length, pads=pads if bool(pads.any()) else None)
-
-
-def _without_pad_sources(state: InferenceState) -> InferenceState:
-    """Without the trailing source positions that are padding in every source row."""
-    if state.src_mask is None or state.src_mask.size(0) == 0:
-        return state
-    real = state.src_mask[:, 0, 0, :]  # (b, S)
-    used = real.any(dim=0).nonzero()  # (k, 1) the source columns some row reads
-    s = int(used.max()) + 1 if used.numel() else real.size(1)
-    mask: Tensor | None = state.src_mask[:, :, :, :s]  # (b, 1, 1, S')
-    if bool(real[:, :s].all()):
-        mask = None
-    if s == real.size(1) and mask is not None:
-        return state
-    cross = tuple(KVCache(kv.key[:, :, :s], kv.value[:, :, :s]) for kv in state.cross)
-    return replace(state, src_mask=mask, cross=cross)
+            table_length = self.bias_table.size(1)
+        columns = torch.arange(longest + 1, device=lengths.device)  # (L + 1,)
+        index = (table_length - 1 - lengths)[:, None] + columns  # (B, L + 1)
+        index = index.clamp_(max=table_length - 1)
+        bias = self.bias_table[:, index]  # (H, B, L + 1)
+        return bias.permute(1, 0, 2)[:, :, None]  # (H, B, L + 1) -> (B, H, 1, L + 1)

@@ -5,160 +5,154 @@ runs once, then one new token per step through the cached keys/values.
 
 The searches feed BOS as their first token: here the first step ignores it and returns the
 log-probabilities of the token after the prompt, computed with the prompt (the "prefill"). Later
-steps run the newest token. Prompts of different lengths are left-padded, so every row's next
-token sits in the same column; each row's positions count from its first real token (as Hugging
-Face ``generate`` counts them from its attention mask), so a padded prompt gets exactly the
-positions it has alone.
+steps run the newest token. Prompts of different lengths are left-padded for the prefill, each
+row's positions counted from its first real token (as Hugging Face ``generate`` counts them
+from its attention mask), so a padded prompt gets exactly the positions it has alone.
 
-Kept cheap per step: nothing padded (always at batch 1) means no mask at all (the new token sees
-every cached key); with padding, the key-padding mask is preallocated for the whole decode and
-sliced per step (a view), and each row's position is its column minus its number of pad
-columns. The keys/values live in buffers preallocated for the whole decode
-(:meth:`~aiayn.attention.KVCache.reserve`). The step runs the model's own ``forward``.
+The keys/values live in a slot pool (:class:`~aiayn.attention.SlotPool`): after the prefill,
+each row's real positions are copied to the start of its own slot, and every step appends one
+position per row and attends over that row's own length, through the model's own ``forward``
+(:class:`~aiayn.attention.SlotCache`). No row carries another's padding, rows of different
+lengths step together (:meth:`LMState.concat`), and a row that leaves frees its slot.
 
 Shape legend:
-    B rows (prompts × beams)   P padded prompt length   L cached positions   C capacity
-    D d_model   H heads   d_k = D / H   V vocabulary
+    B rows (prompts × beams)   P padded prompt length   N layers   H heads   d_k = D / H
+    D d_model   V vocabulary
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from aiayn.attention import KVCache
-from aiayn.decoding.step import DecoderState, StepFunction
+from aiayn.attention import KVCache, MultiHeadAttention, SlotCache, SlotPool, SlotRows
+from aiayn.decoding.step import DecoderState
 from aiayn.errors import UserError
 from aiayn.models.gpt2 import GPT2
 
 
 @dataclass(frozen=True)
-class Padding:
-    """The left padding of a batch of prompts, for the whole decode (never written after).
-
-    Attributes:
-        key_padding: (B, C) boolean, True = a real token; the columns past the prompts are the
-            generated tokens (True).
-        pads: (B, 1) the number of pad columns of each row (position = column - pads).
-    """
-
-    key_padding: Tensor
-    pads: Tensor
-
-    @staticmethod
-    def of(key_padding: Tensor, capacity: int) -> Padding:
-        """From the prompts' (B, P) mask, for ``capacity`` ≥ P key columns."""
-        b, p = key_padding.shape
-        mask = key_padding.new_ones(b, max(capacity, p))  # (B, C)
-        mask[:, :p] = key_padding
-        pads = (~key_padding).sum(dim=1, keepdim=True)  # (B, 1)
-        return Padding(mask, pads)
-
-    @property
-    def capacity(self) -> int:
-        """C, the key columns covered."""
-        return self.key_padding.size(1)
-
-    def widened(self, columns: int) -> Padding:
-        """Covering at least ``columns`` key columns (doubling; the new ones are real tokens)."""
-        if columns <= self.capacity:
-            return self
-        return Padding.of(self.key_padding, max(columns, 2 * self.capacity))
-
-    def index_select(self, index: Tensor) -> Padding:
-        """Rows ``index`` (B',) of B."""
-        return Padding(self.key_padding.index_select(0, index), self.pads.index_select(0, index))
-
-
-@dataclass(frozen=True)
 class LMState:
-    """Incremental state of :func:`decoder_only_step`.
+    """Incremental state of :class:`LMStep`.
 
     Attributes:
-        cache: per layer, the keys/values (B, H, L, d_k) of the prompt and the tokens so far.
-        padding: the prompts' left padding, or None when no prompt is padded (causal, no mask).
+        slots: the rows' keys/values in the pool, each row's length its positions so far.
         pending: (B, V) log-probabilities of the token after the prompt, which the first step
             returns; None after it.
     """
 
-    cache: tuple[KVCache, ...]
-    padding: Padding | None
+    slots: SlotRows
     pending: Tensor | None
 
     @property
     def length(self) -> int:
-        """L, the key columns cached (padding included)."""
-        return self.cache[0].length
-
-    @property
-    def key_padding(self) -> Tensor | None:
-        """(B, L) boolean, True = a real token; None when no prompt is padded."""
-        return None if self.padding is None else self.padding.key_padding[:, : self.length]
+        """The longest row's positions."""
+        return self.slots.longest
 
     def index_select(self, index: Tensor) -> LMState:
-        """Reorder/select rows (e.g. surviving beams): index is (B',) into B."""
-        return LMState(
-            tuple(c.index_select(index) for c in self.cache),
-            None if self.padding is None else self.padding.index_select(index),
-            None if self.pending is None else self.pending.index_select(0, index),
-        )
+        """Rows ``index`` (B',) of B (e.g. surviving beams; a row picked twice gets its own
+        copy); the slots of rows not picked are freed."""
+        pending = None if self.pending is None else self.pending.index_select(0, index)
+        return LMState(self.slots.select(index), pending)
 
     def repeat_interleave(self, repeats: int) -> LMState:
         """Each row becomes ``repeats`` consecutive rows (the beams): B -> B·repeats."""
-        rows = self.cache[0].key.size(0)
-        index = torch.arange(rows, device=self.cache[0].key.device).repeat_interleave(repeats)
+        rows = self.slots.rows.numel()
+        index = torch.arange(rows, device=self.slots.rows.device).repeat_interleave(repeats)
         return self.index_select(index)  # (B·repeats,)
 
-    def real(self) -> Tensor:
-        """(B, L) boolean, True = a real token (all True without padding)."""
-        if self.padding is None:
-            rows = self.cache[0].key.size(0)
-            return torch.ones(rows, self.length, dtype=torch.bool, device=self.cache[0].key.device)
-        return self.padding.key_padding[:, : self.length]
+    def advanced(self) -> LMState:
+        """The state after a step wrote one position per row."""
+        return LMState(self.slots.advanced(), None)
 
-    def compacted(self) -> LMState:
-        """The same rows without the leading key columns that are padding in every row (after
-        rows have left): the positions, counted from each row's first real token, stay."""
-        if self.padding is None or self.padding.pads.numel() == 0:
-            return self
-        cut = int(self.padding.pads.min())
-        if cut == 0:
-            return self
-        real = self.real()[:, cut:]  # (B, L - cut)
-        cache = tuple(KVCache(c.key[:, :, cut:], c.value[:, :, cut:]) for c in self.cache)
-        return LMState(cache, Padding.of(real, self.padding.capacity - cut), self.pending)
+    def release(self) -> None:
+        """Free every row's slot (the decode has ended)."""
+        self.slots.release()
+
+    @staticmethod
+    def concat(states: Sequence[LMState]) -> LMState:
+        """The rows of ``states`` (past their first step, one pool) as one batch."""
+        if any(s.pending is not None for s in states):
+            raise ValueError("join states after their first step (the prompt's log-probs)")
+        return LMState(SlotRows.concat([s.slots for s in states]), None)
 
 
-def merge_lm_states(a: LMState, b: LMState) -> LMState:
-    """The rows of ``a`` then those of ``b`` (both past their first step), in one state: their
-    key columns right-aligned at L = max(L_a, L_b), the shorter state's rows padded on the left
-    (masked; each row keeps its positions, counted from its first real token). This is how a
-    decoding run takes in rows that started later, at the next step (``aiayn serve``)."""
-    if a.pending is not None or b.pending is not None:
-        raise ValueError("merge states after their first step (the prompt's log-probs)")
-    length = max(a.length, b.length)
-    real = torch.cat([_left_padded(s.real(), length) for s in (a, b)])  # (B_a + B_b, L)
-    cache = []
-    for ca, cb in zip(a.cache, b.cache, strict=True):
-        key, value = (
-            torch.cat([_left_padded(x, length, dim=2) for x in pair])  # (B_a + B_b, H, L, d)
-            for pair in ((ca.key, cb.key), (ca.value, cb.value))
-        )
-        cache.append(KVCache(key, value))
-    return LMState(tuple(cache), Padding.of(real, length), None)
+class LMStep:
+    """The step of :func:`decoder_only_step` for one model: :meth:`prefill` starts rows in a
+    pool, ``__call__`` advances them (rows of any prefills of the same pool together)."""
+
+    def __init__(self, model: GPT2, banned: tuple[int, ...] | None = None):
+        if model.training:
+            raise ValueError("decoder_only_step decodes without dropout: call model.eval() first")
+        self.model = model
+        self.ban = _banned_ids(model, banned, model.embedder.embedding.weight.device)
+
+    def pool(self, slots: int = 8, capacity: int = 64) -> SlotPool:
+        """An empty pool for the model's keys/values."""
+        attn = self.model.layers[0].self_attn
+        assert isinstance(attn, MultiHeadAttention)
+        like = self.model.embedder.embedding.weight
+        layers = len(self.model.layers)
+        return SlotPool(layers, attn.num_heads, attn.d_k, like, slots=slots, capacity=capacity)
+
+    @torch.inference_mode()
+    def prefill(
+        self, prompts: Sequence[Sequence[int]], capacity: int, pool: SlotPool | None = None
+    ) -> LMState:
+        """Run the prompts once (left-padded): their rows in free slots of ``pool`` (a new one
+        when None) with room for ``capacity`` positions, and the log-probs after each prompt."""
+        model = self.model
+        device = model.embedder.embedding.weight.device
+        tokens, key_padding = left_pad(prompts, model.config.pad_id, device)  # (B, P), (B, P)
+        out = model(tokens, key_padding=key_padding)  # (B, P, D)
+        pending = model.log_probs(out.hidden[:, -1])  # (B, D) -> (B, V): rows end at column P
+        if self.ban is not None:
+            pending.index_fill_(1, self.ban, -torch.inf)
+        pool = pool if pool is not None else self.pool(len(prompts), capacity)
+        slots = SlotRows.taken(pool, [len(p) for p in prompts])
+        pool.reserve(capacity)
+        _write_prompts(pool, slots, out.cache, tokens.size(1))
+        return LMState(slots, pending)
+
+    @torch.inference_mode()
+    def __call__(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
+        """(B, 1) newest tokens -> (B, V) log-probs of the next ones, and the next state."""
+        assert isinstance(state, LMState)
+        if state.pending is not None:  # the first step: the prompt's log-probs, BOS unread
+            return state.pending.clone(), LMState(state.slots, None)
+        model, rows = self.model, state.slots
+        if rows.longest >= model.config.max_len:
+            raise UserError(
+                f"decoding reached {rows.longest + 1} positions, more than "
+                f"max_len = {model.config.max_len}"
+            )
+        rows.pool.reserve(rows.longest + 1)
+        caches = [rows.cache(i) for i in range(len(model.layers))]
+        out = model(tokens, positions=rows.lengths[:, None], cache=caches)  # (B, 1, D)
+        log_probs = model.log_probs(out.hidden[:, 0])  # (B, D) -> (B, V)
+        if self.ban is not None:
+            log_probs.index_fill_(1, self.ban, -torch.inf)
+        return log_probs, state.advanced()
 
 
-def _left_padded(x: Tensor, length: int, dim: int = 1) -> Tensor:
-    """``x`` with zeros (False) before its columns along ``dim``, up to ``length`` of them."""
-    missing = length - x.size(dim)
-    if missing == 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = missing
-    return torch.cat([x.new_zeros(shape), x], dim=dim)
+def _write_prompts(
+    pool: SlotPool, slots: SlotRows, cache: Sequence[KVCache | SlotCache], width: int
+) -> None:
+    """Each prompt's real columns of the prefill's per-layer (B, H, P, d_k) keys/values
+    (left-padded to P = ``width``) to columns 0 .. P_i − 1 of the row's slot."""
+    keys = torch.stack([c.key for c in cache])  # (N, B, H, P, d_k)
+    values = torch.stack([c.value for c in cache])
+    lengths = slots.lengths.tolist()
+    if all(n == width for n in lengths):  # nothing padded: one copy
+        pool.buffer[:, 0, slots.rows, :, :width] = keys  # (N, B, H, P, d_k)
+        pool.buffer[:, 1, slots.rows, :, :width] = values
+        return
+    for i, (slot, n) in enumerate(zip(slots.rows.tolist(), lengths, strict=True)):
+        pool.buffer[:, 0, slot, :, :n] = keys[:, i, :, width - n :]  # (N, H, P_i, d_k)
+        pool.buffer[:, 1, slot, :, :n] = values[:, i, :, width - n :]
 
 
 def decoder_only_step(
@@ -167,7 +161,8 @@ def decoder_only_step(
     *,
     max_new_tokens: int | None = None,
     banned: tuple[int, ...] | None = None,
-) -> tuple[StepFunction, LMState]:
+    pool: SlotPool | None = None,
+) -> tuple[LMStep, LMState]:
     """Run the prompts once (prefill) and return the step function and its initial state.
 
     Same contract as :func:`~aiayn.decoding.step.encoder_decoder_step`; the first step ignores
@@ -182,32 +177,17 @@ def decoder_only_step(
             checked against the model's positions, and the cache is sized for it. None =
             unknown (the cache grows as needed).
         banned: tokens never produced.
+        pool: the slot pool the rows take (a new one when None).
 
     Raises:
         UserError: a prompt is empty, has an id outside the vocabulary, or needs more than
             ``config.max_len`` positions with ``max_new_tokens`` more.
     """
-    if model.training:
-        raise ValueError("decoder_only_step decodes without dropout: call model.eval() first")
+    step = LMStep(model, banned)
     check_prompts(model, prompts, max_new_tokens)
-    device = model.embedder.embedding.weight.device
-    ban = _banned_ids(model, banned, device)
-    tokens, key_padding = left_pad(prompts, model.config.pad_id, device)  # (B, P), (B, P)
-    capacity = tokens.size(1) + (64 if max_new_tokens is None else max_new_tokens)
-    state = _prefill(model, tokens, key_padding, capacity, ban)
-
-    @torch.inference_mode()
-    def step(tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
-        assert isinstance(state, LMState)
-        if state.pending is not None:  # the first step: the prompt's log-probs, BOS unread
-            return state.pending.clone(), replace(state, pending=None)
-        hidden, cache, padding = _decode(model, tokens, state)  # (B, D)
-        log_probs = model.log_probs(hidden)  # (B, D) -> (B, V)
-        if ban is not None:
-            log_probs.index_fill_(1, ban, -torch.inf)
-        return log_probs, LMState(cache, padding, None)
-
-    return step, state
+    longest = max(len(p) for p in prompts)
+    capacity = longest + (64 if max_new_tokens is None else max_new_tokens)
+    return step, step.prefill(prompts, capacity, pool)
 
 
 def check_prompts(
@@ -258,38 +238,3 @@ def _banned_ids(model: GPT2, banned: tuple[int, ...] | None, device: torch.devic
     if banned is None:
         banned = tuple(sorted({c.pad_id, c.bos_id} - {c.eos_id}))
     return torch.tensor(banned, dtype=torch.long, device=device) if banned else None
-
-
-@torch.inference_mode()
-def _prefill(
-    model: GPT2, tokens: Tensor, key_padding: Tensor | None, capacity: int, ban: Tensor | None
-) -> LMState:
-    """Run the (B, P) prompts once: the state holding their keys/values, sized for ``capacity``
-    key columns, and the log-probabilities of the token after them."""
-    out = model(tokens, key_padding=key_padding)  # (B, P, D)
-    pending = model.log_probs(out.hidden[:, -1])  # (B, D) -> (B, V): every row ends at column P
-    if ban is not None:
-        pending.index_fill_(1, ban, -torch.inf)
-    cache = tuple(c.reserve(capacity) for c in out.cache)  # (B, H, P, d_k) in (B, H, C, d_k)
-    padding = None if key_padding is None else Padding.of(key_padding, capacity)
-    return LMState(cache, padding, pending)
-
-
-def _decode(
-    model: GPT2, tokens: Tensor, state: LMState
-) -> tuple[Tensor, tuple[KVCache, ...], Padding | None]:
-    """The newest token of each row, (B, 1) ids, through the blocks after the cached columns:
-    its (B, D) final state, the caches holding it, and the padding covering it."""
-    length = state.length  # the new token's column
-    if length >= model.config.max_len:
-        raise UserError(
-            f"decoding reached {length + 1} key columns (padding included), more than "
-            f"max_len = {model.config.max_len}"
-        )
-    padding, positions, key_padding = state.padding, None, None
-    if padding is not None:
-        padding = padding.widened(length + 1)
-        key_padding = padding.key_padding[:, : length + 1]  # (B, L + 1), a view
-        positions = length - padding.pads  # (B, 1): column L minus the row's pad columns
-    out = model(tokens, key_padding=key_padding, positions=positions, cache=state.cache)
-    return out.hidden[:, 0], tuple(out.cache), padding  # (B, 1, D) -> (B, D)

@@ -105,6 +105,36 @@ class Seq2SeqState:
         return [c.index_select(index, sentences) for c in self.cache]
 
 
+def join_states(states: list[DecoderState]) -> DecoderState:
+    """The rows of ``states`` as one batch (rows of each in order), where the states are of one
+    kind that joins (a ``concat`` over one slot pool: the flattened step's, a decoder-only
+    model's after its first step); ValueError otherwise, e.g. the module step's states."""
+    concat = getattr(type(states[0]), "concat", None)
+    if concat is None or any(type(s) is not type(states[0]) for s in states):
+        raise ValueError(f"these decoding states do not join: {type(states[0]).__name__}")
+    joined: DecoderState = concat(states)
+    return joined
+
+
+def joins(state: DecoderState) -> bool:
+    """Whether ``state`` joins others of its kind (:func:`join_states`): a ``concat`` and no
+    pending first step."""
+    return hasattr(type(state), "concat") and getattr(state, "pending", None) is None
+
+
+def advanced(state: DecoderState) -> DecoderState:
+    """A joinable state (:func:`joins`) after a step wrote one position per row."""
+    after: DecoderState = state.advanced()  # type: ignore[attr-defined]
+    return after
+
+
+def release_state(state: DecoderState) -> None:
+    """Free the slots of every row of ``state`` where it holds slots (a decode that ended)."""
+    release = getattr(state, "release", None)
+    if release is not None:
+        release()
+
+
 def select_source_rows(index: Tensor, sources: int, group: int) -> tuple[Tensor | None, int]:
     """Which source rows decoder rows ``index`` need, when G = ``group`` consecutive decoder rows
     share each of ``sources`` source rows: index is (B'·G,) into B·G decoder rows.

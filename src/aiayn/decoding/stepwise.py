@@ -7,28 +7,27 @@ others go on (``aiayn serve``, :mod:`aiayn.serving.decode`).
 one generator per row (tests hold them equal): the same limits (a row with limit m gives at most
 m tokens; EOS is not allowed before ``min_len``), the same choice per row. Where those functions
 keep a finished row in the batch, repeating EOS until every row is done, it leaves here
-(``state.index_select``), so the rest run on a smaller batch; the searches are batch-invariant,
-so no row's output changes. Rows that started later can join a running search
-(:meth:`SteppedSearch.merge`, where their states can be merged: a decoder-only model's,
-:func:`~aiayn.decoding.lm.merge_lm_states`, after its first step; the flattened encoder–decoder
-step's, :func:`~aiayn.decoding.fast_step.merge_inference_states`, at any step); every row counts
-its own tokens.
+(``state.index_select``: its slot is freed), so the rest run on a smaller batch; the searches
+are batch-invariant, so no row's output changes. A step can also be made by the caller for
+several searches at once (:meth:`SteppedSearch.begin`, one model call over their joined states,
+then :meth:`SteppedSearch.end` with each search's share): rows of different searches, started
+at different steps and with different options, step together, each at its own positions;
+every row counts its own tokens.
 
 Shape legend:  B rows still decoding   V vocabulary
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from aiayn.decoding.argmax import first_argmax
 from aiayn.decoding.sampling import sample_tokens
-from aiayn.decoding.step import DecoderState, StepFunction
+from aiayn.decoding.step import DecoderState, StepFunction, join_states, release_state
 
 
 @dataclass(frozen=True)
@@ -86,6 +85,7 @@ class SteppedSearch:
         self.device = device
         self.stepped = False  # whether a step has run (the state is past its first step)
         self.tokens = torch.full((len(keys), 1), bos_id, dtype=torch.long, device=device)
+        self._leaving: list[Row] = []  # rows at their limit, taken out by begin()
 
     @property
     def done(self) -> bool:
@@ -95,10 +95,25 @@ class SteppedSearch:
     @torch.inference_mode()
     def advance(self) -> list[Row]:
         """One step: the rows that end at it (at their limit, or by EOS), which leave."""
-        ended = self.remove([r.key for r in self.rows if len(r.tokens) >= r.limit])
-        if not self.rows:
+        if not self.begin():
+            return self.end(None, None)
+        log_probs, state = self.step(self.tokens, self.state)  # (B, V)
+        return self.end(log_probs, state)
+
+    def begin(self) -> bool:
+        """Before a step: the rows at their limit leave (:meth:`end` returns them); whether
+        rows are left to step (``tokens`` and ``state`` are then the step's inputs)."""
+        self._leaving = self.remove([r.key for r in self.rows if len(r.tokens) >= r.limit])
+        return bool(self.rows)
+
+    @torch.inference_mode()
+    def end(self, log_probs: Tensor | None, state: DecoderState | None) -> list[Row]:
+        """After the step made of :meth:`begin`'s inputs, its (B, V) log-probs and next state
+        (None when there was no row to step): the rows that end, which leave."""
+        ended, self._leaving = self._leaving, []
+        if log_probs is None or state is None:
             return ended
-        log_probs, self.state = self.step(self.tokens, self.state)  # (B, V)
+        self.state = state
         chosen = self._choose(log_probs)  # (B,)
         self.stepped = True
         finished = []
@@ -111,24 +126,28 @@ class SteppedSearch:
         return ended + self.remove(finished)
 
     def remove(self, keys: Sequence[Hashable]) -> list[Row]:
-        """Take the rows ``keys`` out of the batch (ended, or no longer wanted); returns them."""
+        """Take the rows ``keys`` out of the batch (ended, or no longer wanted); returns them.
+        Their slots are freed (the state's ``index_select``; ``release`` when none is left)."""
         wanted = set(keys)
         if not wanted:
             return []
         keep = [i for i, r in enumerate(self.rows) if r.key not in wanted]
         gone = [r for r in self.rows if r.key in wanted]
+        if not gone:
+            return []
         self.rows = [self.rows[i] for i in keep]
         if keep:
             index = torch.tensor(keep, device=self.tokens.device)
             self.state = self.state.index_select(index)  # (B',) rows
             self.tokens = self.tokens.index_select(0, index)  # (B', 1)
+        else:
+            release_state(self.state)
         return gone
 
-    def merge(self, other: SteppedSearch, states: Callable[[Any, Any], DecoderState]) -> None:
-        """Take in the rows of ``other`` (same step function and options): from now on they run
-        in this batch; ``states`` merges the two states (rows of this one first), and refuses
-        (raises) states it cannot merge, e.g. a decoder-only model's before its first step."""
-        self.state = states(self.state, other.state)
+    def merge(self, other: SteppedSearch) -> None:
+        """Take in the rows of ``other`` (same step function and options; states that join:
+        :func:`~aiayn.decoding.step.join_states`): from now on they run in this batch."""
+        self.state = join_states([self.state, other.state])
         self.rows += other.rows
         self.tokens = torch.cat([self.tokens, other.tokens])  # (B + B', 1)
         other.rows = []

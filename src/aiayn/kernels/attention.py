@@ -15,7 +15,10 @@ The operation ``attend(query (B, H, T, d_k), key (B, H, S, d_k), value (B, H, S,
 bias, scale, min_parallel_macs) -> (B, H, T, d_v)``: mask bool and bias float32, each
 broadcastable to (B, H, T, S) or None; scale None = 1/√d_k; the heads run on several threads
 from ``min_parallel_macs`` multiply-adds in the call (B·H·T·S·(d_k + d_v)), each thread getting
-at least half of them.
+at least half of them. ``attend_rows(query (B, H, 1, d_k), key (N, H, C, d_k), value (N, H, C,
+d_v), rows (B,), lengths (B,), bias, scale, min_parallel_macs) -> (B, H, 1, d_v)``: query row b
+over the first ``lengths[b]`` keys of row ``rows[b]`` of a slot pool's buffers
+(:mod:`aiayn.attention.slots`), bias broadcastable to (B, H, 1, max(lengths)).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from aiayn.kernels import cpu
 from aiayn.kernels.build import build_extension
 
 SOURCE = Path(__file__).with_name("csrc") / "attention.cpp"
-EXTENSION = "aiayn_attention_v2"  # a new name whenever the source changes its operators
+EXTENSION = "aiayn_attention_v3"  # a new name whenever the source changes its operators
 
 VARIANTS = {"avx512": "attend", "avx2": "attend_avx2"}
 """The kernel's builds by the lowest CPU class each runs on (highest first when chosen)."""
@@ -56,6 +59,12 @@ def native_attend() -> Any | None:
     return _attend_for(cpu.level())
 
 
+def native_attend_rows() -> Any | None:
+    """The ``attend_rows`` operation of the build for the CPU class in force, or None where the
+    kernel does not run here."""
+    return _attend_for(cpu.level(), "_rows")
+
+
 def variant_name() -> str | None:
     """The name of the build :func:`native_attend` runs now, or None."""
     return _variant(cpu.level()) if native_attend() is not None else None
@@ -70,11 +79,12 @@ def _variant(level: str) -> str | None:
 
 
 @functools.cache
-def _attend_for(level: str) -> Any | None:
-    """The resolved operation of the build for ``level``, where it is built and the CPU has it."""
+def _attend_for(level: str, kind: str = "") -> Any | None:
+    """The resolved operation (``attend`` + ``kind``) of the build for ``level``, where it is
+    built and the CPU has it."""
     name = _variant(level)
     if name is None or build_extension(EXTENSION, (SOURCE,)) is not None:
         return None
     ops = torch.ops.aiayn_attention
     supported = ops.supported() if name == "attend" else ops.avx2_supported()
-    return getattr(ops, name).default if supported else None
+    return getattr(ops, name.replace("attend", "attend" + kind)).default if supported else None

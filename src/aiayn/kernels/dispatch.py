@@ -83,11 +83,16 @@ def attention_rows() -> list[Row]:
     settings, variant = performance(), variant_name()
     pytorch = "PyTorch (fused SDPA or plain ops)"
     if variant is None or settings.native_attention_max_queries < 1:
-        return [Row("attention", "1+ queries", pytorch)]
+        gathered = "gathered rows, masked, then " + pytorch
+        return [
+            Row("attention", "1+ queries", pytorch),
+            Row("attention over slots", "1 query a row", gathered),
+        ]
     limit = settings.native_attention_max_queries
     return [
         Row("attention", f"1–{limit} queries", f"aiayn {variant}"),
         Row("attention", f"{limit + 1}+ queries", pytorch),
+        Row("attention over slots", "1 query a row", f"aiayn {variant} (attend_rows)"),
     ]
 
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from torch import Tensor, nn
 
-from aiayn.attention import CrossAttention, KVCache, Mask, SelfAttention
+from aiayn.attention import CrossAttention, KVCache, Mask, SelfAttention, SlotCache
 from aiayn.dropout import Dropout
 from aiayn.layers.norm import NormFactory
 
@@ -56,7 +56,7 @@ class BlockOutput(NamedTuple):
 
     output: Tensor
     weights: Tensor | None
-    cache: KVCache
+    cache: KVCache | SlotCache
 
 
 class SelfAttentionBlock(nn.Module):
@@ -91,7 +91,7 @@ class SelfAttentionBlock(nn.Module):
         x: Tensor,
         mask: Mask = None,
         *,
-        cache: KVCache | None = None,
+        cache: KVCache | SlotCache | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
     ) -> BlockOutput:

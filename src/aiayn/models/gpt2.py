@@ -20,13 +20,20 @@ Shape legend:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from aiayn.attention import KVCache, SelfAttention, decoder_only_mask, positions_from_padding
+from aiayn.attention import (
+    KVCache,
+    SelfAttention,
+    SlotCache,
+    decoder_only_mask,
+    positions_from_padding,
+)
 from aiayn.config import ModelConfig, Presets, Published
 from aiayn.errors import ConfigError
 from aiayn.layers import (
@@ -200,7 +207,7 @@ class LMOutput(NamedTuple):
     """
 
     hidden: Tensor
-    cache: list[KVCache]
+    cache: list[KVCache | SlotCache]
     weights: list[Tensor] | None
 
 
@@ -249,7 +256,7 @@ class GPT2(nn.Module):
         *,
         key_padding: Tensor | None = None,
         positions: Tensor | None = None,
-        cache: list[KVCache] | tuple[KVCache, ...] | None = None,
+        cache: Sequence[KVCache | SlotCache] | None = None,
         need_weights: bool = False,
     ) -> LMOutput:
         """Final states of the T new tokens after L cached ones.
@@ -260,14 +267,16 @@ class GPT2(nn.Module):
                 padding of shorter prompts); None = no padding.
             positions: (B, T) position ids of the new tokens; None = counted from each row's
                 first real token (from ``key_padding``), or L .. L + T - 1 without padding.
-            cache: per layer, the keys/values of the L earlier positions, or None (L = 0).
+            cache: per layer, the keys/values of the L earlier positions, or None (L = 0); or
+                each row's in a slot pool (:class:`~aiayn.attention.SlotCache`: T = 1, with
+                ``positions``).
         """
         offset = 0 if cache is None else cache[0].length
         if positions is None and key_padding is not None:
             positions = positions_from_padding(key_padding)[:, offset:]  # (B, T)
         x = self.embedder(tokens, offset, positions=positions)  # (B, T, D)
         mask = decoder_only_mask(key_padding, tokens.size(1))
-        new_cache: list[KVCache] = []
+        new_cache: list[KVCache | SlotCache] = []
         weights: list[Tensor] | None = [] if need_weights else None
         for i, block in enumerate(self.layers):
             layer_cache = None if cache is None else cache[i]

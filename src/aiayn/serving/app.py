@@ -240,7 +240,7 @@ class _Routes:
 
     def _generate(self, app: FastAPI) -> None:
         ok: dict[int | str, dict[str, Any]] = {
-            200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}
+            200: {"content": {"text/event-stream": {"schema": _SSE_EVENT}}}
         }
 
         @app.post("/v1/completions", response_model=s.CompletionResponse,
@@ -439,6 +439,16 @@ def is_type_tag(part: str) -> bool:
     that failed) rather than a field name or an index: ``str``, ``list[int]``,
     ``function-after[…]`` are; ``stream``, ``stream_options``, ``integer_ids``, ``3`` are not."""
     return part in _SCALAR_TAGS or _TAG.fullmatch(part) is not None
+
+
+_SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+    "description": "one server-sent event: its data a completion chunk as JSON, or [DONE]",
+}
+"""The schema of one event of a streamed completion (OpenAPI 3.0/3.1 describe a
+``text/event-stream`` response by the schema of each event)."""
 
 
 def _validation_problem(errors: Sequence[Any], *, prefix: tuple[str, ...]) -> Problem:

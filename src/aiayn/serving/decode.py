@@ -2,11 +2,21 @@
 at the next step, and a request is answered as soon as its own outputs are done.
 
 Each worker thread of a model (:class:`DecodeEngine`; ``decode_workers`` of them, taking
-requests from one queue) runs its own *groups*: the requests admitted at one step,
-started together (one encoder or prompt pass) as one batch. Each round of the loop first admits
-the waiting requests as a new group (those with the same decoding options, up to the token
-budget, while fewer than ``max_decode_groups`` groups run), then advances every running group by
-one decoding step, then answers the requests whose outputs all ended at that step:
+requests from one queue) holds one key/value cache, a pair of slot pools
+(:class:`~aiayn.attention.SlotPool`), and runs *groups*: the requests with the same decoding
+options admitted at one round, started together (one encoder or prompt pass) as one search.
+Each round of the loop:
+
+1. **admits** waiting requests, first come first served, while their prompt or source tokens
+   fit the round's prefill budget (``--max-batch-tokens``) and the cache tokens they may hold
+   (rows × (input + output limit)) fit the worker's ``--max-cache-tokens`` (the first request
+   is admitted whatever its size when nothing runs); each new group prefills into free slots;
+2. **steps** every running group with **one model call**: their inputs and states joined
+   (:func:`~aiayn.decoding.step.join_states`: the rows' slots and lengths, no key/value
+   copied), each row at its own positions, each group then choosing its own tokens (greedy
+   search, sampling with its own temperature and top-p, beam search with its own beam, α and
+   limits), so requests with different options share every step;
+3. **answers** the requests whose outputs all ended at that step; their rows' slots are freed.
 
 * greedy search and sampling (:class:`SteppedGroup`, over
   :class:`~aiayn.decoding.stepwise.SteppedSearch`): a sequence leaves its group's batch the step
@@ -17,24 +27,22 @@ one decoding step, then answers the requests whose outputs all ended at that ste
   a request is answered the step its last sentence is done, and a request nobody waits for any
   more leaves at the next step.
 
-A group's step is one model call for its rows. Groups with the same options merge into a
-running group: greedy translation and beam-search groups at any step, generation groups after
-their first (the prompt pass): :meth:`SteppedGroup.absorb`, :meth:`BeamGroup.absorb`, the later
-rows right-aligned into the running batch at their own positions
-(:func:`~aiayn.decoding.fast_step.merge_inference_states`,
-:func:`~aiayn.decoding.lm.merge_lm_states`), so a new request joins the running batch itself.
-Merged beam-search groups are one search: each sentence counts its own steps under the same
-rules, with one top-k over every sentence's candidates and one selection of the kept rows per
-step. Every result is the one the library gives the request alone: the searches are
-the library's (or held equal to it by tests), and aiayn's steps are batch-invariant.
+Every result is the one the library gives the request alone: each row attends over exactly its
+own keys/values, the searches are the library's (or held equal to it by tests), and aiayn's
+steps are batch-invariant.
 
 A failure fails only the requests it belongs to (:func:`~aiayn.serving.engine.fail_jobs`: a 4xx
 where the input caused it, else a 500 naming the request). What one request's rows need alone
-(its stop strings and streamed text, its result) fails that request alone. A step's model call
-is shared: when it fails, the group ends, and each of its requests starts again alone (once;
-not a request that has streamed text already), in a group that merges with no other to its end,
-so that only a request that fails alone gets the error; a group that fails to start starts each
-of its requests alone in the same way. The other groups of the worker go on.
+(its stop strings and streamed text, its result) fails that request alone. When the joint model
+call fails, each group steps alone; a group whose own step fails ends, and each of its requests
+starts again alone (once; not a request that has streamed text already), so that only a request
+that fails alone gets the error; a group that fails to start starts each of its requests alone
+in the same way. The other groups of the worker go on.
+
+Memory: a worker's pools grow (doubling) to what its running rows need and are kept while it
+runs; when it has nothing to run and its pools hold more than
+:attr:`~aiayn.settings.PerformanceSettings.serve_pool_keep_bytes`, it drops them and returns the
+freed heap to the system (``malloc_trim``), so one large request does not keep its memory.
 
 Shape legend:  B rows of a group   V vocabulary
 """
@@ -45,16 +53,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+import torch
+from torch import Tensor
+
+from aiayn.attention import SlotPool
 from aiayn.decoding.beam import Hypothesis, SteppedBeamSearch
+from aiayn.decoding.step import DecoderState, StepFunction, advanced, join_states, joins
 from aiayn.decoding.stepwise import Row, SteppedSearch
+from aiayn.performance import return_freed_memory
 from aiayn.serving.engine import Engine, Job, fail_jobs
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.options import ServeOptions
+from aiayn.settings import performance
 
 _log = logging.getLogger(__name__)
+
+Inputs = tuple[Tensor, DecoderState]
+"""A group's next model call: its (B, 1) newest tokens and its state."""
 
 
 class Group(Protocol):
@@ -70,83 +87,191 @@ class Group(Protocol):
         ...
 
     @property
-    def rows(self) -> int:
-        """B, the rows its next step runs."""
+    def step(self) -> StepFunction | None:
+        """The model's step its searches run (None: it runs no model call)."""
         ...
 
-    def advance(self) -> tuple[list[tuple[Job, Any]], int]:
-        """One step: (the requests that ended with their results, or with the exception that
-        failed each alone; tokens generated)."""
+    def inputs(self) -> Inputs | None:
+        """Before a step: its model call's inputs, or None when it has no row to step."""
+        ...
+
+    def complete(
+        self, log_probs: Tensor | None, state: DecoderState | None
+    ) -> tuple[list[tuple[Job, Any]], int]:
+        """After the step made of :meth:`inputs` (its (B, V) log-probs and next state; None when
+        it had no row to step): (the requests that ended with their results, or with the
+        exception that failed each alone; tokens generated)."""
         ...
 
     def drop_cancelled(self) -> None:
-        """Take the rows of the cancelled requests out (where the search allows it)."""
+        """Take the rows of the cancelled requests out (their slots are freed)."""
         ...
 
 
-GroupStarter = Callable[[list[Job]], Group]
-"""A task's way to start a group from the requests admitted together (one batch)."""
+GroupStarter = Callable[[list[Job], tuple[SlotPool, ...]], Group]
+"""A task's way to start a group from the requests admitted together, in the worker's pools."""
+
+
+def advance(group: Group) -> tuple[list[tuple[Job, Any]], int]:
+    """One step of ``group`` alone: its own model call."""
+    inputs = group.inputs()
+    if inputs is None:
+        return group.complete(None, None)
+    assert group.step is not None
+    log_probs, state = group.step(*inputs)
+    return group.complete(log_probs, state)
+
+
+class _Worker:
+    """What one worker thread runs: its groups, its pools (made on first use) and the cache
+    tokens its admitted requests hold."""
+
+    def __init__(self) -> None:
+        self.groups: list[Group] = []
+        self.pools: tuple[SlotPool, ...] | None = None
+        self.held: dict[Job, int] = {}
+
+    def fits(self, job: Job, most: int) -> bool:
+        """Whether ``job``'s cache tokens fit beside those held (always, when none are)."""
+        return not self.held or sum(self.held.values()) + job.reserve <= most
+
+    def let_go(self, jobs: Sequence[Job]) -> None:
+        for job in jobs:
+            self.held.pop(job, None)
 
 
 class DecodeEngine(Engine):
     """The worker loop of a decoding task (see the module docstring).
 
     Attributes:
-        rounds: rounds of the loop that stepped a group so far.
-        group_steps: group steps run so far, one model call each: as many as ``rounds`` while
-            every round runs one batch.
+        rounds: rounds of the loop that stepped a row so far.
+        group_steps: model calls run so far: one a round while the groups' states join.
     """
 
-    def __init__(self, name: str, options: ServeOptions, metrics: Metrics, start: GroupStarter):
+    def __init__(
+        self,
+        name: str,
+        options: ServeOptions,
+        metrics: Metrics,
+        start: GroupStarter,
+        pools: Callable[[], tuple[SlotPool, ...]],
+    ):
         super().__init__(name, options, metrics, threads=options.running_decode_workers)
-        self._start = start
-        self._max_groups = options.max_decode_groups if options.batching else 1
-        self._budget = options.max_batch_tokens * self._max_groups  # tokens of merged groups
+        self._start, self._new_pools = start, pools
         self.rounds, self.group_steps = 0, 0
         self._counting = threading.Lock()  # the loops' counts add up from their threads
 
     def _loop(self) -> None:
-        groups: list[Group] = []
+        worker = _Worker()
         while True:
-            self._admit(groups)
-            if not groups:
+            self._admit(worker)
+            if not worker.groups:
                 return  # stopping, and nothing left
-            if self.options.batching:
-                _merge_groups(groups, self._budget)  # a new group joins before its first step
-            started, rows, generated, steps = time.monotonic(), 0, 0, 0
+            started = time.monotonic()
             again: list[Group] = []  # requests of failed groups, started again alone
-            failed: list[Group] = []
-            for group in groups:
-                n, tokens = self._step(group, again, failed)
-                rows, generated, steps = rows + n, generated + tokens, steps + (n > 0)
+            rows, generated, calls = self._round(worker, again)
             with self._counting:
                 self.rounds += rows > 0
-                self.group_steps += steps
+                self.group_steps += calls
             self.metrics.step(self.name, rows, generated, started)
-            groups[:] = [g for g in groups if not g.done and g not in failed] + again
-            if self.options.batching:
-                _merge_groups(groups, self._budget)
+            for group in worker.groups:
+                if group.done:
+                    worker.let_go(group.jobs)
+            worker.groups[:] = [g for g in worker.groups if not g.done] + again
+            if not worker.groups:
+                _return_memory(worker)
 
-    def _step(self, group: Group, again: list[Group], failed: list[Group]) -> tuple[int, int]:
-        """One step of ``group`` (its cancelled rows out first): (rows stepped, tokens
-        generated); the requests that ended are answered. A failure ends the group
-        (:meth:`_recover`: it joins ``failed``, its requests start again in ``again``)."""
-        rows = 0
+    def _round(self, worker: _Worker, again: list[Group]) -> tuple[int, int, int]:
+        """One step of every running group: (rows stepped, tokens generated, model calls)."""
+        ready: list[tuple[Group, list[Job], Inputs | None]] = []
+        for group in worker.groups:
+            try:
+                group.drop_cancelled()
+                if group.done:
+                    continue
+                live = [j for j in group.jobs if not (j.settled or j.cancelled)]
+                ready.append((group, live, group.inputs()))
+            except Exception as error:
+                self._recover(worker, group, error, again)
+        joint = [r for r in ready if r[2] is not None and joins(r[2][1])]
+        rows = sum(r[2][0].size(0) for r in ready if r[2] is not None)
+        generated, calls = 0, 0
+        if len(joint) > 1 and len({id(r[0].step) for r in joint}) == 1:
+            stepped = self._joint(worker, joint, again)
+            if stepped is not None:
+                generated, calls = stepped, 1
+                ready = [r for r in ready if r not in joint]
+        for group, live, inputs in ready:
+            generated += self._alone(worker, group, live, inputs, again)
+            calls += inputs is not None
+        return rows, generated, calls
+
+    def _joint(
+        self,
+        worker: _Worker,
+        joint: list[tuple[Group, list[Job], Inputs | None]],
+        again: list[Group],
+    ) -> int | None:
+        """One model call for the groups ``joint`` (their states join): the tokens generated,
+        or None when the call failed (each group then steps alone)."""
+        inputs = [cast(Inputs, r[2]) for r in joint]
+        step = joint[0][0].step
+        assert step is not None
         try:
-            group.drop_cancelled()
-            if group.done:
-                return 0, 0
-            rows = group.rows
-            live = [j for j in group.jobs if not (j.settled or j.cancelled)]
-            ended, tokens = group.advance()
+            tokens = torch.cat([x[0] for x in inputs])  # (ΣB, 1)
+            log_probs, _ = step(tokens, join_states([x[1] for x in inputs]))  # (ΣB, V)
+        except Exception:
+            _log.exception(
+                "model %s: a joint decoding step failed: each group steps alone", self.name
+            )
+            return None
+        shares = log_probs.split([x[0].size(0) for x in inputs])  # per group (B, V)
+        generated = 0
+        for (group, live, x), share in zip(joint, shares, strict=True):
+            generated += self._finish(
+                worker, group, live, share, advanced(cast(Inputs, x)[1]), again
+            )
+        return generated
+
+    def _alone(
+        self,
+        worker: _Worker,
+        group: Group,
+        live: list[Job],
+        inputs: Inputs | None,
+        again: list[Group],
+    ) -> int:
+        """A step of ``group`` by its own model call (none when it has no row to step)."""
+        if inputs is None:
+            return self._finish(worker, group, live, None, None, again)
+        assert group.step is not None
+        try:
+            log_probs, state = group.step(*inputs)
         except Exception as error:
-            failed.append(group)
-            self._recover(group, error, again)
-            return rows, 0
+            self._recover(worker, group, error, again)
+            return 0
+        return self._finish(worker, group, live, log_probs, state, again)
+
+    def _finish(
+        self,
+        worker: _Worker,
+        group: Group,
+        live: list[Job],
+        log_probs: Tensor | None,
+        state: DecoderState | None,
+        again: list[Group],
+    ) -> int:
+        """The group's share of a step: its choices; the requests that ended are answered."""
+        try:
+            ended, tokens = group.complete(log_probs, state)
+        except Exception as error:
+            self._recover(worker, group, error, again)
+            return 0
         self._time_tokens(live, ended)
         for job, result in ended:
             job.settle(result, self.name)
-        return rows, tokens
+        worker.let_go([job for job, _ in ended])
+        return tokens
 
     def _time_tokens(self, live: list[Job], ended: list[tuple[Job, Any]]) -> None:
         """After a step of the ``live`` requests: the time to the first token of those that
@@ -162,10 +287,10 @@ class DecodeEngine(Engine):
             if job.first_token_at is not None and not isinstance(result, Exception):
                 self.metrics.per_output_token(self.name, now - job.first_token_at, job.steps - 1)
 
-    def _recover(self, group: Group, error: Exception, again: list[Group]) -> None:
-        """After ``group``'s step failed: where it held several requests, each that may start
-        again (not started again before, no text streamed yet) starts again alone, in
-        ``again``; the others fail with ``error``."""
+    def _recover(self, worker: _Worker, group: Group, error: Exception, again: list[Group]) -> None:
+        """After ``group``'s step failed, the group ends: where it held several requests, each
+        that may start again (not started again before, no text streamed yet) starts again
+        alone, in ``again``; the others fail with ``error``."""
         jobs = [j for j in _closed(group) if not j.cancelled]
         retry = [j for j in jobs if not (j.retried or j.streamed)] if len(jobs) > 1 else []
         if retry:
@@ -176,37 +301,51 @@ class DecodeEngine(Engine):
                 names,
                 error,
             )
-        fail_jobs([j for j in jobs if j not in retry], error, self.name)
+        failed = [j for j in jobs if j not in retry]
+        fail_jobs(failed, error, self.name)
+        worker.let_go(failed)
         for job in retry:
             job.retried = True
-            self._begin([job], again)
+            self._begin(worker, [job], again)
 
-    def _begin(self, jobs: list[Job], groups: list[Group]) -> None:
+    def _begin(self, worker: _Worker, jobs: list[Job], groups: list[Group]) -> None:
         """Start ``jobs`` as one group in ``groups``; where that fails for several, each starts
         alone, so that only a request whose own start fails gets the error."""
+        if worker.pools is None:
+            worker.pools = self._new_pools()
         try:
-            groups.append(self._start(jobs))
+            groups.append(self._start(jobs, worker.pools))
         except Exception as error:
             if len(jobs) == 1:
                 fail_jobs(jobs, error, self.name)
+                worker.let_go(jobs)
                 return
             for job in jobs:
-                self._begin([job], groups)
+                self._begin(worker, [job], groups)
 
-    def _admit(self, groups: list[Group]) -> None:
-        """Start the waiting requests as new groups while fewer than the most run; waits for a
-        request only when nothing runs."""
-        while len(groups) < self._max_groups:
-            first = self._take(wait=None if not groups else 0)
+    def _admit(self, worker: _Worker) -> None:
+        """Start waiting requests as new groups while they fit the round's prefill budget and
+        the worker's cache tokens (see the module docstring); waits for a request only when
+        nothing runs. With batching off, one request at a time."""
+        budget = self.options.max_batch_tokens
+        while budget > 0 and (self.options.batching or not worker.groups):
+            first = self._take(wait=None if not worker.groups else 0)
             if first is None:
                 return
             if self._run_inline(first):
                 continue
-            self._begin(self._companions(first), groups)
+            if not worker.fits(first, self.options.max_cache_tokens):
+                self._put_back(first)  # waits for rows to leave
+                return
+            jobs = self._companions(worker, first, budget)
+            budget -= sum(j.cost for j in jobs)
+            worker.held.update({j: j.reserve for j in jobs})
+            self._begin(worker, jobs, worker.groups)
 
-    def _companions(self, first: Job) -> list[Job]:
-        """``first`` and the waiting requests with its options that fit the token budget."""
-        jobs, cost = [first], first.cost
+    def _companions(self, worker: _Worker, first: Job, budget: int) -> list[Job]:
+        """``first`` and the waiting requests with its options that fit the prefill ``budget``
+        and the cache tokens left."""
+        jobs, cost, held = [first], first.cost, sum(worker.held.values()) + first.reserve
         while self.options.batching:
             waiting, key = self._peek_key()
             if not waiting or key != first.key:
@@ -214,42 +353,26 @@ class DecodeEngine(Engine):
             job = self._take(wait=0)
             if job is None:
                 break
-            if cost + job.cost > self.options.max_batch_tokens:
+            if cost + job.cost > budget or held + job.reserve > self.options.max_cache_tokens:
                 self._put_back(job)
                 break
             jobs.append(job)
-            cost += job.cost
+            cost, held = cost + job.cost, held + job.reserve
         return jobs
 
 
-def _merge_groups(groups: list[Group], budget: int | None = None) -> None:
-    """Merge the groups that can run as one batch (same options, states that merge, and
-    together at most ``budget`` tokens of requests still decoding: as many as the groups they
-    were could hold): the earlier takes in the later's rows, which leave ``groups``. A group of
-    a request started again after a failure runs apart to its end (it merges with none)."""
-    i = 0
-    while i < len(groups):
-        absorb = getattr(groups[i], "absorb", None)
-        if absorb is not None and not _apart(groups[i]):
-            groups[i + 1 :] = [
-                g for g in groups[i + 1 :] if _apart(g) or not _absorbed(absorb, g, budget)
-            ]
-        i += 1
-
-
-def _apart(group: Group) -> bool:
-    """Whether ``group`` runs apart: it holds a request started again after a failure."""
-    return any(job.retried for job in group.jobs)
-
-
-def _absorbed(absorb: Callable[[Any, int | None], bool], other: Group, budget: int | None) -> bool:
-    """Whether ``absorb`` took ``other`` in; a merge that fails leaves the two apart (logged:
-    a group left broken by it fails at its next step)."""
-    try:
-        return absorb(other, budget)
-    except Exception:
-        _log.exception("two decode groups failed to merge: they run apart")
-        return False
+def _return_memory(worker: _Worker) -> None:
+    """With nothing running: drop the worker's pools where they hold more than
+    ``serve_pool_keep_bytes``, and give the freed heap back to the system (glibc)."""
+    pools = worker.pools
+    if pools is None:
+        return
+    held = sum(p.buffer.numel() * p.buffer.element_size() for p in pools)
+    if held <= performance().serve_pool_keep_bytes:
+        return
+    worker.pools = None
+    del pools
+    return_freed_memory()
 
 
 def _closed(group: Group) -> list[Job]:
@@ -279,84 +402,45 @@ Watch = Callable[[Job, list[Row]], list[Hashable]]
 (a stop string, streaming updates sent on the way)."""
 
 
-Merge = Callable[[SteppedSearch, SteppedSearch], bool]
-"""Takes the second search's rows into the first where their states allow it (True), else
-leaves both as they are (False)."""
-
-
 class SteppedGroup:
-    """Greedy search or sampling of a group's requests; row keys are (request, row).
-
-    With ``merge`` (the task's states merge: see the module docstring), a group takes in
-    another's rows (:meth:`absorb`) where ``merge`` agrees: from then on they run in one batch;
-    ``compact`` trims the state after rows leave."""
+    """Greedy search or sampling of a group's requests; row keys are (request, row)."""
 
     def __init__(
-        self,
-        jobs: list[Job],
-        search: SteppedSearch,
-        finish: Finish,
-        watch: Watch | None = None,
-        *,
-        merge: Merge | None = None,
-        compact: Callable[[Any], Any] | None = None,
+        self, jobs: list[Job], search: SteppedSearch, finish: Finish, watch: Watch | None = None
     ):
         self.jobs, self.search, self._finish, self._watch = jobs, search, finish, watch
-        self.key = jobs[0].key
-        self._merge, self._compact = merge, compact
         self._ended: dict[Hashable, Row] = {}
         self._failed: list[tuple[Job, Any]] = []  # requests failed alone, with their errors
         self._count = {j: 0 for j in range(len(jobs))}
         for row in search.rows:
             self._count[row.key[0]] += 1  # type: ignore[index]
         self._open = set(self._count)
+        self._before = 0
 
     @property
     def done(self) -> bool:
         return not self._open
 
     @property
-    def rows(self) -> int:
-        return len(self.search.rows)
+    def step(self) -> StepFunction:
+        return self.search.step
 
-    def advance(self) -> tuple[list[tuple[Job, Any]], int]:
-        before = sum(len(r.tokens) for r in self.search.rows)
-        ended = self.search.advance()
+    def inputs(self) -> Inputs | None:
+        self._before = sum(len(r.tokens) for r in self.search.rows)
+        if not self.search.begin():
+            return None
+        return self.search.tokens, self.search.state
+
+    def complete(
+        self, log_probs: Tensor | None, state: DecoderState | None
+    ) -> tuple[list[tuple[Job, Any]], int]:
+        ended = self.search.end(log_probs, state)
         generated = sum(len(r.tokens) for r in self.search.rows) + sum(len(r.tokens) for r in ended)
         if self._watch is not None:
             ended += self._watched()
         for row in ended:
             self._ended[row.key] = row
-        if ended and self._compact is not None and self.search.rows:
-            self.search.state = self._compact(self.search.state)
-        return self._answered(), generated - before
-
-    @property
-    def cost(self) -> int:
-        """The tokens (:attr:`Job.cost`) of the requests still decoding."""
-        return sum(self.jobs[j].cost for j in self._open)
-
-    def absorb(self, other: SteppedGroup, budget: int | None = None) -> bool:
-        """Take in ``other``'s requests and rows (same options), where the states allow it and
-        the two groups' :attr:`cost` together is at most ``budget`` (None = any)."""
-        if not isinstance(other, SteppedGroup) or self._merge is None or other.done or self.done:
-            return False
-        if other.key != self.key:
-            return False
-        if budget is not None and self.cost + other.cost > budget:
-            return False
-        offset, moved = len(self.jobs), [*other.search.rows, *other._ended.values()]
-        if not self._merge(self.search, other.search):
-            return False
-        for row in moved:  # (request, row) keys: other's requests now follow this group's
-            key: tuple[int, int] = row.key  # type: ignore[assignment]
-            row.key = (key[0] + offset, key[1])
-        self._ended.update({row.key: row for row in other._ended.values()})
-        self._count.update({j + offset: n for j, n in other._count.items()})
-        self._open |= {j + offset for j in other._open}
-        self.jobs += other.jobs
-        other._open, other.jobs = set(), []
-        return True
+        return self._answered(), generated - self._before
 
     def _watched(self) -> list[Row]:
         """The rows that end at a stop string (each request watched on its own: one whose
@@ -401,43 +485,17 @@ class SteppedGroup:
         self._open.discard(j)
 
 
-@dataclass(frozen=True)
-class StateMerge:
-    """How a task's decoding states merge, for beam searches that share one model call per step.
-
-    Attributes:
-        states: ``states(a, b)``: one state with b's rows after a's, each row at its own
-            positions (:func:`~aiayn.decoding.fast_step.merge_inference_states`).
-        compact: the state without the columns no row needs any more.
-        fits: ``fits(state, steps)``: whether rows joining ``state`` (None: it has run no step
-            yet) with at most ``steps`` more steps to run keep its key columns bounded.
-        max_cost: the most tokens (:attr:`Job.cost`) of requests still decoding that merged
-            groups may hold (None: as many as the worker's budget allows).
-    """
-
-    states: Callable[[Any, Any], Any]
-    compact: Callable[[Any], Any]
-    fits: Callable[[Any, int], bool]
-    max_cost: int | None = None
-
-
 class BeamGroup:
     """Beam search of requests with the same options: one
     :class:`~aiayn.decoding.beam.SteppedBeamSearch` over all their sentences, keyed (request,
-    sentence) (:func:`row_keys`). A sentence that is done leaves the batch at once, and its
-    request is answered the step its last sentence is done; a cancelled request's sentences
-    leave at the next step.
-
-    With ``merge`` (the step's states merge), the group takes in another's sentences
-    (:meth:`absorb`): from then on they run in this group's batch, each at its own step, one
-    model call, one top-k and one selection of the kept rows per step for all; when sentences
-    leave, the state drops the columns no row needs any more (``merge.compact``).
+    sentence) (:func:`row_keys`). A sentence that is done leaves the batch at once (its slots
+    freed), and its request is answered the step its last sentence is done; a cancelled
+    request's sentences leave at the next step.
 
     Args:
         jobs, counts: the requests, and the sentences of each (the search's, in order).
         search: the beam search of those sentences.
         finish: a request's result from the n-best lists of its sentences, in order.
-        merge: how states merge (None: the group takes in no other).
     """
 
     def __init__(
@@ -446,11 +504,8 @@ class BeamGroup:
         counts: list[int],
         search: SteppedBeamSearch,
         finish: Callable[[Job, list[list[Hypothesis]]], Any],
-        *,
-        merge: StateMerge | None = None,
     ):
-        self.jobs, self.key, self.search = list(jobs), jobs[0].key, search
-        self._finish, self._merge = finish, merge
+        self.jobs, self.search, self._finish = list(jobs), search, finish
         self._found: dict[Hashable, list[Hypothesis]] = {}  # (request, sentence) -> n-best
         self._count = dict(enumerate(counts))
         self._open = set(self._count)
@@ -460,55 +515,23 @@ class BeamGroup:
         return not self._open
 
     @property
-    def rows(self) -> int:
-        return self.search.rows
+    def step(self) -> StepFunction:
+        return self.search.step
 
-    @property
-    def cost(self) -> int:
-        """The tokens (:attr:`Job.cost`) of the requests still decoding."""
-        return sum(self.jobs[j].cost for j in self._open)
+    def inputs(self) -> Inputs | None:
+        if self.search.done:
+            return None
+        return self.search.tokens, self.search.state
 
-    def absorb(self, other: BeamGroup, budget: int | None = None) -> bool:
-        """Take in ``other``'s requests and sentences (same options; either may have run
-        steps), where the states merge, the key columns fit (``merge.fits``: the running rows'
-        columns with the most steps a sentence of either may still run), and the two groups'
-        :attr:`cost` together is at most ``budget`` (None = any) and the merge's ``max_cost``."""
-        if not isinstance(other, BeamGroup) or self._merge is None or other.key != self.key:
-            return False
-        if self.done or other.done:
-            return False
-        limits = [x for x in (budget, self._merge.max_cost) if x is not None]
-        if limits and self.cost + other.cost > min(limits):
-            return False
-        searches = (self.search, other.search)
-        steps = max(s.most_steps() for s in searches)
-        if not all(self._merge.fits(s.state if s.stepped else None, steps) for s in searches):
-            return False
-        offset, before = len(self.jobs), len(self.search.sentences)
-        self.search.merge(other.search, self._merge.states)
-        for sentence in self.search.sentences[before:]:  # other's requests follow this group's
-            sentence.key = _shifted(sentence.key, offset)
-        self._found.update({_shifted(k, offset): v for k, v in other._found.items()})
-        self._count.update({j + offset: n for j, n in other._count.items()})
-        self._open |= {j + offset for j in other._open}
-        self.jobs += other.jobs
-        other._open, other.jobs = set(), []
-        return True
-
-    def advance(self) -> tuple[list[tuple[Job, Any]], int]:
-        """One step; the tokens it counts as generated are those of the best hypotheses of
-        the sentences done at it (what their answers hold)."""
-        done = self.search.advance()  # a failure: the worker ends the group (close)
+    def complete(
+        self, log_probs: Tensor | None, state: DecoderState | None
+    ) -> tuple[list[tuple[Job, Any]], int]:
+        """The step's choices; the tokens it counts as generated are those of the best
+        hypotheses of the sentences done at it (what their answers hold)."""
+        done = [] if log_probs is None or state is None else self.search.end(log_probs, state)
         self._found.update(done)
-        if done:
-            self._compact()
         generated = sum(len(hyps[0].tokens) for _, hyps in done if hyps)
         return self._answered(), generated
-
-    def _compact(self) -> None:
-        """After sentences left: the state without the columns no row needs any more."""
-        if self._merge is not None and not self.search.done:
-            self.search.state = self._merge.compact(self.search.state)
 
     def _answered(self) -> list[tuple[Job, Any]]:
         out = []
@@ -526,7 +549,6 @@ class BeamGroup:
         cancelled = [j for j in self._open if self.jobs[j].cancelled]
         if cancelled:
             self._drop(cancelled)
-            self._compact()
 
     def close(self) -> list[Job]:
         """End the search of every request not answered yet (after an error); returns them."""
@@ -537,12 +559,6 @@ class BeamGroup:
     def _drop(self, requests: list[int]) -> None:
         self.search.remove([(j, r) for j in requests for r in range(self._count[j])])
         self._open -= set(requests)
-
-
-def _shifted(key: Hashable, offset: int) -> tuple[int, int]:
-    """A (request, sentence) key with the request ``offset`` places later."""
-    request, sentence = cast(tuple[int, int], key)
-    return (request + offset, sentence)
 
 
 def row_keys(counts: Sequence[int]) -> list[tuple[int, int]]:

@@ -52,7 +52,9 @@ class Job:
 
     Attributes:
         payload: what the task needs (token ids, options).
-        cost: its tokens, counted against a batch's budget.
+        cost: its tokens, counted against a batch's budget (the prefill's, for decoding).
+        reserve: decoding: the cache tokens its rows may hold (rows × (input + output limit)),
+            counted against a worker's ``--max-cache-tokens``.
         key: jobs of equal keys may share a batch (the same decoding options).
         loop, future: where the answer goes (set from the worker thread, thread-safely).
         progress: streaming: called on the event loop with each partial result.
@@ -70,6 +72,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
     key: Any = None
+    reserve: int = 0
     progress: Callable[[Any], None] | None = None
     cancelled: bool = False
     queued_at: float = field(default_factory=time.monotonic)

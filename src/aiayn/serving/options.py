@@ -24,12 +24,13 @@ class ServeOptions:
 
     Attributes:
         max_batch_tokens: the token budget of one batch: an encoder batch (BERT, ViT: tokens or
-            patches of the merged requests) and a decode group as it starts (source tokens ×
-            beams, or prompt tokens).
+            patches of the merged requests), and the prefill of one decoding round (the
+            source or prompt tokens of the requests admitted at it).
         max_wait_ms: how long an encoder batch waits for more requests after its first one.
-        max_decode_groups: decode groups (each started at one step) running together per
-            model and decode worker; a request that arrives while this many run waits for one
-            of them to end.
+        max_cache_tokens: the key/value cache tokens the requests admitted by one decode worker
+            may hold together (each request's rows × (input + output limit)); a request that
+            does not fit waits for rows to leave (one is admitted whatever its size when
+            nothing runs).
         decode_workers: worker threads decoding for each translation or generation model,
             each running its own groups, all fed by the model's one queue (what a model call
             leaves of the cores, another worker's Python bookkeeping uses); by default
@@ -54,7 +55,9 @@ class ServeOptions:
 
     max_batch_tokens: PositiveInt = 4096
     max_wait_ms: Annotated[float, Bounds(ge=0, le=10_000)] = 5.0
-    max_decode_groups: PositiveInt = 4
+    max_cache_tokens: Annotated[int, Bounds(ge=1, le=MAX_REQUEST_TOKENS * 64)] = (
+        SERVE_MAX_REQUEST_TOKENS
+    )
     decode_workers: Annotated[int, Bounds(ge=1, le=64)] = field(
         default_factory=lambda: performance().serve_decode_workers
     )
@@ -73,11 +76,36 @@ class ServeOptions:
     def __post_init__(self) -> None:
         validate(self)
 
+    @staticmethod
+    def flag_help(name: str) -> str:
+        """The ``aiayn serve`` flag's one-line help for field ``name`` (:data:`FLAG_HELP`)."""
+        return FLAG_HELP[name]
+
     @property
     def running_decode_workers(self) -> int:
         """The decode workers each translation or generation model runs: ``decode_workers``,
         or one with batching off."""
         return self.decode_workers if self.batching else 1
+
+
+FLAG_HELP = {
+    "max_batch_tokens": "token budget of an encoder batch and of a decoding round's prefill",
+    "max_wait_ms": "how long an encoder batch waits for more requests (ms)",
+    "max_cache_tokens": "key/value cache tokens the requests of one decode worker may hold",
+    "decode_workers": "worker threads decoding per translation or generation model",
+    "queue_size": "requests waiting per model before 503",
+    "timeout_s": "seconds before a request is answered 504",
+    "max_body_bytes": "largest request body in bytes",
+    "batching": "one request at a time per model (a baseline)",
+    "max_beam": "largest beam of a translation request",
+    "max_request_tokens": "most tokens one request may ask for: inputs plus output limits, "
+    "times beams or n",
+    "header_timeout_s": "seconds a connection has to send a request's headers",
+    "keep_alive_s": "seconds an idle connection stays open",
+    "max_connections": "connections open at once; 503 beyond",
+}
+"""The help of the ``aiayn serve`` flag of each :class:`ServeOptions` field (the flags are made
+from the fields: ``--max-batch-tokens``, ..., and ``--no-batching`` for ``batching``)."""
 
 
 def intra_op_threads(threads: int, options: ServeOptions) -> int:

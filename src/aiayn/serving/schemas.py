@@ -11,10 +11,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from aiayn.limits import MAX_BEAM_SIZE, MAX_COMPLETION_CHOICES, MAX_REQUEST_ITEMS
+from aiayn.limits import (
+    MAX_BEAM_SIZE,
+    MAX_COMPLETION_CHOICES,
+    MAX_LENGTH_PENALTY_ALPHA,
+    MAX_REQUEST_ITEMS,
+)
 
 Text = Annotated[str, Field(min_length=1)]
 """A non-empty text (an empty one is a 422)."""
+
+Unicode = Annotated[str, Field(min_length=0)]
+"""A text, empty or not, of valid Unicode: a lone surrogate (JSON's ``"\\ud800"``) is a 422,
+as for :data:`Text`. A bare ``str`` field passes such a string on unchecked (pydantic checks
+a string's encoding only where it has a constraint), and the tokenizer then fails on it."""
 
 Texts = Annotated[list[Text], Field(min_length=1, max_length=MAX_REQUEST_ITEMS)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
@@ -30,7 +40,7 @@ def _null_is(default: Any) -> BeforeValidator:
 
 
 ModelName = Annotated[
-    str | None,
+    Unicode | None,
     Field(
         description="a loaded model's name (GET /v1/models); "
         "may be left out when one loaded model serves this"
@@ -58,16 +68,16 @@ class TranslateRequest(Request):
     beam: Annotated[int, Field(ge=1, le=MAX_BEAM_SIZE)] | None = Field(
         None, description="beam size, 1 = greedy (default: the checkpoint's, else 4)"
     )
-    alpha: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
-        None, description="length penalty alpha (default: the checkpoint's, else 0.6)"
-    )
+    alpha: (
+        Annotated[float, Field(ge=0, le=MAX_LENGTH_PENALTY_ALPHA, allow_inf_nan=False)] | None
+    ) = Field(None, description="length penalty alpha (default: the checkpoint's, else 0.6)")
     max_new_tokens: Annotated[int, Field(ge=1)] | None = Field(
         None, description="a cap on each translation's tokens"
     )
     n_best: Annotated[int, Field(ge=1, le=MAX_BEAM_SIZE)] | None = Field(
         None, description="hypotheses per text (at most the beam)"
     )
-    prefix: str = Field("", description="text put before every input, e.g. T5's task prefix")
+    prefix: Unicode = Field("", description="text put before every input, e.g. T5's task prefix")
     scores: bool = Field(False, description="give each translation's score")
 
 
@@ -153,11 +163,11 @@ class CompletionBody(CompletionOptions):
     best_of: Annotated[int, Field(ge=1, le=MAX_COMPLETION_CHOICES)] | None = Field(
         None, description="left out or equal to n (a 400 otherwise)"
     )
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+    logit_bias: dict[Unicode, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         None, description="left out or empty (a 400 otherwise)"
     )
-    suffix: str | None = Field(None, description="left out or empty (a 400 otherwise)")
-    user: str | None = Field(None, description="accepted and ignored (neither logged nor kept)")
+    suffix: Unicode | None = Field(None, description="left out or empty (a 400 otherwise)")
+    user: Unicode | None = Field(None, description="accepted and ignored (neither logged nor kept)")
 
 
 class CompletionChoice(Answer):
@@ -198,7 +208,7 @@ class EmbeddingRequest(Request):
     input: Text | Texts
     encoding_format: Annotated[Literal["float", "base64"], _null_is("float")] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
-    user: str | None = Field(None, description="accepted and ignored (neither logged nor kept)")
+    user: Unicode | None = Field(None, description="accepted and ignored (neither logged nor kept)")
     normalize: bool = True
 
 
@@ -225,7 +235,7 @@ class ClassifyRequest(Request):
 
     model: ModelName = None
     texts: Texts
-    pairs: Annotated[list[str], Field(min_length=1, max_length=MAX_REQUEST_ITEMS)] | None = None
+    pairs: Annotated[list[Unicode], Field(min_length=1, max_length=MAX_REQUEST_ITEMS)] | None = None
     top_k: Annotated[int, Field(ge=1)] | None = Field(None, description="labels per text (1)")
 
 

@@ -17,19 +17,15 @@ from typing import Any, Literal
 
 import torch
 
+from aiayn.attention import SlotPool
 from aiayn.checkpoint import load_translation_tokenizer
 from aiayn.checkpoint.load import Checkpoint
 from aiayn.data import normalize
 from aiayn.data.text_tokenizer import load_lm_tokenizer
 from aiayn.decoding.beam import Hypothesis, SteppedBeamSearch
-from aiayn.decoding.fast_step import (
-    InferenceState,
-    InferenceStep,
-    compact_inference_state,
-    merge_inference_states,
-)
+from aiayn.decoding.fast_step import InferenceStep
 from aiayn.decoding.generate import continuation, prompt_generator
-from aiayn.decoding.lm import LMState, decoder_only_step, merge_lm_states
+from aiayn.decoding.lm import LMStep, check_prompts
 from aiayn.decoding.step import DecoderState, StepFunction
 from aiayn.decoding.stepwise import Row, Sampling, SteppedSearch
 from aiayn.decoding.translate import (
@@ -44,19 +40,11 @@ from aiayn.errors import UserError
 from aiayn.inference.packed import pack_for_inference
 from aiayn.limits import MAX_REQUEST_ITEMS
 from aiayn.serving import schemas as s
-from aiayn.serving.decode import (
-    BeamGroup,
-    DecodeEngine,
-    Group,
-    StateMerge,
-    SteppedGroup,
-    row_keys,
-)
+from aiayn.serving.decode import BeamGroup, DecodeEngine, Group, SteppedGroup, row_keys
 from aiayn.serving.engine import Engine, Job
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.options import ServeOptions
 from aiayn.serving.problems import Problem
-from aiayn.settings import performance
 
 
 class Task:
@@ -135,7 +123,14 @@ class TranslateTask(Task):
         super().__init__(name, options, metrics)
 
     def make_engine(self) -> Engine:
-        return DecodeEngine(self.name, self.options, self.metrics, self.start)
+        return DecodeEngine(self.name, self.options, self.metrics, self.start, self.pools)
+
+    def pools(self) -> tuple[SlotPool, ...]:
+        """A worker's key/value cache: the step's target and source slot pools (empty; they
+        grow to what the worker's rows need); none for the module step (its own caches)."""
+        if self.step.fallback is not None:
+            return ()
+        return self.step.pools(8, 64, 8, 64)
 
     def prepare(self, req: s.TranslateRequest) -> Job:
         """The request's job; 422 for options that do not go together or a beam beyond
@@ -169,11 +164,13 @@ class TranslateTask(Task):
         limits = output_limits(self.model, o, [len(r) for r in rows])
         asked = sum(len(r) + 1 + m for r, m in zip(rows, limits, strict=True)) * o.beam_size
         self.check_tokens("texts", asked, "each text's source and output limit, times the beam")
-        cost = sum(len(r) + 1 for r in rows) * o.beam_size
+        cost = sum(len(r) + 1 for r in rows)  # the source tokens the encoder reads
         payload = TranslateJob(rows, o, limits, req.scores)
-        return self.job(payload, cost, key=replace(o, max_new_tokens=None))
+        job = self.job(payload, cost, key=replace(o, max_new_tokens=None))
+        job.reserve = asked
+        return job
 
-    def start(self, jobs: list[Job]) -> Group:
+    def start(self, jobs: list[Job], pools: tuple[SlotPool, ...] = ()) -> Group:
         """One group: every non-empty text of the jobs, one batch."""
         o: DecodeOptions = jobs[0].payload.options
         rows, limits, counts = [], [], []
@@ -187,7 +184,8 @@ class TranslateTask(Task):
             return _answered(jobs, [self._answer(j.payload, []) for j in jobs])
         self.metrics.tokens.labels(self.name, "input").inc(sum(map(len, rows)))
         src = source_batch(rows, self.tokenizer).to(self.device)  # (B, S)
-        state = self.step.initial_state(src, capacity=max(limits) + 1)
+        own = (pools[0], pools[1]) if pools else None
+        state = self.step.initial_state(src, capacity=max(limits) + 1, pools=own)
         if o.beam_size > 1:
             return self._beam_group(jobs, counts, state, limits)
         cut = 1 if o.forced_eos else 0  # as translate: forced EOS takes the last position
@@ -201,57 +199,20 @@ class TranslateTask(Task):
             hyps = [[Hypothesis(r.tokens, math.nan, math.nan)] for r in done]
             return self._answer(job.payload, hyps)
 
-        if self.step.fallback is not None:  # the module step's states do not merge
-            return SteppedGroup(jobs, search, finish)
-        return SteppedGroup(
-            jobs, search, finish, merge=self._merge, compact=compact_inference_state
-        )
+        return SteppedGroup(jobs, search, finish)
 
     def _beam_group(
         self, jobs: list[Job], counts: list[int], state: DecoderState, limits: list[int]
     ) -> Group:
         """The beam search of the jobs' sentences (``aiayn translate``'s rules for the jobs'
-        options): a group that takes in other groups' sentences with the same options (their
-        rows run in the same search and model call) when the step's states merge."""
+        options)."""
         o: DecodeOptions = jobs[0].payload.options
         t = self.tokenizer
         search = SteppedBeamSearch(
             self.search_step, state, row_keys(counts), limits, bos_id=t.bos_id,
             eos_id=t.eos_id, device=self.device, **beam_arguments(o),
         )  # fmt: skip
-        merge = None
-        if self.step.fallback is None:  # the module step's states do not merge
-            cap = performance().beam_merge_max_tokens
-            merge = StateMerge(merge_inference_states, compact_inference_state, self._fits, cap)
-        return BeamGroup(
-            jobs, counts, search, lambda job, found: self._answer(job.payload, found), merge=merge
-        )
-
-    def _fits(self, state: DecoderState | None, steps: int) -> bool:
-        """Whether rows may join ``state`` (None: nothing runs) when some row may still run
-        ``steps`` steps: the key columns stay within the model's ``max_len``, as for greedy
-        groups (:meth:`_merge`)."""
-        if state is None:
-            return True
-        return isinstance(state, InferenceState) and self._columns_fit(state.offset, steps)
-
-    def _columns_fit(self, columns: int, steps: int) -> bool:
-        """Whether ``columns`` key columns and ``steps`` more stay within the model's
-        ``max_len``: the padded columns a joining row attends over stay bounded."""
-        return columns + steps <= self.model.config.max_len
-
-    def _merge(self, into: SteppedSearch, other: SteppedSearch) -> bool:
-        """Take ``other``'s rows into ``into``'s batch (each row at its own positions) when the
-        merged key columns, with the most tokens a row still needs, stay within the model's
-        ``max_len``: the padded columns a joining row attends over stay bounded."""
-        a, b = into.state, other.state
-        if not (isinstance(a, InferenceState) and isinstance(b, InferenceState)):
-            return False
-        left = max(r.limit - len(r.tokens) for r in (*into.rows, *other.rows))
-        if not self._columns_fit(max(a.offset, b.offset), left):
-            return False
-        into.merge(other, merge_inference_states)
-        return True
+        return BeamGroup(jobs, counts, search, lambda job, found: self._answer(job.payload, found))
 
     def _answer(self, p: TranslateJob, found: list[list[Hypothesis]]) -> s.TranslateResponse:
         """The response: the found n-best lists put back among the empty texts, decoded."""
@@ -296,10 +257,13 @@ class _Answered:
         return self._done
 
     @property
-    def rows(self) -> int:
-        return 0
+    def step(self) -> None:
+        return None
 
-    def advance(self) -> tuple[list[tuple[Job, Any]], int]:
+    def inputs(self) -> None:
+        return None
+
+    def complete(self, log_probs: Any, state: Any) -> tuple[list[tuple[Job, Any]], int]:
         self._done = True
         return list(zip(self.jobs, self._results, strict=True)), 0
 
@@ -339,10 +303,17 @@ class GenerateTask(Task):
         self.config = self.model.config
         self.device = self.model.embedder.embedding.weight.device
         self.max_input_tokens = self.config.max_len
+        self.step = LMStep(self.model)
+        self.search_step: StepFunction = self.step  # what the searches call (tests count it)
         super().__init__(name, options, metrics)
 
     def make_engine(self) -> Engine:
-        return DecodeEngine(self.name, self.options, self.metrics, self.start)
+        return DecodeEngine(self.name, self.options, self.metrics, self.start, self.pools)
+
+    def pools(self) -> tuple[SlotPool, ...]:
+        """A worker's key/value cache: one slot pool (empty; it grows to what the worker's
+        rows need)."""
+        return (self.step.pool(8, 64),)
 
     def prepare(self, req: s.CompletionRequest, created: int) -> Job:
         """The request's job; 422 for options of another method, 413 for a long prompt."""
@@ -366,8 +337,10 @@ class GenerateTask(Task):
             ids, req.n, req.max_tokens, sampling, req.seed, tuple(stop), created,
             "cmpl-" + secrets.token_hex(12),
         )  # fmt: skip
-        cost = sum(len(r) for r in ids) * req.n
-        return self.job(payload, cost, key=sampling)
+        cost = sum(len(r) for r in ids) * req.n  # the prompt tokens the prefill reads
+        job = self.job(payload, cost, key=sampling)
+        job.reserve = sum(len(r) + req.max_tokens for r in ids) * req.n
+        return job
 
     def check_request(self, prompts: list[list[int]], max_tokens: int, n: int) -> None:
         """413 naming ``prompt`` when the prompts' tokens plus ``max_tokens``, times ``n``,
@@ -387,8 +360,8 @@ class GenerateTask(Task):
                 param=field,
             )
 
-    def start(self, jobs: list[Job]) -> Group:
-        """One group: every prompt × choice of the jobs, one batch."""
+    def start(self, jobs: list[Job], pools: tuple[SlotPool, ...] = ()) -> Group:
+        """One group: every prompt × choice of the jobs, one batch, prefilled into ``pools``."""
         prompts, limits, gens, counts = [], [], [], []
         for job in jobs:
             p: GenerateJob = job.payload
@@ -398,30 +371,17 @@ class GenerateTask(Task):
                     limits.append(p.max_tokens)
                     gens.append(self._generator(p.seed, choice, prompt))
             counts.append(len(p.prompts) * p.n)
-        step, state = decoder_only_step(self.model, prompts, max_new_tokens=max(limits))
+        check_prompts(self.model, prompts, max(limits))
+        pool = pools[0] if pools else None
+        state = self.step.prefill(prompts, max(map(len, prompts)) + max(limits), pool)
         sampling: Sampling | None = jobs[0].payload.sampling
         search = SteppedSearch(
-            step, state, row_keys(counts), limits, bos_id=self.config.bos_id,
+            self.search_step, state, row_keys(counts), limits, bos_id=self.config.bos_id,
             eos_id=self.config.eos_id, sampling=sampling,
             generators=gens if sampling is not None else None, device=self.device,
         )  # fmt: skip
         self.metrics.tokens.labels(self.name, "input").inc(sum(map(len, prompts)))
-        return SteppedGroup(
-            jobs, search, self._finish, self._watch, merge=self._merge, compact=_compacted
-        )
-
-    def _merge(self, into: SteppedSearch, other: SteppedSearch) -> bool:
-        """Take ``other``'s rows into ``into``'s batch when the merged key columns leave room for
-        every row's remaining tokens within the model's positions."""
-        if not (into.stepped and other.stepped):  # the prompts' log-probs are still pending
-            return False
-        a, b = into.state, other.state
-        assert isinstance(a, LMState) and isinstance(b, LMState)
-        left = max(r.limit - len(r.tokens) for r in (*into.rows, *other.rows))
-        if max(a.length, b.length) + left > self.config.max_len:
-            return False
-        into.merge(other, merge_lm_states)
-        return True
+        return SteppedGroup(jobs, search, self._finish, self._watch)
 
     def _generator(self, seed: int | None, choice: int, prompt: list[int]) -> torch.Generator:
         if seed is None:
@@ -468,12 +428,6 @@ class GenerateTask(Task):
         return s.CompletionResponse(
             id=p.id, created=p.created, model=self.name, choices=choices, usage=usage
         )
-
-
-def _compacted(state: Any) -> Any:
-    """A decoder-only state without the key columns no row needs any more."""
-    assert isinstance(state, LMState)
-    return state.compacted()
 
 
 def _sampling(req: s.CompletionRequest) -> Sampling | None:

@@ -69,6 +69,8 @@ struct Problem {
   int64_t heads, t, s, d, dv;
   float scale;
   bool divide;  // scores / scale (the paper's √d) rather than scores · scale
+  const int64_t* rows = nullptr;     // (B,) the key/value row of each query row, or null: b
+  const int64_t* lengths = nullptr;  // (B,) the keys of each query row, or null: S for all
 };
 
 // The sums of the 8 lanes of each of a[0..8): (Σ a[0], ..., Σ a[7]) by a tree of adds (both
@@ -380,11 +382,12 @@ struct Avx2 {
   static constexpr const char* kNeeds = "AVX2 and FMA";
 };
 
-// Scores in place: scaled, biased, -inf where blocked. Returns whether any key is allowed.
-bool scores(const Problem& p, const bool* mask, const float* bias, float* x) {
+// Scores of s keys in place: scaled, biased, -inf where blocked. Returns whether any key is
+// allowed.
+bool scores(const Problem& p, int64_t s, const bool* mask, const float* bias, float* x) {
   const float inf = std::numeric_limits<float>::infinity();
-  bool any = mask == nullptr;
-  for (int64_t j = 0; j < p.s; ++j) {
+  bool any = mask == nullptr && s > 0;
+  for (int64_t j = 0; j < s; ++j) {
     float score = p.divide ? x[j] / p.scale : x[j] * p.scale;
     if (bias != nullptr) score += bias[j * p.sa.s];
     if (mask != nullptr) {
@@ -397,23 +400,25 @@ bool scores(const Problem& p, const bool* mask, const float* bias, float* x) {
   return any;
 }
 
-// The T query rows of head (b, h) by the vector routines of Isa; `x` holds S floats.
+// The T query rows of head (b, h) by the vector routines of Isa; `x` holds S floats. With
+// `rows`, query row b reads key/value row rows[b]; with `lengths`, its first lengths[b] keys.
 template <typename Isa>
 void attend_head(const Problem& p, int64_t b, int64_t h, float* x) {
-  const float* k = p.k + b * p.sk.b + h * p.sk.h;
-  const float* v = p.v + b * p.sv.b + h * p.sv.h;
+  const int64_t kb = p.rows ? p.rows[b] : b, s = p.lengths ? p.lengths[b] : p.s;
+  const float* k = p.k + kb * p.sk.b + h * p.sk.h;
+  const float* v = p.v + kb * p.sv.b + h * p.sv.h;
   for (int64_t t = 0; t < p.t; ++t) {
     const float* q = p.q + b * p.sq.b + h * p.sq.h + t * p.sq.t;
     const bool* mask = p.mask ? p.mask + b * p.sm.b + h * p.sm.h + t * p.sm.t : nullptr;
     const float* bias = p.bias ? p.bias + b * p.sa.b + h * p.sa.h + t * p.sa.t : nullptr;
     float* out = p.out + ((b * p.heads + h) * p.t + t) * p.dv;
-    Isa::dots(q, k, p.sk.s, p.s, p.d, x);
-    if (!scores(p, mask, bias, x)) {  // no key to attend to: zeros
+    Isa::dots(q, k, p.sk.s, s, p.d, x);
+    if (!scores(p, s, mask, bias, x)) {  // no key to attend to: zeros
       std::fill(out, out + p.dv, 0.0f);
       continue;
     }
-    Isa::softmax(x, p.s);
-    Isa::weighted_sum(x, v, p.sv.s, p.s, p.dv, out);
+    Isa::softmax(x, s);
+    Isa::weighted_sum(x, v, p.sv.s, s, p.dv, out);
   }
 }
 
@@ -466,6 +471,20 @@ void attend_heads(const Problem& p, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) attend_head<Isa>(p, i / p.heads, i % p.heads, x);
 }
 
+// The `heads` heads of `p` (about `macs` multiply-adds each), on threads from min_parallel_macs
+// multiply-adds in all, each thread with at least half of them.
+template <typename Isa>
+void run_heads(const Problem& p, int64_t heads, int64_t macs, int64_t min_parallel_macs) {
+  if (heads * macs < min_parallel_macs || heads < 2) {
+    attend_heads<Isa>(p, 0, heads);  // too little work to share out
+    return;
+  }
+  const int64_t grain = std::max<int64_t>(1, min_parallel_macs / 2 / std::max<int64_t>(macs, 1));
+  at::parallel_for(0, heads, grain, [&](int64_t begin, int64_t end) {
+    attend_heads<Isa>(p, begin, end);
+  });
+}
+
 // The operation of both builds (`attend`, `attend_avx2`), on the vector routines of Isa.
 template <typename Isa>
 at::Tensor attend_with(const at::Tensor& query_in, const at::Tensor& key_in,
@@ -489,16 +508,48 @@ at::Tensor attend_with(const at::Tensor& query_in, const at::Tensor& key_in,
             static_cast<float>(scale.has_value() ? *scale : std::sqrt(static_cast<double>(d))),
             !scale.has_value()};
   add_mask_and_bias(p, mask, bias, scores);
-  // Threads from min_parallel_macs multiply-adds in all, each with at least half of them.
-  const int64_t heads = b * h, macs = t * s * (d + dv);  // macs per head
-  if (heads * macs < min_parallel_macs || heads < 2) {
-    attend_heads<Isa>(p, 0, heads);  // too little work to share out
-  } else {
-    const int64_t grain = std::max<int64_t>(1, min_parallel_macs / 2 / std::max<int64_t>(macs, 1));
-    at::parallel_for(0, heads, grain, [&](int64_t begin, int64_t end) {
-      attend_heads<Isa>(p, begin, end);
-    });
+  run_heads<Isa>(p, b * h, t * s * (d + dv), min_parallel_macs);
+  return out;
+}
+
+// Rows of a slot pool (aiayn/attention/slots.py): query (B, H, 1, d) over the first lengths[b]
+// keys of key/value row rows[b] of (N, H, C, d) buffers; bias broadcastable to (B, H, 1, S),
+// S = max(lengths). Every index is checked before any is read.
+template <typename Isa>
+at::Tensor attend_rows_with(const at::Tensor& query_in, const at::Tensor& key_in,
+                            const at::Tensor& value_in, const at::Tensor& rows,
+                            const at::Tensor& lengths, const std::optional<at::Tensor>& bias,
+                            std::optional<double> scale, int64_t min_parallel_macs) {
+  TORCH_CHECK(Isa::supported(), "this CPU lacks ", Isa::kNeeds);
+  const at::Tensor query = unit_last_stride(query_in, "query");
+  const at::Tensor key = unit_last_stride(key_in, "key"), value = unit_last_stride(value_in, "value");
+  const int64_t b = query.size(0), h = query.size(1), d = query.size(3), dv = value.size(3);
+  const int64_t n = key.size(0), c = key.size(2);
+  TORCH_CHECK(query.size(2) == 1, "query: one position per row (B, H, 1, d)");
+  TORCH_CHECK(key.size(1) == h && value.size(1) == h && key.size(3) == d && value.size(0) == n &&
+                  value.size(2) == c, "key (N, H, C, d), value (N, H, C, d_v)");
+  for (const at::Tensor* x : {&rows, &lengths})
+    TORCH_CHECK(x->scalar_type() == at::kLong && x->dim() == 1 && x->size(0) == b &&
+                    x->is_contiguous() && x->device().is_cpu(), "rows, lengths: (B,) int64, CPU");
+  const int64_t* r = rows.data_ptr<int64_t>();
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  int64_t s = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    TORCH_CHECK(r[i] >= 0 && r[i] < n, "rows: ", r[i], " outside 0..", n - 1);
+    TORCH_CHECK(len[i] >= 0 && len[i] <= c, "lengths: ", len[i], " outside 0..", c);
+    s = std::max(s, len[i]);
   }
+  const int64_t queries[4] = {b, h, 1, d}, keys[4] = {n, h, c, d}, values[4] = {n, h, c, dv};
+  const int64_t scores[4] = {b, h, 1, s};
+  at::Tensor out = at::detail::empty_cpu({b, h, 1, dv}, at::kFloat, false, std::nullopt);
+  Problem p{query.data_ptr<float>(), key.data_ptr<float>(), value.data_ptr<float>(), nullptr,
+            nullptr, out.data_ptr<float>(), broadcast_strides(query, queries, true, "query"),
+            broadcast_strides(key, keys, false, "key"),
+            broadcast_strides(value, values, false, "value"), {}, {}, h, 1, s, d, dv,
+            static_cast<float>(scale.has_value() ? *scale : std::sqrt(static_cast<double>(d))),
+            !scale.has_value(), r, len};
+  add_mask_and_bias(p, std::nullopt, bias, scores);
+  run_heads<Isa>(p, b * h, s * (d + dv), min_parallel_macs);
   return out;
 }
 
@@ -509,4 +560,6 @@ TORCH_LIBRARY(aiayn_attention, m) {
   m.def("avx2_supported", &avx2_supported);
   m.def("attend", &attend_with<Avx512>);
   m.def("attend_avx2", &attend_with<Avx2>);
+  m.def("attend_rows", &attend_rows_with<Avx512>);
+  m.def("attend_rows_avx2", &attend_rows_with<Avx2>);
 }
