@@ -145,3 +145,11 @@ def test_appending_writes_each_row_at_its_own_length() -> None:
     assert torch.equal(pool.buffer[0, 1, slot_b, :, 0], new_value[1, :, 0])
     with pytest.raises(ValueError, match="one new position"):
         rows.cache(0).append(torch.randn(2, H, 2, D), torch.randn(2, H, 2, D))
+
+
+def test_write_index_by_hand() -> None:
+    """Rows in slots [1, 0] at lengths [2, 0], 2 heads of 4 positions: (slot·H + head)·C +
+    length."""
+    from aiayn.attention.slots import write_index
+
+    assert write_index(torch.tensor([1, 0]), torch.tensor([2, 0]), 2, 4).tolist() == [10, 14, 0, 4]

@@ -110,6 +110,8 @@ class SlotCache:
         rows: (B,) each row's slot.
         lengths: (B,) each row's positions written.
         longest: an upper bound of ``lengths`` (S), known on the host.
+        at: (B·H,) where each row's heads write their next position in the buffers viewed as
+            (M·H·C, d_k) rows (:func:`write_index`), or None: computed when appending.
     """
 
     key: Tensor
@@ -117,6 +119,7 @@ class SlotCache:
     rows: Tensor
     lengths: Tensor
     longest: int
+    at: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -129,11 +132,22 @@ class SlotCache:
         of the rows one position longer."""
         if key.size(2) != 1:
             raise ValueError(f"a slot cache takes one new position per step, got {key.size(2)}")
-        if self.longest >= self.key.size(2):
-            raise ValueError(f"the slot pool holds {self.key.size(2)} positions: reserve more")
-        self.key[self.rows, :, self.lengths] = key[:, :, 0]  # (B, H, d_k) at (slot, :, length)
-        self.value[self.rows, :, self.lengths] = value[:, :, 0]
+        m, h, c, d_k = self.key.shape
+        if self.longest >= c:
+            raise ValueError(f"the slot pool holds {c} positions: reserve more")
+        at = self.at if self.at is not None else write_index(self.rows, self.lengths, h, c)
+        b = key.size(0)
+        self.key.view(m * h * c, d_k).index_copy_(0, at, key.reshape(b * h, d_k))  # (B·H, d_k)
+        self.value.view(m * h * c, -1).index_copy_(0, at, value.reshape(b * h, -1))
         return SlotCache(self.key, self.value, self.rows, self.lengths + 1, self.longest + 1)
+
+
+def write_index(rows: Tensor, lengths: Tensor, heads: int, capacity: int) -> Tensor:
+    """(B·H,) the rows of (M·H·C, d_k) buffers where each row's heads write position
+    ``lengths``: (slot·H + head)·C + length. E.g. rows [1, 0], lengths [2, 0], H 2, C 4 ->
+    [10, 14, 0, 4]."""
+    heads_at = torch.arange(heads, device=rows.device) * capacity  # (H,)
+    return ((rows * heads * capacity + lengths)[:, None] + heads_at).reshape(-1)  # (B·H,)
 
 
 def attend_slots(
@@ -230,10 +244,16 @@ class SlotRows:
         pool.reserve(max(lengths, default=0))
         return SlotRows(pool, rows, torch.tensor(lengths, device=rows.device), max(lengths))
 
-    def cache(self, layer: int) -> SlotCache:
-        """Layer ``layer``'s view of the rows, for a step's attention."""
+    def cache(self, layer: int, at: Tensor | None = None) -> SlotCache:
+        """Layer ``layer``'s view of the rows, for a step's attention; ``at``: the step's
+        :meth:`write_index`, the same in every layer (computed once a step by the caller)."""
         key, value = self.pool.layer(layer)
-        return SlotCache(key, value, self.rows, self.lengths, self.longest)
+        return SlotCache(key, value, self.rows, self.lengths, self.longest, at)
+
+    def write_index(self) -> Tensor:
+        """(B·H,) where the rows write their next position (:func:`write_index`)."""
+        _, _, _, h, c, _ = self.pool.buffer.shape
+        return write_index(self.rows, self.lengths, h, c)
 
     @torch.inference_mode()
     def advanced(self) -> SlotRows:

@@ -399,8 +399,9 @@ class InferenceStep:
         rows.pool.reserve(rows.longest + 1)
         x = self._embed_rows(tokens[:, -1], rows.lengths, rows.longest)  # (B, D)
         bias = self._self_bias(rows.lengths, rows.longest)  # (B, H, 1, L + 1) or None
+        at = rows.write_index()  # (B·H,) the same in every layer
         for i, layer in enumerate(self.layers):
-            x = self._self_attention(layer, x, rows.cache(i), bias)
+            x = self._self_attention(layer, x, rows.cache(i, at), bias)
             x = self._cross_attention(layer, x, sources.cache(i))
             x = layer.ff(x)  # the feed-forward sub-layer (§3.3)
         if self.final_norm is not None:

@@ -130,7 +130,8 @@ class LMStep:
                 f"max_len = {model.config.max_len}"
             )
         rows.pool.reserve(rows.longest + 1)
-        caches = [rows.cache(i) for i in range(len(model.layers))]
+        at = rows.write_index()  # (B·H,) the same in every layer
+        caches = [rows.cache(i, at) for i in range(len(model.layers))]
         out = model(tokens, positions=rows.lengths[:, None], cache=caches)  # (B, 1, D)
         log_probs = model.log_probs(out.hidden[:, 0])  # (B, D) -> (B, V)
         if self.ban is not None:
