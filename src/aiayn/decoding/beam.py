@@ -120,11 +120,21 @@ def beam_search(
     """
     limits = torch.as_tensor(max_len, device=device).expand(batch_size).tolist()
     search = SteppedBeamSearch(
-        step, state, range(batch_size), limits, beam_size=beam_size, bos_id=bos_id,
-        eos_id=eos_id, min_len=min_len, alpha=alpha, n_best=n_best,
-        length_penalty=length_penalty, early_stopping=early_stopping, forced_eos=forced_eos,
+        step,
+        state,
+        range(batch_size),
+        limits,
+        beam_size=beam_size,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        min_len=min_len,
+        alpha=alpha,
+        n_best=n_best,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+        forced_eos=forced_eos,
         device=device,
-    )  # fmt: skip
+    )
     found: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
     while not search.done:
         for key, hyps in search.advance():  # in sentence order

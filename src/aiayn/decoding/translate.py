@@ -240,8 +240,10 @@ def search_batch(
 ) -> list[list[Hypothesis]]:
     """Greedy (beam 1) or beam search of one batch."""
     ends: dict[str, Any] = {
-        "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id, "batch_size": len(limits)
-    }  # fmt: skip
+        "bos_id": tokenizer.bos_id,
+        "eos_id": tokenizer.eos_id,
+        "batch_size": len(limits),
+    }
     if options.beam_size == 1:
         # Hugging Face's forced EOS takes the last position the limit allows
         cut = 1 if options.forced_eos else 0
@@ -266,10 +268,14 @@ def beam_arguments(options: DecodeOptions) -> dict[str, Any]:
     :class:`~aiayn.decoding.beam.SteppedBeamSearch` (``aiayn serve``'s)."""
     o = options
     return {
-        "beam_size": o.beam_size, "min_len": o.min_len, "alpha": o.alpha, "n_best": o.n_best,
-        "length_penalty": o.length_penalty, "early_stopping": o.early_stopping,
+        "beam_size": o.beam_size,
+        "min_len": o.min_len,
+        "alpha": o.alpha,
+        "n_best": o.n_best,
+        "length_penalty": o.length_penalty,
+        "early_stopping": o.early_stopping,
         "forced_eos": o.forced_eos,
-    }  # fmt: skip
+    }
 
 
 def translate_texts(

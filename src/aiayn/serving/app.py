@@ -197,8 +197,9 @@ class _Routes:
             if len(serving) == 1:
                 return serving[0].tasks[command]
             names = ", ".join(m.name for m in serving)
-            raise Problem(422, f"model: several models serve {path} ({names}): name one",
-                          param="model")  # fmt: skip
+            raise Problem(
+                422, f"model: several models serve {path} ({names}): name one", param="model"
+            )
         for m in serving:
             if m.name == name:
                 return m.tasks[command]
@@ -214,9 +215,10 @@ class _Routes:
         left = asyncio.ensure_future(_disconnected(request))
         try:
             done, _ = await asyncio.wait(
-                {job.future, left}, timeout=self.options.timeout_s,
+                {job.future, left},
+                timeout=self.options.timeout_s,
                 return_when=asyncio.FIRST_COMPLETED,
-            )  # fmt: skip
+            )
         finally:
             left.cancel()
         if job.future in done:
@@ -243,8 +245,9 @@ class _Routes:
             200: {"content": {"text/event-stream": {"schema": _SSE_EVENT}}}
         }
 
-        @app.post("/v1/completions", response_model=s.CompletionResponse,
-                  responses={**_ERRORS, **ok})  # fmt: skip
+        @app.post(
+            "/v1/completions", response_model=s.CompletionResponse, responses={**_ERRORS, **ok}
+        )
         async def completions(body: s.CompletionBody, request: Request) -> Any:
             """Continue prompts (OpenAI's completions; ``aiayn generate``'s results, with
             ``echo`` its printed prompt + continuation)."""
@@ -295,8 +298,12 @@ class _Routes:
         kinds = {c for m in self.models for c in m.tasks if ENDPOINTS[c] == "/v1/classify"}
         extra = _classify_body(kinds)
 
-        @app.post("/v1/classify", response_model=s.ClassifyResponse, responses=_ERRORS,
-                  openapi_extra=extra)  # fmt: skip
+        @app.post(
+            "/v1/classify",
+            response_model=s.ClassifyResponse,
+            responses=_ERRORS,
+            openapi_extra=extra,
+        )
         async def classify(request: Request) -> Any:
             """Labels of texts (JSON, a BERT classifier) or of an uploaded image (multipart
             form: ``image``, optional ``model`` and ``top_k``; a ViT)."""
@@ -479,9 +486,14 @@ class Guard:
     closes the connection rather than read and discard the rest of the body."""
 
     def __init__(
-        self, app: ASGIApp, *, metrics: Metrics, api_key: str | None, max_body: int,
+        self,
+        app: ASGIApp,
+        *,
+        metrics: Metrics,
+        api_key: str | None,
+        max_body: int,
         paths: set[str],
-    ):  # fmt: skip
+    ):
         self.app, self.metrics, self.api_key = app, metrics, api_key
         self.max_body, self.paths = max_body, paths
 
@@ -522,8 +534,11 @@ class Guard:
             given = headers.get("authorization", "")
             expected = f"Bearer {self.api_key}"
             if not hmac.compare_digest(given.encode(), expected.encode()):
-                return Problem(401, "a bearer token is required: Authorization: Bearer KEY",
-                               headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+                return Problem(
+                    401,
+                    "a bearer token is required: Authorization: Bearer KEY",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body:
             return self._too_large()

@@ -72,11 +72,13 @@ class AttentionTask(Task):
         take."""
         if req.target is not None and "tgt" not in self.capture.options:
             raise Problem(
-                422, f"target: model {self.name} is not a translation model; give text only",
+                422,
+                f"target: model {self.name} is not a translation model; give text only",
                 param="target",
-            )  # fmt: skip
-        request = AttentionRequest(text=req.text, target=req.target,
-                                   max_tokens=MAX_ATTENTION_TOKENS)  # fmt: skip
+            )
+        request = AttentionRequest(
+            text=req.text, target=req.target, max_tokens=MAX_ATTENTION_TOKENS
+        )
         views = None if req.views is None else tuple(req.views)
         cost = len(req.text) + len(req.target or "")
         return self.job(Inline(lambda: self._answer(request, views)), cost, key=INLINE)
@@ -113,17 +115,25 @@ def attention_response(
     wanted = names if views is None else list(views)
     for i, name in enumerate(wanted):
         if name not in names:
-            raise Problem(422, f"views.{i}: no view {name!r} (this model's: {', '.join(names)})",
-                          param=f"views.{i}")  # fmt: skip
+            raise Problem(
+                422,
+                f"views.{i}: no view {name!r} (this model's: {', '.join(names)})",
+                param=f"views.{i}",
+            )
     _check_size(found, wanted)
     maps = []
     for name in wanted:
         view = found.view(name)
-        maps.append(s.AttentionMap(
-            name=view.name, title=view.title, rows=view.rows, cols=view.cols,
-            axis_names=list(view.axis_names),
-            layers=[w.tolist() for w in view.layers],  # N × (H, R, C)
-        ))  # fmt: skip
+        maps.append(
+            s.AttentionMap(
+                name=view.name,
+                title=view.title,
+                rows=view.rows,
+                cols=view.cols,
+                axis_names=list(view.axis_names),
+                layers=[w.tolist() for w in view.layers],  # N × (H, R, C)
+            )
+        )
     lines = [s.InputLine(label=label, text=text) for label, text in found.lines]
     return s.AttentionResponse(model=model, title=found.title, lines=lines, views=maps)
 
@@ -132,9 +142,12 @@ def _check_size(found: TokenAttention, wanted: list[str]) -> None:
     """413 when the views asked for hold more than MAX_ATTENTION_WEIGHTS weights in all."""
     total = sum(w.numel() for name in wanted for w in found.view(name).layers)  # N × H·R·C
     if total > MAX_ATTENTION_WEIGHTS:
-        raise Problem(413, f"views: {total:,} weights is more than the {MAX_ATTENTION_WEIGHTS:,} "
-                      "one answer carries; ask for fewer views or a shorter text",
-                      param="views")  # fmt: skip
+        raise Problem(
+            413,
+            f"views: {total:,} weights is more than the {MAX_ATTENTION_WEIGHTS:,} "
+            "one answer carries; ask for fewer views or a shorter text",
+            param="views",
+        )
 
 
 def _refuse_batches(jobs: Any) -> list[Any]:

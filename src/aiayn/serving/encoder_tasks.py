@@ -105,9 +105,13 @@ class EmbedTask(BertTask):
     def run(self, jobs: Sequence[Job]) -> list[Any]:
         texts = [t for j in jobs for t in j.payload.texts]
         vectors = sentence_embeddings(
-            self.packed, self.tokenizer, texts, batch_size=len(texts),
-            normalize=jobs[0].payload.normalize, pack=False,
-        )  # fmt: skip
+            self.packed,
+            self.tokenizer,
+            texts,
+            batch_size=len(texts),
+            normalize=jobs[0].payload.normalize,
+            pack=False,
+        )
         out, start = [], 0
         for job in jobs:
             n = len(job.payload.texts)
@@ -129,11 +133,17 @@ class ClassifyTextTask(BertTask):
         labels = self.model.config.num_labels
         top_k = 1 if req.top_k is None else req.top_k
         if top_k > labels:
-            raise Problem(422, f"top_k must be in 1..{labels} (the model's labels), got {top_k}",
-                          param="top_k")  # fmt: skip
+            raise Problem(
+                422,
+                f"top_k must be in 1..{labels} (the model's labels), got {top_k}",
+                param="top_k",
+            )
         if req.pairs is not None and len(req.pairs) != len(req.texts):
-            raise Problem(422, f"pairs: {len(req.pairs)} second texts for {len(req.texts)} texts",
-                          param="pairs")  # fmt: skip
+            raise Problem(
+                422,
+                f"pairs: {len(req.pairs)} second texts for {len(req.texts)} texts",
+                param="pairs",
+            )
         cost = self.count("texts", req.texts, req.pairs)
         payload = TextsJob(list(req.texts), req.pairs, top_k)
         return self.job(payload, cost, key=req.pairs is not None)
@@ -145,9 +155,13 @@ class ClassifyTextTask(BertTask):
         )
         config = self.model.config
         top = classify_texts(
-            self.model, self.tokenizer, texts, pairs, top_k=config.num_labels,
+            self.model,
+            self.tokenizer,
+            texts,
+            pairs,
+            top_k=config.num_labels,
             batch_size=len(texts),
-        )  # fmt: skip
+        )
         names = config.id2label or tuple(str(i) for i in range(config.num_labels))
         out, start = [], 0
         for job in jobs:
@@ -170,8 +184,11 @@ class FillMaskTask(BertTask):
 
     def prepare(self, req: s.FillMaskRequest) -> Job:
         if req.top_k > self.model.config.vocab_size:
-            raise Problem(422, f"top_k must be in 1..{self.model.config.vocab_size}, got "
-                          f"{req.top_k}", param="top_k")  # fmt: skip
+            raise Problem(
+                422,
+                f"top_k must be in 1..{self.model.config.vocab_size}, got {req.top_k}",
+                param="top_k",
+            )
         cost = self.count("texts", req.texts)
         return self.job(TextsJob(list(req.texts), top_k=req.top_k), cost)
 

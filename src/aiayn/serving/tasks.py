@@ -191,9 +191,15 @@ class TranslateTask(Task):
         cut = 1 if o.forced_eos else 0  # as translate: forced EOS takes the last position
         t = self.tokenizer
         search = SteppedSearch(
-            self.search_step, state, row_keys(counts), [max(0, m - cut) for m in limits],
-            bos_id=t.bos_id, eos_id=t.eos_id, min_len=o.min_len, device=self.device,
-        )  # fmt: skip
+            self.search_step,
+            state,
+            row_keys(counts),
+            [max(0, m - cut) for m in limits],
+            bos_id=t.bos_id,
+            eos_id=t.eos_id,
+            min_len=o.min_len,
+            device=self.device,
+        )
 
         def finish(job: Job, done: list[Row]) -> s.TranslateResponse:
             hyps = [[Hypothesis(r.tokens, math.nan, math.nan)] for r in done]
@@ -209,9 +215,15 @@ class TranslateTask(Task):
         o: DecodeOptions = jobs[0].payload.options
         t = self.tokenizer
         search = SteppedBeamSearch(
-            self.search_step, state, row_keys(counts), limits, bos_id=t.bos_id,
-            eos_id=t.eos_id, device=self.device, **beam_arguments(o),
-        )  # fmt: skip
+            self.search_step,
+            state,
+            row_keys(counts),
+            limits,
+            bos_id=t.bos_id,
+            eos_id=t.eos_id,
+            device=self.device,
+            **beam_arguments(o),
+        )
         return BeamGroup(jobs, counts, search, lambda job, found: self._answer(job.payload, found))
 
     def _answer(self, p: TranslateJob, found: list[list[Hypothesis]]) -> s.TranslateResponse:
@@ -226,11 +238,13 @@ class TranslateTask(Task):
                 s.Scored(text=t, score=_finite(h.score)) for t, h in zip(texts, hyps, strict=True)
             ]
             best = scored[0]
-            out.append(s.Translation(
-                text=best.text,
-                score=best.score if p.scores or p.options.n_best > 1 else None,
-                hypotheses=scored if p.options.n_best > 1 else None,
-            ))  # fmt: skip
+            out.append(
+                s.Translation(
+                    text=best.text,
+                    score=best.score if p.scores or p.options.n_best > 1 else None,
+                    hypotheses=scored if p.options.n_best > 1 else None,
+                )
+            )
         return s.TranslateResponse(model=self.name, translations=out)
 
 
@@ -334,9 +348,15 @@ class GenerateTask(Task):
         self.check_request(ids, req.max_tokens, req.n)
         stop = () if req.stop is None else (req.stop,) if isinstance(req.stop, str) else req.stop
         payload = GenerateJob(
-            ids, req.n, req.max_tokens, sampling, req.seed, tuple(stop), created,
+            ids,
+            req.n,
+            req.max_tokens,
+            sampling,
+            req.seed,
+            tuple(stop),
+            created,
             "cmpl-" + secrets.token_hex(12),
-        )  # fmt: skip
+        )
         cost = sum(len(r) for r in ids) * req.n  # the prompt tokens the prefill reads
         job = self.job(payload, cost, key=sampling)
         job.reserve = sum(len(r) + req.max_tokens for r in ids) * req.n
@@ -376,10 +396,16 @@ class GenerateTask(Task):
         state = self.step.prefill(prompts, max(map(len, prompts)) + max(limits), pool)
         sampling: Sampling | None = jobs[0].payload.sampling
         search = SteppedSearch(
-            self.search_step, state, row_keys(counts), limits, bos_id=self.config.bos_id,
-            eos_id=self.config.eos_id, sampling=sampling,
-            generators=gens if sampling is not None else None, device=self.device,
-        )  # fmt: skip
+            self.search_step,
+            state,
+            row_keys(counts),
+            limits,
+            bos_id=self.config.bos_id,
+            eos_id=self.config.eos_id,
+            sampling=sampling,
+            generators=gens if sampling is not None else None,
+            device=self.device,
+        )
         self.metrics.tokens.labels(self.name, "input").inc(sum(map(len, prompts)))
         return SteppedGroup(jobs, search, self._finish, self._watch)
 
@@ -422,9 +448,10 @@ class GenerateTask(Task):
         prompt_tokens = sum(len(x) for x in p.prompts)  # each prompt once, whatever n
         completion = sum(len(r.tokens) for r in rows)
         usage = s.Usage(
-            prompt_tokens=prompt_tokens, completion_tokens=completion,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion,
             total_tokens=prompt_tokens + completion,
-        )  # fmt: skip
+        )
         return s.CompletionResponse(
             id=p.id, created=p.created, model=self.name, choices=choices, usage=usage
         )
