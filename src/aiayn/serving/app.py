@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aiayn.serving import openai_api as oa
 from aiayn.serving import schemas as s
-from aiayn.serving.engine import Job
+from aiayn.serving.engine import Job, prepared
 from aiayn.serving.health import Readiness, ready_response
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.models import ServedModel
@@ -238,7 +238,8 @@ class _Routes:
         async def translate(body: s.TranslateRequest, request: Request) -> Any:
             """Translate texts (``aiayn translate``'s results for the same options)."""
             task = self.pick("translate", body.model)
-            return await self.answer(request, task, task.prepare(body))  # type: ignore[attr-defined]
+            job = await prepared(lambda: task.prepare(body))  # type: ignore[attr-defined]
+            return await self.answer(request, task, job)
 
     def _generate(self, app: FastAPI) -> None:
         ok: dict[int | str, dict[str, Any]] = {
@@ -253,7 +254,8 @@ class _Routes:
             ``echo`` its printed prompt + continuation)."""
             task = self.pick("generate", body.model)
             setattr(request.state, MODEL_STATE, task.name)
-            plan = oa.plan_completion(task, body, int(time.time()))
+            created = int(time.time())
+            plan = await prepared(lambda: oa.plan_completion(task, body, created))
             if body.stream:
                 return self._stream(task, plan)
             return plan.finish(await self.answer(request, task, plan.job))
@@ -275,7 +277,7 @@ class _Routes:
             or base64 (``encoding_format``)."""
             task: Any = self.pick("embed", body.model)
             oa.check_embeddings(body, task.model.config.d_model)
-            job = oa.as_400(lambda: task.prepare(body))
+            job = await prepared(lambda: oa.as_400(lambda: task.prepare(body)))
             return oa.encode_embeddings(await self.answer(request, task, job), body.encoding_format)
 
     def _fill_mask(self, app: FastAPI) -> None:
@@ -283,14 +285,16 @@ class _Routes:
         async def fill_mask(body: s.FillMaskRequest, request: Request) -> Any:
             """The most probable tokens at each mask (``aiayn fill-mask``)."""
             task = self.pick("fill-mask", body.model)
-            return await self.answer(request, task, task.prepare(body))  # type: ignore[attr-defined]
+            job = await prepared(lambda: task.prepare(body))  # type: ignore[attr-defined]
+            return await self.answer(request, task, job)
 
     def _attention(self, app: FastAPI) -> None:
         @app.post("/v1/attention", response_model=s.AttentionResponse, responses=_ERRORS)
         async def attention(body: s.AttentionRequest, request: Request) -> Any:
             """Every layer's and head's attention for one text (``aiayn attention``'s maps)."""
             task = self.pick("attention", body.model)
-            return await self.answer(request, task, task.prepare(body))  # type: ignore[attr-defined]
+            job = await prepared(lambda: task.prepare(body))  # type: ignore[attr-defined]
+            return await self.answer(request, task, job)
 
     def _classify_text(self, app: FastAPI) -> None:
         if any(r.path == "/v1/classify" for r in app.routes):  # type: ignore[attr-defined]
@@ -311,7 +315,8 @@ class _Routes:
             if kind == "application/json" and "classify-text" in kinds:
                 body = await _json_body(request, s.ClassifyRequest)
                 task = self.pick("classify-text", body.model)
-                return await self.answer(request, task, task.prepare(body))  # type: ignore[attr-defined]
+                job = await prepared(lambda: task.prepare(body))  # type: ignore[attr-defined]
+                return await self.answer(request, task, job)
             if kind == "multipart/form-data" and "classify-image" in kinds:
                 return await self._classify_image_form(request)
             wanted = " or ".join(_CONTENT[k] for k in sorted(kinds))
@@ -332,7 +337,8 @@ class _Routes:
         task = self.pick("classify-image", name or None)
         k = _form_int(top_k, "top_k")
         data = await image.read()
-        return await self.answer(request, task, task.prepare(data, k))  # type: ignore[attr-defined]
+        job = await prepared(lambda: task.prepare(data, k))  # type: ignore[attr-defined]
+        return await self.answer(request, task, job)
 
 
 _CONTENT = {"classify-text": "application/json", "classify-image": "multipart/form-data"}

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import logging
 import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aiayn.errors import UserError
 from aiayn.serving.metrics import Metrics
@@ -44,6 +45,29 @@ from aiayn.serving.options import ServeOptions
 from aiayn.serving.problems import Problem
 
 _log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+REQUEST_LOOP: contextvars.ContextVar[asyncio.AbstractEventLoop] = contextvars.ContextVar(
+    "aiayn_request_loop"
+)
+"""The event loop a request is answered on, while its job is prepared on another thread
+(:func:`prepared`): the loop the job's answer goes to."""
+
+
+async def prepared(make: Callable[[], T]) -> T:
+    """``make()`` (a task's ``prepare``: tokenizing, decoding an image) on a worker thread, so
+    that the event loop goes on serving meanwhile; a job it makes is answered on this loop."""
+    token = REQUEST_LOOP.set(asyncio.get_running_loop())
+    try:
+        return await asyncio.to_thread(make)
+    finally:
+        REQUEST_LOOP.reset(token)
+
+
+def request_loop() -> asyncio.AbstractEventLoop:
+    """The loop of the request being prepared: :data:`REQUEST_LOOP`, else the running one."""
+    loop = REQUEST_LOOP.get(None)
+    return loop if loop is not None else asyncio.get_running_loop()
 
 
 @dataclass(eq=False)

@@ -9,7 +9,6 @@ This module holds the decoding tasks (``translate``, ``generate``); the encoder 
 
 from __future__ import annotations
 
-import asyncio
 import math
 import secrets
 from dataclasses import dataclass, replace
@@ -41,7 +40,7 @@ from aiayn.inference.packed import pack_for_inference
 from aiayn.limits import MAX_REQUEST_ITEMS
 from aiayn.serving import schemas as s
 from aiayn.serving.decode import BeamGroup, DecodeEngine, Group, SteppedGroup, row_keys
-from aiayn.serving.engine import Engine, Job
+from aiayn.serving.engine import Engine, Job, request_loop
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.options import ServeOptions
 from aiayn.serving.problems import Problem
@@ -67,8 +66,9 @@ class Task:
         raise NotImplementedError
 
     def job(self, payload: Any, cost: int, key: Any = None) -> Job:
-        """A job for the running event loop."""
-        loop = asyncio.get_running_loop()
+        """A job answered on the request's event loop (:func:`~aiayn.serving.engine.prepared`
+        prepares it on another thread)."""
+        loop = request_loop()
         return Job(payload, cost, loop, loop.create_future(), key=key)
 
     def check_tokens(self, field: str, tokens: int, what: str) -> None:
