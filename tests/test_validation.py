@@ -2,7 +2,7 @@
 type checks (bool is not int, an int passes for a float, Optional, Literal, tuples), NaN and
 infinity, the messages (``section.field`` and the value), the registry of config classes (every
 numeric field of every config class declares a rule), the CLI flags that share the rules, the
-device rule, and docs/reliability.md listing every field."""
+device rule, and docs/notes/validated-values.md listing every field."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from aiayn.validation import (
     validated,
 )
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "notes" / "validated-values.md"
 
 
 @validated("demo")
@@ -344,7 +344,8 @@ def test_train_device_is_checked_by_name_in_the_config_and_by_machine_in_the_tra
 
 # -- the docs ----------------------------------------------------------------------------------
 def doc_rows() -> list[str]:
-    """The rows docs/reliability.md must hold: one per field of every registered class."""
+    """The rows docs/notes/validated-values.md must hold: one per field of every registered
+    class."""
     _all_config_classes()
     rows = []
     for cls, section in sorted(v.registered().items(), key=lambda item: item[0].__name__):
@@ -361,7 +362,8 @@ def doc_rows() -> list[str]:
 def test_the_docs_list_every_rule() -> None:
     text = DOC.read_text(encoding="utf-8")
     missing = [row for row in doc_rows() if row not in text]
-    assert not missing, "docs/reliability.md lacks (or has stale) rows:\n" + "\n".join(missing)
+    stale = "docs/notes/validated-values.md lacks (or has stale) rows:\n"
+    assert not missing, stale + "\n".join(missing)
 
 
 def test_transformer_config_keeps_its_cross_field_checks() -> None:
