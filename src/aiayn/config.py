@@ -29,6 +29,18 @@ Positional = Literal["sinusoidal", "sinusoidal-halves", "learned", "none"]
 _C = TypeVar("_C", bound="ModelConfig")
 
 
+def check_heads(d_model: int, num_heads: int) -> None:
+    """Refuse a ``d_model`` that the heads do not split evenly (d_k = d_model / num_heads)."""
+    if d_model % num_heads:
+        raise ConfigError(f"d_model={d_model} must be divisible by num_heads={num_heads}")
+
+
+def check_labels(id2label: tuple[str, ...], num_labels: int) -> None:
+    """Refuse label names (when given) that are not one per label."""
+    if id2label and len(id2label) != num_labels:
+        raise ConfigError(f"id2label names {len(id2label)} labels, but num_labels={num_labels}")
+
+
 class ModelConfig:
     """What every family's frozen config dataclass shares: a validated copy with changes, and a
     round trip through plain dicts in which unknown keys are errors naming them."""
@@ -121,10 +133,7 @@ class TransformerConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         validate(self)
-        if self.d_model % self.num_heads != 0:
-            raise ConfigError(
-                f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
-            )
+        check_heads(self.d_model, self.num_heads)
         if self.share_embeddings and self.target_vocab_size != self.vocab_size:
             raise ConfigError(
                 "share_embeddings=True needs one joint vocabulary, but vocab_size="

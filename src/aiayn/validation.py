@@ -201,6 +201,11 @@ def _is_union(hint: Any) -> bool:
     return typing.get_origin(hint) in (typing.Union, types.UnionType)
 
 
+def is_int_at_least(value: object, low: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least ``low``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
 def fits(value: Any, hint: Any) -> bool:
     """Whether ``value`` has the type ``hint`` (rules not checked; a list fits a tuple type)."""
     base, _ = split_rules(hint)

@@ -58,6 +58,8 @@ from aiayn.checkpoint.save import save_checkpoint
 from aiayn.checkpoint.tokenizers import (
     TOKENIZER_FILE,
     TokenizerSource,
+    checkpoint_bert_tokenizer,
+    checkpoint_preprocessor,
     checkpoint_tokenizer,
     load_translation_tokenizer,
 )
@@ -75,6 +77,8 @@ __all__ = [
     "CheckpointError",
     "TokenizerSource",
     "average_checkpoints",
+    "checkpoint_bert_tokenizer",
+    "checkpoint_preprocessor",
     "checkpoint_tokenizer",
     "list_checkpoints",
     "load_checkpoint",

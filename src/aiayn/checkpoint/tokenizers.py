@@ -49,6 +49,23 @@ def checkpoint_tokenizer(folder: Path) -> TokenizerSource:
     return folder / TOKENIZER_FILE
 
 
+def checkpoint_bert_tokenizer(folder: Path) -> BertTokenizer:
+    """The BERT vocabulary of a checkpoint folder; a :class:`UserError` when it has none."""
+    tokenizer = checkpoint_tokenizer(folder)
+    if not isinstance(tokenizer, BertTokenizer):
+        raise UserError(f"{folder} has no BERT vocabulary (bert_tokenizer.json)")
+    return tokenizer
+
+
+def checkpoint_preprocessor(folder: Path) -> ImagePreprocessor:
+    """The image preprocessing of a (ViT) checkpoint folder; a :class:`UserError` when it has
+    none."""
+    preprocessor = checkpoint_tokenizer(folder)
+    if not isinstance(preprocessor, ImagePreprocessor):
+        raise UserError(f"{folder} has no image preprocessing (preprocessor_config.json)")
+    return preprocessor
+
+
 def load_translation_tokenizer(folder: Path) -> TranslationTokenizer:
     """The tokenizer an encoder–decoder checkpoint translates with: the pretrained model's own,
     or aiayn's joint BPE vocabulary (:class:`~aiayn.data.tokenizer.Tokenizer`)."""

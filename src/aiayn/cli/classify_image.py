@@ -11,7 +11,6 @@ from aiayn.cli.commands import (
     add_batch_size_option,
     add_command,
     add_device_option,
-    add_quantize_option,
 )
 from aiayn.validation import PositiveInt, flag_type
 
@@ -32,37 +31,27 @@ def register(subparsers: Any) -> None:
         "--top-k", type=flag_type(PositiveInt), help="labels per image (5, or every label if fewer)"
     )
     add_batch_size_option(p, 16, "images")
-    add_device_option(p)
-    add_quantize_option(p)
+    add_device_option(p, quantize=True)
 
 
 def run(args: argparse.Namespace) -> int:
     """Classify every image and print the top labels."""
     import torch
 
-    from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint
-    from aiayn.data.images import ImagePreprocessor
+    from aiayn.checkpoint import checkpoint_preprocessor
+    from aiayn.cli.commands import load_model_checkpoint
     from aiayn.errors import UserError
     from aiayn.inference.encoder import ViTInference
     from aiayn.models.vit import ViT
-    from aiayn.validation import resolve_device
 
-    ckpt = load_checkpoint(
-        args.checkpoint,
-        map_location=resolve_device(args.device),
-        expect=ViT,
-        command="classify-image",
-        quantize=args.quantize,
-    )
+    ckpt = load_model_checkpoint(args, ViT, "classify-image")
     model, config = ckpt.model, ckpt.model.config
     if config.num_labels < 1:
         raise UserError(f"{ckpt.path} holds a ViT without a classifier (num_labels = 0)")
     top_k = min(5, config.num_labels) if args.top_k is None else args.top_k
     if not 1 <= top_k <= config.num_labels:
         raise UserError(f"--top-k must be in 1..{config.num_labels}, got {top_k}")
-    preprocessor = checkpoint_tokenizer(ckpt.path)
-    if not isinstance(preprocessor, ImagePreprocessor):
-        raise UserError(f"{ckpt.path} has no image preprocessing (preprocessor_config.json)")
+    preprocessor = checkpoint_preprocessor(ckpt.path)
     device = next(model.parameters()).device
     run = ViTInference(model.eval())  # the blocks flattened, held equal to model.forward
     lines = []

@@ -18,7 +18,6 @@ from aiayn.cli.commands import (
     add_batch_size_option,
     add_command,
     add_device_option,
-    add_quantize_option,
 )
 from aiayn.validation import PositiveInt, flag_type
 
@@ -40,8 +39,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--checkpoint", required=True, help="a BERT checkpoint with a classifier")
     p.add_argument("--top-k", type=flag_type(PositiveInt), default=1, help="labels per line (1)")
     add_batch_size_option(p, DEFAULT_BATCH, "texts")
-    add_device_option(p)
-    add_quantize_option(p)
+    add_device_option(p, quantize=True)
 
 
 def run(args: argparse.Namespace) -> int:

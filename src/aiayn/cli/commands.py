@@ -6,9 +6,17 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiayn.validation import PositiveInt, device_flag, flag_type
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from aiayn.checkpoint import Checkpoint
+
+M = TypeVar("M", bound="nn.Module")
 
 
 def add_command(
@@ -27,12 +35,44 @@ def add_command(
     return p
 
 
-def add_device_option(p: argparse.ArgumentParser, *, quantize: bool = False) -> None:
+def load_model_checkpoint(
+    args: argparse.Namespace,
+    expect: type[M],
+    command: str,
+    *,
+    device: torch.device | None = None,
+) -> Checkpoint[M]:
+    """``--checkpoint``, whose model must be an ``expect`` whose family serves ``command``, on
+    ``--device`` (or ``device``, resolved already) and quantised as ``--quantize`` says."""
+    from aiayn.checkpoint import load_checkpoint
+    from aiayn.validation import resolve_device
+
+    return load_checkpoint(
+        args.checkpoint,
+        map_location=resolve_device(args.device) if device is None else device,
+        expect=expect,
+        command=command,
+        quantize=args.quantize,
+    )
+
+
+def add_device_option(
+    p: argparse.ArgumentParser, *, quantize: bool = False, pack: bool = False
+) -> None:
     """``--device``: where the model runs (checked by :func:`~aiayn.validation.device_flag`);
-    with ``quantize``, ``--quantize`` too (:func:`add_quantize_option`)."""
+    with ``quantize``, ``--quantize`` too (:func:`add_quantize_option`); with ``pack``,
+    ``--no-pack`` (``args.pack``): on CPU, PyTorch's own linear kernels rather than
+    oneDNN-packed weights."""
     p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
     if quantize:
         add_quantize_option(p)
+    if pack:
+        p.add_argument(
+            "--no-pack",
+            dest="pack",
+            action="store_false",
+            help="on CPU, keep PyTorch's own linear kernels instead of oneDNN-packed weights",
+        )
 
 
 def add_quantize_option(p: argparse.ArgumentParser) -> None:
@@ -46,6 +86,20 @@ def add_quantize_option(p: argparse.ArgumentParser) -> None:
         default="none",
         help="int8: linear layers with int8 weights and per-row int8 activations, for CPU "
         "inference (docs/quantization.md); none (default): the checkpoint's weights as stored",
+    )
+
+
+def add_max_tokens_option(p: argparse.ArgumentParser) -> None:
+    """``--max-tokens``: a beam-search batch's budget (checked by the rule of
+    :class:`~aiayn.decoding.translate.DecodeOptions`'s ``max_tokens``)."""
+    from aiayn.decoding.translate import DecodeOptions
+    from aiayn.validation import flag
+
+    p.add_argument(
+        "--max-tokens",
+        type=flag(DecodeOptions, "max_tokens"),
+        default=4096,
+        help="source tokens x beams per batch (default 4096)",
     )
 
 

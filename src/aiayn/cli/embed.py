@@ -13,7 +13,6 @@ from aiayn.cli.commands import (
     add_batch_size_option,
     add_command,
     add_device_option,
-    add_quantize_option,
     add_texts_input_option,
 )
 
@@ -36,8 +35,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--similarity", nargs=2, metavar=("A", "B"), help="two files of lines")
     p.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep norms")
     add_batch_size_option(p, 32, "texts")
-    add_device_option(p)
-    add_quantize_option(p)
+    add_device_option(p, quantize=True)
 
 
 def run(args: argparse.Namespace) -> int:

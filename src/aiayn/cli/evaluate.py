@@ -122,13 +122,12 @@ def _references(path: str) -> list[str]:
 
 def perplexity(args: argparse.Namespace) -> int:
     """Tokens, NLL per token and perplexity of the --checkpoint language model on --text."""
-    from aiayn.checkpoint import load_checkpoint
+    from aiayn.cli.commands import load_model_checkpoint
     from aiayn.data.lm import TextBlocks, read_documents, token_stream
     from aiayn.data.text_tokenizer import load_lm_tokenizer
     from aiayn.errors import UserError
     from aiayn.evaluation.perplexity import block_metrics
     from aiayn.models import GPT2
-    from aiayn.validation import resolve_device
 
     given = [f"--{n}" for n in ("ref", "hyp", "src", "hyp_out") if getattr(args, n) is not None]
     given = [flag.replace("_", "-") for flag in given]
@@ -138,13 +137,7 @@ def perplexity(args: argparse.Namespace) -> int:
         raise UserError(f"--text measures perplexity: leave out {', '.join(given)} (for BLEU)")
     if not args.checkpoint:
         raise UserError("--text needs --checkpoint DIR, a language-model (GPT-2) checkpoint")
-    ckpt = load_checkpoint(
-        args.checkpoint,
-        map_location=resolve_device(args.device),
-        expect=GPT2,
-        command="generate",
-        quantize=args.quantize,
-    )
+    ckpt = load_model_checkpoint(args, GPT2, "generate")
     config = ckpt.model.config
     block = config.max_len if args.block_size is None else args.block_size
     if not 1 <= block <= config.max_len:

@@ -10,7 +10,6 @@ from typing import Any
 from aiayn.cli.commands import (
     add_command,
     add_device_option,
-    add_quantize_option,
     add_texts_input_option,
 )
 from aiayn.validation import PositiveInt, flag_type
@@ -34,8 +33,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--top-k", type=flag_type(PositiveInt), default=5, help="predictions per mask (5)"
     )
-    add_device_option(p)
-    add_quantize_option(p)
+    add_device_option(p, quantize=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,8 +81,7 @@ def load_bert(
     Raises:
         UserError: another family, another head, or a checkpoint without BERT's vocabulary.
     """
-    from aiayn.checkpoint import checkpoint_tokenizer, load_checkpoint
-    from aiayn.data.bert_tokenizer import BertTokenizer
+    from aiayn.checkpoint import checkpoint_bert_tokenizer, load_checkpoint
     from aiayn.errors import UserError
     from aiayn.models.bert import BERT
     from aiayn.validation import resolve_device
@@ -100,7 +97,5 @@ def load_bert(
         raise UserError(
             f"{ckpt.path} holds a BERT with head {ckpt.model.config.head!r}; this needs {head!r}"
         )
-    tokenizer = checkpoint_tokenizer(ckpt.path)
-    if not isinstance(tokenizer, BertTokenizer):
-        raise UserError(f"{ckpt.path} has no BERT vocabulary (bert_tokenizer.json)")
+    tokenizer = checkpoint_bert_tokenizer(ckpt.path)
     return ckpt.model, tokenizer

@@ -69,13 +69,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--batch-size", type=flag(G, "batch_size"), default=16, help="prompts decoded together (16)"
     )
-    add_device_option(p, quantize=True)
-    p.add_argument(
-        "--no-pack",
-        dest="pack",
-        action="store_false",
-        help="on CPU, keep PyTorch's own linear kernels instead of oneDNN-packed weights",
-    )
+    add_device_option(p, quantize=True, pack=True)
     p.set_defaults(func=run)
 
 
@@ -109,7 +103,7 @@ def options_from(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Generate and print the results in input order."""
-    from aiayn.checkpoint import load_checkpoint
+    from aiayn.cli.commands import load_model_checkpoint
     from aiayn.cli.translate import read_input
     from aiayn.data.text_tokenizer import load_lm_tokenizer
     from aiayn.decoding.generate import generate
@@ -120,13 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts and args.input is not None:
         raise UserError("give prompts as arguments or with --input, not both")
     device = resolve_device(args.device)
-    ckpt = load_checkpoint(
-        args.checkpoint,
-        map_location=device,
-        expect=GPT2,
-        command="generate",
-        quantize=args.quantize,
-    )
+    ckpt = load_model_checkpoint(args, GPT2, "generate", device=device)
     tokenizer = load_lm_tokenizer(ckpt.tokenizer_path)
     prompts = list(args.prompts) or read_input(args.input)
     texts = generate(ckpt.model, tokenizer, prompts, options) if prompts else []

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from functools import cache
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, NoReturn
 
 from aiayn.errors import UserError
 
@@ -355,11 +355,7 @@ def atomic_file(
         os.replace(tmp, path)
     except BaseException as error:
         _remove(tmp)
-        _remove_empty(created)
-        converted = _write_error(error, user_path, tmp)
-        if converted is None:
-            raise
-        raise converted from None
+        _raise_failed(error, created, user_path, tmp)
 
 
 @contextmanager
@@ -422,11 +418,7 @@ def staged_files(folder: str | Path) -> Iterator[Path]:
     except BaseException as error:
         if stage != folder:
             shutil.rmtree(stage, ignore_errors=True)
-        _remove_empty(created)
-        converted = _write_error(error, folder, stage)
-        if converted is None:
-            raise
-        raise converted from None
+        _raise_failed(error, created, folder, stage)
 
 
 @contextmanager
@@ -464,11 +456,7 @@ def staged_tree(path: str | Path) -> Iterator[Path]:
     except BaseException as error:
         if stage != path.parent:
             shutil.rmtree(stage, ignore_errors=True)
-        _remove_empty(created)
-        converted = _write_error(error, path, stage)
-        if converted is None:
-            raise
-        raise converted from None
+        _raise_failed(error, created, path, stage)
 
 
 STALE_STAGE_SECONDS = 24 * 3600
@@ -585,6 +573,19 @@ def _sync(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _raise_failed(
+    error: BaseException, created: list[Path], target: Path, temporary: Path
+) -> NoReturn:
+    """After a failed write whose temporary is gone: the folders it created removed (deepest
+    first), then ``error`` raised again, as :func:`_write_error`'s :class:`UserError` where it
+    is one."""
+    _remove_empty(created)
+    converted = _write_error(error, target, temporary)
+    if converted is None:
+        raise error
+    raise converted from None
 
 
 def _write_error(error: BaseException, target: Path, temporary: Path) -> UserError | None:

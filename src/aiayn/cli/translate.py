@@ -32,9 +32,9 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = F
     """Options shared by ``translate`` and ``evaluate --checkpoint`` (where the checkpoint is
     optional and there is no n-best output); each value is checked by the rule of the
     :class:`~aiayn.decoding.translate.DecodeOptions` field it sets."""
-    from aiayn.cli.commands import add_quantize_option
+    from aiayn.cli.commands import add_device_option, add_max_tokens_option
     from aiayn.decoding.translate import DecodeOptions
-    from aiayn.validation import choices_of, device_flag, flag
+    from aiayn.validation import choices_of, flag
 
     p.add_argument(
         "--checkpoint",
@@ -64,26 +64,14 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, for_evaluate: bool = F
         default="",
         help="text put before every input line, e.g. T5's 'translate English to German: '",
     )
-    p.add_argument(
-        "--max-tokens",
-        type=flag(DecodeOptions, "max_tokens"),
-        default=4096,
-        help="source tokens x beams per batch (default 4096)",
-    )
+    add_max_tokens_option(p)
     if not for_evaluate:
         p.add_argument(
             "--n-best",
             type=flag(DecodeOptions, "n_best"),
             help="write the n best hypotheses per line, tab-separated with scores",
         )
-    p.add_argument("--device", type=device_flag, default="auto", help="auto, cpu, cuda[:N] or mps")
-    add_quantize_option(p)
-    p.add_argument(
-        "--no-pack",
-        dest="pack",
-        action="store_false",
-        help="on CPU, keep PyTorch's own linear kernels instead of oneDNN-packed weights",
-    )
+    add_device_option(p, quantize=True, pack=True)
 
 
 def _alpha_flag(number: Callable[[str], float]) -> Callable[[str], float | str]:
@@ -99,7 +87,8 @@ def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(model, tokenizer, options) from the shared options: an encoder–decoder checkpoint (the
     paper's model, or a converted T5 or Marian), its tokenizer, and the decoding options —
     those given, else the checkpoint's recorded generation settings, else the paper's."""
-    from aiayn.checkpoint import load_checkpoint, load_translation_tokenizer
+    from aiayn.checkpoint import load_translation_tokenizer
+    from aiayn.cli.commands import load_model_checkpoint
     from aiayn.decoding.translate import options_for_checkpoint
     from aiayn.models.transformer import EncoderDecoder
     from aiayn.performance import keep_freed_memory
@@ -108,13 +97,7 @@ def load_for_decoding(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     device = resolve_device(args.device)
     if device.type == "cpu":
         keep_freed_memory()  # beam search reallocates its caches every step: keep them mapped
-    ckpt = load_checkpoint(
-        args.checkpoint,
-        map_location=device,
-        expect=EncoderDecoder,
-        command="translate",
-        quantize=args.quantize,
-    )
+    ckpt = load_model_checkpoint(args, EncoderDecoder, "translate", device=device)
     beam, alpha, length_penalty = args.beam, args.alpha, args.length_penalty
     if alpha == "auto":  # tuned on the validation set (aiayn tune-alpha)
         from aiayn.evaluation.tuning import read_tuned_alpha

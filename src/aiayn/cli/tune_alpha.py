@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from aiayn.cli.commands import add_command, add_device_option
+from aiayn.cli.commands import add_command, add_device_option, add_max_tokens_option
 
 
 def register(subparsers: Any) -> None:
@@ -65,12 +65,7 @@ def register(subparsers: Any) -> None:
         default="gnmt",
         help="the beam's rules (default: gnmt, the paper's)",
     )
-    p.add_argument(
-        "--max-tokens",
-        type=flag(DecodeOptions, "max_tokens"),
-        default=4096,
-        help="source tokens x beams per batch (default 4096)",
-    )
+    add_max_tokens_option(p)
     add_device_option(p)
     p.add_argument("--dry-run", action="store_true", help="print the table, save nothing")
     p.add_argument("--force", action="store_true", help="replace an existing tuned_alpha.json")

@@ -41,7 +41,15 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from aiayn.convert.checks import HF_ACTIVATIONS, Rule, check_field_types, label_names, rename
+from aiayn.convert.checks import (
+    HF_ACTIVATIONS,
+    Rule,
+    check_field_types,
+    encoder_fields_from_hf,
+    label_names,
+    load_exactly,
+    rename,
+)
 from aiayn.errors import UserError
 from aiayn.models.bert import BERT, BertConfig
 
@@ -162,15 +170,8 @@ def bert_config_from_hf(
         vocab_size=hf["vocab_size"],
         max_len=hf["max_position_embeddings"],
         type_vocab_size=hf["type_vocab_size"],
-        d_model=hf["hidden_size"],
-        num_heads=hf["num_attention_heads"],
-        num_layers=hf["num_hidden_layers"],
-        d_ff=hf["intermediate_size"],
-        activation=HF_ACTIVATIONS[hf["hidden_act"]],
-        dropout=float(hf["hidden_dropout_prob"]),
-        attention_dropout=float(hf["attention_probs_dropout_prob"]),
+        **encoder_fields_from_hf(hf),
         classifier_dropout=None if classifier_dropout is None else float(classifier_dropout),
-        layer_norm_eps=float(hf["layer_norm_eps"]),
         pad_id=0 if hf["pad_token_id"] is None else hf["pad_token_id"],  # None: [PAD], id 0
         head=head,
         num_labels=num_labels,
@@ -365,23 +366,15 @@ def load_bert_state(model: BERT, state: dict[str, Tensor]) -> None:
     """
     if model.mlm_head is not None and EMBEDDING in state:
         state = {**state, DECODER_WEIGHT: state[EMBEDDING]}
-    expected = model.state_dict()
-    extra, missing = sorted(state.keys() - expected.keys()), sorted(expected.keys() - state.keys())
     c = model.config
-    if extra:
-        raise UserError(
-            f"unexpected tensor {_hf_name(extra[0])!r}: the config (num_hidden_layers="
-            f"{c.num_layers}, head {c.head!r}, pooler {c.pooler}) has no place for it"
-        )
-    if missing:
-        raise UserError(f"missing tensor {_hf_name(missing[0])!r} in the checkpoint")
-    for name, tensor in state.items():
-        if tensor.shape != expected[name].shape:
-            raise UserError(
-                f"tensor {_hf_name(name)!r} has shape {_hf_shape(name, tensor.shape)}; the "
-                f"config says {_hf_shape(name, expected[name].shape)}"
-            )
-    model.load_state_dict(state, strict=True, assign=True)  # the checkpoint's tensors, in place
+    load_exactly(
+        model,
+        state,
+        name=lambda key: repr(_hf_name(key)),
+        shape=_hf_shape,
+        extra_hint=f"the config (num_hidden_layers={c.num_layers}, head {c.head!r}, pooler "
+        f"{c.pooler}) has no place for it",
+    )
     if model.mlm_head is not None:  # assigned one by one, the two names hold two Parameters
         model.mlm_head.decoder.weight = model.encoder.embedder.embedding.weight
 

@@ -25,8 +25,8 @@ from torch import Tensor
 
 from aiayn.convert.bert import DECODER_WEIGHT, HF_PREFIX, HF_TO_AIAYN
 from aiayn.convert.hf_export import (
-    HF_ACTIVATION_NAMES,
     copy_tokenizer_files,
+    encoder_fields_to_hf,
     label_maps,
     prefixed,
     tensors_to_hf,
@@ -54,13 +54,7 @@ def bert_config_to_hf(config: BertConfig) -> dict[str, Any]:
         "architectures": [ARCHITECTURE[c.head]],
         "model_type": "bert",
         "vocab_size": c.vocab_size,
-        "hidden_size": c.d_model,
-        "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads,
-        "intermediate_size": c.d_ff,
-        "hidden_act": HF_ACTIVATION_NAMES[c.activation],
-        "hidden_dropout_prob": c.dropout,
-        "attention_probs_dropout_prob": c.attention_dropout,
+        **encoder_fields_to_hf(c),
         "classifier_dropout": c.classifier_dropout,
         "max_position_embeddings": c.max_len,
         "type_vocab_size": c.type_vocab_size,

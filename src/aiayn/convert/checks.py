@@ -1,6 +1,7 @@
-"""What every converter shares once its name table has renamed a checkpoint's tensors: the
-activation names Hugging Face configs use, and the exact load (every parameter given, nothing
-left over, every shape as the config says).
+"""What every converter shares around its name table: the activation names Hugging Face configs
+use (and the encoder fields BERT-style configs name alike), the renaming of a checkpoint's
+tensors with q/k/v thirds fused, and the exact load (every parameter given, nothing left over,
+every shape as the config says).
 
 Shape legend:  (any tensor shapes; the model's state dict is the reference)
 """
@@ -8,7 +9,7 @@ Shape legend:  (any tensor shapes; the model's state dict is the reference)
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -29,6 +30,21 @@ HF_ACTIVATIONS: dict[str, str] = {
 ``feed_forward_proj``) -> aiayn's activation computing the same function."""
 
 
+def encoder_fields_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a BERT-style Hugging Face ``config.json`` (BERT's, ViT's) that aiayn's
+    BERT and ViT configs share: the encoder's sizes, activation, dropouts and ε."""
+    return {
+        "d_model": hf["hidden_size"],
+        "num_heads": hf["num_attention_heads"],
+        "num_layers": hf["num_hidden_layers"],
+        "d_ff": hf["intermediate_size"],
+        "activation": HF_ACTIVATIONS[hf["hidden_act"]],
+        "dropout": float(hf["hidden_dropout_prob"]),
+        "attention_dropout": float(hf["attention_probs_dropout_prob"]),
+        "layer_norm_eps": float(hf["layer_norm_eps"]),
+    }
+
+
 class Rule(NamedTuple):
     """Where a Hugging Face tensor goes: an aiayn name (a layer index written ``{}``) and, for a
     projection Hugging Face stores in three, its block of rows of aiayn's fused ``in_proj``."""
@@ -47,6 +63,29 @@ def rename(name: str, table: Mapping[str, Rule]) -> Rule | None:
         return None
     rule = table.get(f"{name[: match.start()]}.{{}}.{name[match.end() :]}")
     return None if rule is None else Rule(rule.name.format(match.group(1)), rule.part)
+
+
+def place_all(
+    tensors: Iterable[tuple[str, Tensor]], table: Mapping[str, Rule], model: str
+) -> tuple[dict[str, Tensor], dict[str, dict[int, Tensor]]]:
+    """Each ``(name, tensor)`` renamed by ``table``: the whole tensors by aiayn name, and apart
+    the thirds of fused projections by aiayn name and :attr:`Rule.part` (for :func:`fuse_parts`).
+
+    Raises:
+        UserError: naming a tensor the table has no rule for (not part of ``model``, e.g.
+            "a T5 model").
+    """
+    state: dict[str, Tensor] = {}
+    parts: dict[str, dict[int, Tensor]] = {}
+    for name, tensor in tensors:
+        rule = rename(name, table)
+        if rule is None:
+            raise UserError(f"unexpected tensor {name!r}: not part of {model}")
+        if rule.part is None:
+            state[rule.name] = tensor
+        else:
+            parts.setdefault(rule.name, {})[rule.part] = tensor
+    return state, parts
 
 
 def fuse_parts(
@@ -72,12 +111,14 @@ def load_exactly(
     state: Mapping[str, Tensor],
     *,
     name: Callable[[str], str] = repr,
+    shape: Callable[[str, torch.Size], tuple[int, ...]] = lambda key, size: tuple(size),
     extra_hint: str = "the config has no place for it",
 ) -> None:
     """Load ``state`` into ``model`` in place (``assign``: the checkpoint's own tensors) after
     checking it is exactly the model's parameters: a :class:`UserError` names the first
-    unexpected, missing or mis-shaped tensor (``name`` renders an aiayn name, e.g. back in
-    Hugging Face's terms). Tied parameters must be re-tied by the caller afterwards."""
+    unexpected, missing or mis-shaped tensor (``name`` renders an aiayn name and ``shape`` an
+    aiayn name's shape, e.g. back in Hugging Face's terms). Tied parameters must be re-tied by
+    the caller afterwards."""
     expected = model.state_dict()
     extra, missing = sorted(state.keys() - expected.keys()), sorted(expected.keys() - state.keys())
     if extra:
@@ -87,8 +128,8 @@ def load_exactly(
     for key, tensor in state.items():
         if tensor.shape != expected[key].shape:
             raise UserError(
-                f"tensor {name(key)} has shape {tuple(tensor.shape)}; the config says "
-                f"{tuple(expected[key].shape)}"
+                f"tensor {name(key)} has shape {shape(key, tensor.shape)}; the config says "
+                f"{shape(key, expected[key].shape)}"
             )
     model.load_state_dict(dict(state), strict=True, assign=True)
 

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from aiayn.convert.checks import check_field_types
+from aiayn.convert.checks import check_field_types, load_exactly
 from aiayn.convert.hf_folder import (
     read_hf_config,
     read_hf_tokenizer,
@@ -250,23 +250,13 @@ def load_gpt2_state(model: GPT2, state: dict[str, Tensor]) -> None:
     Raises:
         UserError: naming (in Hugging Face's terms) a missing, extra or mis-shaped tensor.
     """
-    expected = model.state_dict()
-    state = _fold_tied_head(model, dict(state))
-    extra, missing = sorted(state.keys() - expected.keys()), sorted(expected.keys() - state.keys())
-    if extra:
-        raise UserError(
-            f"unexpected tensor {_hf_name(extra[0])!r}: the config "
-            f"(n_layer={model.config.num_layers}) has no place for it"
-        )
-    if missing:
-        raise UserError(f"missing tensor {_hf_name(missing[0])!r} in the checkpoint")
-    for name, tensor in state.items():
-        if tensor.shape != expected[name].shape:
-            raise UserError(
-                f"tensor {_hf_name(name)!r} has shape {_hf_shape(name, tensor.shape)}; the config "
-                f"says {_hf_shape(name, expected[name].shape)}"
-            )
-    model.load_state_dict(state, strict=True, assign=True)  # the checkpoint's tensors, in place
+    load_exactly(
+        model,
+        _fold_tied_head(model, dict(state)),
+        name=lambda key: repr(_hf_name(key)),
+        shape=_hf_shape,
+        extra_hint=f"the config (n_layer={model.config.num_layers}) has no place for it",
+    )
     if model.config.tie_output:  # assigned one by one, the two names hold two Parameters: re-tie
         model.output_proj.weight = model.embedder.embedding.weight
 

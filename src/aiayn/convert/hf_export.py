@@ -20,12 +20,16 @@ import shutil
 import tempfile
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor
 
 from aiayn.convert.hf_folder import GENERATION_CONFIG
 from aiayn.errors import UserError
+
+if TYPE_CHECKING:
+    from aiayn.models.bert import BertConfig
+    from aiayn.models.vit import ViTConfig
 
 Target = tuple[str, int | None]
 """An aiayn tensor (name, layer index written ``{}``) and the third of it a Hugging Face tensor
@@ -157,6 +161,22 @@ HF_ACTIVATION_NAMES: dict[str, str] = {
 }
 """aiayn's activation -> the Hugging Face name of the same function (``hidden_act``;
 :data:`~aiayn.convert.checks.HF_ACTIVATIONS` reads each back)."""
+
+
+def encoder_fields_to_hf(config: BertConfig | ViTConfig) -> dict[str, Any]:
+    """The fields of a BERT-style Hugging Face ``config.json`` (BERT's, ViT's) from what aiayn's
+    BERT and ViT configs share: the encoder's sizes, activation and dropouts (the inverse of
+    :func:`~aiayn.convert.checks.encoder_fields_from_hf` less ε, which each writes in place)."""
+    c = config
+    return {
+        "hidden_size": c.d_model,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "intermediate_size": c.d_ff,
+        "hidden_act": HF_ACTIVATION_NAMES[c.activation],
+        "hidden_dropout_prob": c.dropout,
+        "attention_probs_dropout_prob": c.attention_dropout,
+    }
 
 
 def prefixed(

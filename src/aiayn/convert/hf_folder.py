@@ -41,6 +41,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
+from aiayn.data.json_files import read_json_object
 from aiayn.data.text_tokenizer import GPT2_MERGES, GPT2_VOCAB, TOKENIZER_JSON, TextTokenizer
 from aiayn.errors import UserError
 
@@ -144,13 +145,7 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     file = folder / CONFIG_FILE
     if os.path.lexists(file):
         folder_file(folder, CONFIG_FILE, what="model config")
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{file}: cannot read the model config ({exc})") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{file}: not a JSON object")
-    return config
+    return read_json_object(file, "the model config")
 
 
 def read_hf_generation(folder: Path) -> dict[str, Any]:
@@ -160,13 +155,7 @@ def read_hf_generation(folder: Path) -> dict[str, Any]:
     if not os.path.lexists(file):
         return {}
     folder_file(folder, GENERATION_CONFIG, what="generation config")
-    try:
-        source = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{file}: cannot read the generation config ({exc})") from None
-    if not isinstance(source, dict):
-        raise UserError(f"{file}: not a JSON object")
-    return source
+    return read_json_object(file, "the generation config")
 
 
 def read_hf_weights(folder: Path) -> dict[str, Tensor]:

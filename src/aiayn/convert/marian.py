@@ -15,7 +15,9 @@ sets:
 - LayerNorm ε 1e-5 (``nn.LayerNorm``'s default: Marian's config has no key for it), biases on
   every projection, queries scaled by head_dim^-0.5 (= 1/√d_k of eq. 1).
 
-:data:`HF_TO_AIAYN` is the whole name map, one row per tensor (a layer index written ``{}``).
+:data:`HF_TO_AIAYN` is the whole name map, one row per tensor (a layer index written ``{}``;
+each layer's attentions and feed-forward network written once, by :func:`_attention` and
+:func:`_feed_forward`).
 Hugging Face projects Q, K and V with three (D, D) layers; aiayn's ``in_proj`` stacks them as the
 rows [W^Q; W^K; W^V] (``Rule.block`` 0, 1, 2). Tied copies may be left out (``save_pretrained``
 keeps one tensor of each tie) or stored several times (then they must be equal). The sinusoid
@@ -72,6 +74,35 @@ class Rule(NamedTuple):
     flatten: bool = False
 
 
+_WB = ("weight", "bias")
+
+
+def _attention(hf: str, ours: str, sublayer: str) -> dict[str, Rule]:
+    """One attention's rows: ``{hf}.q_proj``, ``k_proj``, ``v_proj`` (D, D) and their biases
+    (D,) as the thirds of ``{ours}.in_proj``, ``out_proj`` (D, D) and (D,), and the LayerNorm
+    after it, ``{hf}_layer_norm`` (D,), as the ``{sublayer}``'s norm."""
+    rows = {
+        f"{hf}.{x}_proj.{k}": Rule(f"{ours}.in_proj.{k}", part)
+        for k in _WB
+        for part, x in enumerate("qkv")
+    }
+    rows.update({f"{hf}.out_proj.{k}": Rule(f"{ours}.out_proj.{k}") for k in _WB})
+    rows.update({f"{hf}_layer_norm.{k}": Rule(f"{sublayer}.norm.{k}") for k in _WB})
+    return rows
+
+
+def _feed_forward(hf: str, ours: str) -> dict[str, Rule]:
+    """A layer's feed-forward rows (``hf`` and ``ours`` the layer's prefixes): ``fc1`` (F, D)
+    and (F,), ``fc2`` (D, F) and (D,), and the LayerNorm after it, ``final_layer_norm`` (D,)."""
+    rows = {
+        f"{hf}{fc}.{k}": Rule(f"{ours}feed_forward.{linear}.{k}")
+        for fc, linear in (("fc1", "linear1"), ("fc2", "linear2"))
+        for k in _WB
+    }
+    rows.update({f"{hf}final_layer_norm.{k}": Rule(f"{ours}ff_sublayer.norm.{k}") for k in _WB})
+    return rows
+
+
 _ENC, _E = "model.encoder.layers.{}.", "encoder.layers.{}."  # Hugging Face's, aiayn's
 _DEC, _D = "model.decoder.layers.{}.", "decoder.layers.{}."
 
@@ -83,49 +114,12 @@ HF_TO_AIAYN: dict[str, Rule] = {
     "lm_head.weight": Rule("output_proj.weight"),  # (V_t, D)
     "final_logits_bias": Rule("output_proj.bias", flatten=True),  # (1, V_t)
     # encoder layer: self-attention, feed-forward, each followed by its LayerNorm (post-norm)
-    _ENC + "self_attn.q_proj.weight": Rule(_E + "self_attn.in_proj.weight", 0),  # (D, D)
-    _ENC + "self_attn.k_proj.weight": Rule(_E + "self_attn.in_proj.weight", 1),  # (D, D)
-    _ENC + "self_attn.v_proj.weight": Rule(_E + "self_attn.in_proj.weight", 2),  # (D, D)
-    _ENC + "self_attn.q_proj.bias": Rule(_E + "self_attn.in_proj.bias", 0),  # (D,)
-    _ENC + "self_attn.k_proj.bias": Rule(_E + "self_attn.in_proj.bias", 1),  # (D,)
-    _ENC + "self_attn.v_proj.bias": Rule(_E + "self_attn.in_proj.bias", 2),  # (D,)
-    _ENC + "self_attn.out_proj.weight": Rule(_E + "self_attn.out_proj.weight"),  # (D, D)
-    _ENC + "self_attn.out_proj.bias": Rule(_E + "self_attn.out_proj.bias"),  # (D,)
-    _ENC + "self_attn_layer_norm.weight": Rule(_E + "attn_sublayer.norm.weight"),  # (D,)
-    _ENC + "self_attn_layer_norm.bias": Rule(_E + "attn_sublayer.norm.bias"),  # (D,)
-    _ENC + "fc1.weight": Rule(_E + "feed_forward.linear1.weight"),  # (F, D)
-    _ENC + "fc1.bias": Rule(_E + "feed_forward.linear1.bias"),  # (F,)
-    _ENC + "fc2.weight": Rule(_E + "feed_forward.linear2.weight"),  # (D, F)
-    _ENC + "fc2.bias": Rule(_E + "feed_forward.linear2.bias"),  # (D,)
-    _ENC + "final_layer_norm.weight": Rule(_E + "ff_sublayer.norm.weight"),  # (D,)
-    _ENC + "final_layer_norm.bias": Rule(_E + "ff_sublayer.norm.bias"),  # (D,)
+    **_attention(_ENC + "self_attn", _E + "self_attn", _E + "attn_sublayer"),
+    **_feed_forward(_ENC, _E),
     # decoder layer: masked self-attention, encoder–decoder attention, feed-forward
-    _DEC + "self_attn.q_proj.weight": Rule(_D + "self_attn.in_proj.weight", 0),  # (D, D)
-    _DEC + "self_attn.k_proj.weight": Rule(_D + "self_attn.in_proj.weight", 1),  # (D, D)
-    _DEC + "self_attn.v_proj.weight": Rule(_D + "self_attn.in_proj.weight", 2),  # (D, D)
-    _DEC + "self_attn.q_proj.bias": Rule(_D + "self_attn.in_proj.bias", 0),  # (D,)
-    _DEC + "self_attn.k_proj.bias": Rule(_D + "self_attn.in_proj.bias", 1),  # (D,)
-    _DEC + "self_attn.v_proj.bias": Rule(_D + "self_attn.in_proj.bias", 2),  # (D,)
-    _DEC + "self_attn.out_proj.weight": Rule(_D + "self_attn.out_proj.weight"),  # (D, D)
-    _DEC + "self_attn.out_proj.bias": Rule(_D + "self_attn.out_proj.bias"),  # (D,)
-    _DEC + "self_attn_layer_norm.weight": Rule(_D + "self_sublayer.norm.weight"),  # (D,)
-    _DEC + "self_attn_layer_norm.bias": Rule(_D + "self_sublayer.norm.bias"),  # (D,)
-    _DEC + "encoder_attn.q_proj.weight": Rule(_D + "cross_attn.in_proj.weight", 0),  # (D, D)
-    _DEC + "encoder_attn.k_proj.weight": Rule(_D + "cross_attn.in_proj.weight", 1),  # (D, D)
-    _DEC + "encoder_attn.v_proj.weight": Rule(_D + "cross_attn.in_proj.weight", 2),  # (D, D)
-    _DEC + "encoder_attn.q_proj.bias": Rule(_D + "cross_attn.in_proj.bias", 0),  # (D,)
-    _DEC + "encoder_attn.k_proj.bias": Rule(_D + "cross_attn.in_proj.bias", 1),  # (D,)
-    _DEC + "encoder_attn.v_proj.bias": Rule(_D + "cross_attn.in_proj.bias", 2),  # (D,)
-    _DEC + "encoder_attn.out_proj.weight": Rule(_D + "cross_attn.out_proj.weight"),  # (D, D)
-    _DEC + "encoder_attn.out_proj.bias": Rule(_D + "cross_attn.out_proj.bias"),  # (D,)
-    _DEC + "encoder_attn_layer_norm.weight": Rule(_D + "cross_sublayer.norm.weight"),  # (D,)
-    _DEC + "encoder_attn_layer_norm.bias": Rule(_D + "cross_sublayer.norm.bias"),  # (D,)
-    _DEC + "fc1.weight": Rule(_D + "feed_forward.linear1.weight"),  # (F, D)
-    _DEC + "fc1.bias": Rule(_D + "feed_forward.linear1.bias"),  # (F,)
-    _DEC + "fc2.weight": Rule(_D + "feed_forward.linear2.weight"),  # (D, F)
-    _DEC + "fc2.bias": Rule(_D + "feed_forward.linear2.bias"),  # (D,)
-    _DEC + "final_layer_norm.weight": Rule(_D + "ff_sublayer.norm.weight"),  # (D,)
-    _DEC + "final_layer_norm.bias": Rule(_D + "ff_sublayer.norm.bias"),  # (D,)
+    **_attention(_DEC + "self_attn", _D + "self_attn", _D + "self_sublayer"),
+    **_attention(_DEC + "encoder_attn", _D + "cross_attn", _D + "cross_sublayer"),
+    **_feed_forward(_DEC, _D),
 }
 """Hugging Face Marian tensor names -> aiayn's: the one place the two namings meet."""
 

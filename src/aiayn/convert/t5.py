@@ -30,7 +30,7 @@ from aiayn.convert.checks import (
     check_field_types,
     fuse_parts,
     load_exactly,
-    rename,
+    place_all,
 )
 from aiayn.convert.generation import Seq2SeqSpecials, generation_defaults
 from aiayn.data.pretrained_tokenizer import PretrainedTokenizer, pretrained_tokenizer_from_hf
@@ -158,11 +158,6 @@ def _feed_forward_proj(value: str) -> tuple[bool, str]:
     return gated == "gated", activation
 
 
-def _rename(name: str) -> Rule | None:
-    """``name``'s rule in :data:`HF_TO_AIAYN` with its layer index filled in, or None."""
-    return rename(name, HF_TO_AIAYN)
-
-
 def t5_state_dict_from_hf(hf_tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Hugging Face T5 tensors -> aiayn's names, q/k/v fused (redundant copies checked and
     dropped).
@@ -172,24 +167,16 @@ def t5_state_dict_from_hf(hf_tensors: Mapping[str, Tensor]) -> dict[str, Tensor]
             embedding that differs from it.
     """
     shared = hf_tensors.get("shared.weight")
-    state: dict[str, Tensor] = {}
-    parts: dict[str, dict[int, Tensor]] = {}
+    body: dict[str, Tensor] = {}
     for hf_name, tensor in hf_tensors.items():
-        if hf_name in IGNORED:
-            continue
         if hf_name in COPIES_OF_SHARED:
             if shared is not None and not torch.equal(tensor, shared):
                 raise UserError(f"{hf_name} differs from shared.weight: untied input embeddings")
             if shared is None:
                 shared = tensor
-            continue
-        rule = _rename(hf_name)
-        if rule is None:
-            raise UserError(f"unexpected tensor {hf_name!r}: not part of a T5 model")
-        if rule.part is None:
-            state[rule.name] = tensor
-        else:
-            parts.setdefault(rule.name, {})[rule.part] = tensor
+        elif hf_name not in IGNORED:
+            body[hf_name] = tensor
+    state, parts = place_all(body.items(), HF_TO_AIAYN, "a T5 model")
     if shared is not None:
         state["encoder.embedder.embedding.weight"] = shared
     state.update(fuse_parts(parts, ("q", "k", "v")))

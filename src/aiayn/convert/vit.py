@@ -31,10 +31,11 @@ from aiayn.convert.checks import (
     HF_ACTIVATIONS,
     Rule,
     check_field_types,
+    encoder_fields_from_hf,
     fuse_parts,
     label_names,
     load_exactly,
-    rename,
+    place_all,
 )
 from aiayn.data.images import PREPROCESSOR_CONFIG, ImagePreprocessor
 from aiayn.errors import UserError
@@ -115,14 +116,7 @@ def vit_config_from_hf(hf_config: Mapping[str, Any]) -> ViTConfig:
         image_size=_side(hf, "image_size"),
         patch_size=_side(hf, "patch_size"),
         num_channels=hf["num_channels"],
-        d_model=hf["hidden_size"],
-        num_heads=hf["num_attention_heads"],
-        num_layers=hf["num_hidden_layers"],
-        d_ff=hf["intermediate_size"],
-        activation=HF_ACTIVATIONS[hf["hidden_act"]],
-        dropout=float(hf["hidden_dropout_prob"]),
-        attention_dropout=float(hf["attention_probs_dropout_prob"]),
-        layer_norm_eps=float(hf["layer_norm_eps"]),
+        **encoder_fields_from_hf(hf),
         qkv_bias=bool(hf["qkv_bias"]),
         pooler=not classifier,
         num_labels=len(labels),
@@ -168,11 +162,6 @@ def _side(hf: Mapping[str, Any], key: str) -> int:
     return value
 
 
-def _rename(name: str) -> Rule | None:
-    """``name``'s rule in :data:`HF_TO_AIAYN` with its layer index filled in, or None."""
-    return rename(name, HF_TO_AIAYN)
-
-
 def _unprefixed(hf_tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """The tensors without ViTForImageClassification's ``vit.`` prefix (a name present both
     with and without it is refused)."""
@@ -193,18 +182,9 @@ def vit_state_dict_from_hf(hf_tensors: Mapping[str, Tensor]) -> dict[str, Tensor
     Raises:
         UserError: naming a tensor that is not part of a ViT model, or a q/k/v part missing.
     """
-    state: dict[str, Tensor] = {}
-    parts: dict[str, dict[int, Tensor]] = {}
-    for name, tensor in _unprefixed(hf_tensors).items():
-        if name in IGNORED:
-            continue
-        rule = _rename(name)
-        if rule is None:
-            raise UserError(f"unexpected tensor {name!r}: not part of a ViT model")
-        if rule.part is None:
-            state[rule.name] = tensor
-        else:
-            parts.setdefault(rule.name, {})[rule.part] = tensor
+    tensors = _unprefixed(hf_tensors)
+    kept = ((name, tensor) for name, tensor in tensors.items() if name not in IGNORED)
+    state, parts = place_all(kept, HF_TO_AIAYN, "a ViT model")
     state.update(fuse_parts(parts, ("query", "key", "value")))
     return state
 

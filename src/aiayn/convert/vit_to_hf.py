@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
-from aiayn.convert.hf_export import HF_ACTIVATION_NAMES, label_maps, prefixed, tensors_to_hf
+from aiayn.convert.hf_export import encoder_fields_to_hf, label_maps, prefixed, tensors_to_hf
 from aiayn.convert.hf_folder import write_hf_folder
 from aiayn.convert.vit import HF_PREFIX, HF_TO_AIAYN
 from aiayn.data.images import ImagePreprocessor
@@ -32,13 +32,7 @@ def vit_config_to_hf(config: ViTConfig) -> dict[str, Any]:
     hf: dict[str, Any] = {
         "architectures": ["ViTForImageClassification" if c.num_labels else "ViTModel"],
         "model_type": "vit",
-        "hidden_size": c.d_model,
-        "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads,
-        "intermediate_size": c.d_ff,
-        "hidden_act": HF_ACTIVATION_NAMES[c.activation],
-        "hidden_dropout_prob": c.dropout,
-        "attention_probs_dropout_prob": c.attention_dropout,
+        **encoder_fields_to_hf(c),
         "layer_norm_eps": c.layer_norm_eps,
         "image_size": c.image_size,
         "patch_size": c.patch_size,

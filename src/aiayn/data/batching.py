@@ -27,9 +27,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from numpy.typing import ArrayLike, NDArray
 from torch import Tensor
 
 from aiayn.errors import UserError
+from aiayn.validation import is_int_at_least
 
 if TYPE_CHECKING:
     from aiayn.data.pretrained_tokenizer import TranslationTokenizer
@@ -46,6 +47,7 @@ __all__ = [
     "Batch",
     "Example",
     "ParallelDataset",
+    "TensorBatch",
     "TokenBatchSampler",
     "collate",
     "padding_fraction",
@@ -120,11 +122,7 @@ class ParallelDataset:
                 translation) pairs with more subword tokens than this on either side, specials
                 not counted; :attr:`num_dropped_too_long` counts them. None keeps every pair.
         """
-        if max_tokens_per_sentence is not None and (
-            isinstance(max_tokens_per_sentence, bool)
-            or not isinstance(max_tokens_per_sentence, int)
-            or max_tokens_per_sentence < 1
-        ):
+        if max_tokens_per_sentence is not None and not is_int_at_least(max_tokens_per_sentence, 1):
             raise UserError(
                 f"max_tokens_per_sentence must be a positive integer or None, "
                 f"got {max_tokens_per_sentence!r}"
@@ -188,9 +186,31 @@ class ParallelDataset:
 
 # --------------------------------------------------------------------------------- collation
 
+_B = TypeVar("_B", bound="TensorBatch")
+
+
+class TensorBatch:
+    """What every frozen batch dataclass shares: its tensor fields moved together (pinned, or to a
+    device), its other fields kept."""
+
+    def pin_memory(self: _B) -> _B:
+        """The same batch in page-locked host memory (for asynchronous copies to a GPU)."""
+        return self._map(lambda tensor: tensor.pin_memory())
+
+    def to(self: _B, device: torch.device | str, *, non_blocking: bool = False) -> _B:
+        """The same batch with its tensors on ``device``."""
+        return self._map(lambda tensor: tensor.to(device, non_blocking=non_blocking))
+
+    def _map(self: _B, move: Callable[[Tensor], Tensor]) -> _B:
+        assert dataclasses.is_dataclass(self)
+        fields = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        return dataclasses.replace(
+            self, **{name: move(value) for name, value in fields if isinstance(value, Tensor)}
+        )
+
 
 @dataclass(frozen=True)
-class Batch:
+class Batch(TensorBatch):
     """A padded batch of sentence pairs (all tensors int64, padded with ``pad_id`` on the right).
 
     Attributes:
@@ -227,24 +247,6 @@ class Batch:
     def padding_fraction(self) -> float:
         """Fraction of padding over ``src`` and ``tgt_out`` together."""
         return batches_padding_fraction([self])
-
-    def pin_memory(self) -> Batch:
-        """The same batch in page-locked host memory (for asynchronous copies to a GPU)."""
-        return dataclasses.replace(
-            self,
-            src=self.src.pin_memory(),
-            tgt_in=self.tgt_in.pin_memory(),
-            tgt_out=self.tgt_out.pin_memory(),
-        )
-
-    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
-        """The same batch with its tensors on ``device``."""
-        return dataclasses.replace(
-            self,
-            src=self.src.to(device, non_blocking=non_blocking),
-            tgt_in=self.tgt_in.to(device, non_blocking=non_blocking),
-            tgt_out=self.tgt_out.to(device, non_blocking=non_blocking),
-        )
 
 
 def batches_padding_fraction(batches: Iterable[Batch]) -> float:
@@ -394,17 +396,13 @@ class TokenBatchSampler:
                 f"src_lengths and tgt_lengths differ in length: "
                 f"{self.src_lengths.size} vs {self.tgt_lengths.size}"
             )
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        if not is_int_at_least(max_tokens, 1):
             raise UserError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-        if max_sentences is not None and (
-            isinstance(max_sentences, bool)
-            or not isinstance(max_sentences, int)
-            or max_sentences < 1
-        ):
+        if max_sentences is not None and not is_int_at_least(max_sentences, 1):
             raise UserError(
                 f"max_sentences must be a positive integer or None, got {max_sentences!r}"
             )
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        if not is_int_at_least(seed, 0):
             raise UserError(f"seed must be a non-negative integer, got {seed!r}")
         self.max_tokens = max_tokens
         self.max_sentences = max_sentences
@@ -437,7 +435,7 @@ class TokenBatchSampler:
         The same ``(seed, epoch)`` always gives the same list, so training can resume at
         ``batches(epoch)[k]``. Every index appears exactly once.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        if not is_int_at_least(epoch, 0):
             raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
         n = self.num_sentences
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch]))

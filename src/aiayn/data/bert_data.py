@@ -22,7 +22,6 @@ Shape legend:  B examples in a batch   S longest example of the batch (tokens)
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models, normalizers, pre_tokenizers, trainers
 from torch import Tensor
 
-from aiayn.data.batching import SPECIALS_PER_ROW, TokenBatchSampler
+from aiayn.data.batching import SPECIALS_PER_ROW, TensorBatch, TokenBatchSampler
 from aiayn.data.bert_tokenizer import BertTokenizer
 from aiayn.data.corpus import read_lines
 from aiayn.data.masking import (
@@ -325,7 +324,7 @@ class EncoderBatchSampler:
 
 
 @dataclass(frozen=True)
-class MaskedLMBatch:
+class MaskedLMBatch(TensorBatch):
     """A masked-LM batch.
 
     Attributes:
@@ -340,27 +339,9 @@ class MaskedLMBatch:
     labels: Tensor
     num_tgt_tokens: int
 
-    def pin_memory(self) -> MaskedLMBatch:
-        """The batch in page-locked host memory (for asynchronous copies to a GPU)."""
-        return dataclasses.replace(
-            self,
-            inputs=self.inputs.pin_memory(),
-            attention_mask=self.attention_mask.pin_memory(),
-            labels=self.labels.pin_memory(),
-        )
-
-    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> MaskedLMBatch:
-        """The batch with its tensors on ``device``."""
-        return dataclasses.replace(
-            self,
-            inputs=self.inputs.to(device, non_blocking=non_blocking),
-            attention_mask=self.attention_mask.to(device, non_blocking=non_blocking),
-            labels=self.labels.to(device, non_blocking=non_blocking),
-        )
-
 
 @dataclass(frozen=True)
-class ClassificationBatch:
+class ClassificationBatch(TensorBatch):
     """A sequence-classification batch.
 
     Attributes:
@@ -379,19 +360,6 @@ class ClassificationBatch:
     def num_tgt_tokens(self) -> int:
         """B: one target per example."""
         return int(self.labels.numel())
-
-    def pin_memory(self) -> ClassificationBatch:
-        """The batch in page-locked host memory (for asynchronous copies to a GPU)."""
-        return ClassificationBatch(*(t.pin_memory() for t in self._tensors()))
-
-    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> ClassificationBatch:
-        """The batch with its tensors on ``device``."""
-        return ClassificationBatch(
-            *(t.to(device, non_blocking=non_blocking) for t in self._tensors())
-        )
-
-    def _tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        return self.ids, self.token_types, self.attention_mask, self.labels
 
 
 def padding_of(masks: Iterable[Tensor]) -> float:

@@ -70,6 +70,7 @@ from aiayn.data.pretrained_tokenizer import (
     _write_bytes,
 )
 from aiayn.errors import UserError
+from aiayn.validation import is_int_at_least
 
 __all__ = [
     "MANIFEST",
@@ -327,7 +328,7 @@ class BertTokenizer:
         if max_length is None:
             return self._max_length
         needed = 3 if pair else 2
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < needed:
+        if not is_int_at_least(max_length, needed):
             raise UserError(
                 f"max_length must be an integer >= {needed} (the special tokens of "
                 f"{'a pair' if pair else 'one text'}), got {max_length!r}"
@@ -462,11 +463,7 @@ def _check_special_tokens(tokenizer: _HFTokenizer, tokens: Mapping[str, str]) ->
 
 def _check_model_max_length(model_max_length: object) -> None:
     """Refuse a ``model_max_length`` that is neither None nor an integer >= 3."""
-    if model_max_length is not None and (
-        isinstance(model_max_length, bool)
-        or not isinstance(model_max_length, int)
-        or model_max_length < 3
-    ):
+    if model_max_length is not None and not is_int_at_least(model_max_length, 3):
         raise UserError(
             f"model_max_length must be an integer >= 3 or null, got {model_max_length!r}"
         )
@@ -626,7 +623,7 @@ def _hf_settings(folder: Path, max_positions: int | None) -> dict[str, Any]:
     limit = config.get("model_max_length", config.get("max_len"))
     if isinstance(limit, float) and limit.is_integer():
         limit = int(limit)
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 3):
+    if limit is not None and not is_int_at_least(limit, 3):
         raise bad("model_max_length", limit, "an integer >= 3")
     if limit is not None and limit > _LARGE:
         limit = None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.errors import UserError
+from aiayn.validation import is_int_at_least
 
 __all__ = [
     "DEFAULT_MAX_RATIO",
@@ -209,7 +210,7 @@ def filter_pairs(
     Returns:
         The kept pairs, normalised and in input order, and the :class:`FilterReport`.
     """
-    if isinstance(max_words, bool) or not isinstance(max_words, int) or max_words < 1:
+    if not is_int_at_least(max_words, 1):
         raise UserError(f"max_words must be an integer >= 1, got {max_words!r}")
     if not max_ratio >= 1.0:  # also rejects NaN
         raise UserError(f"max_ratio must be >= 1, got {max_ratio!r}")

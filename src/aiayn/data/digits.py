@@ -21,7 +21,6 @@ Shape legend:  N images   B images in a batch   C channels (1)   H, W height and
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 from numpy.typing import NDArray
 from torch import Tensor
 
+from aiayn.data.batching import TensorBatch
 from aiayn.data.images import ImagePreprocessor
 from aiayn.errors import UserError
 
@@ -155,7 +155,7 @@ def save_digit_png(image: NDArray[np.uint8], path: str | Path) -> Path:
 
 
 @dataclass(frozen=True)
-class ImageBatch:
+class ImageBatch(TensorBatch):
     """Images and their labels, stacked.
 
     Attributes:
@@ -170,20 +170,6 @@ class ImageBatch:
     def num_tgt_tokens(self) -> int:
         """B: one target per image."""
         return int(self.labels.numel())
-
-    def pin_memory(self) -> ImageBatch:
-        """The same batch in page-locked host memory (for asynchronous copies to a GPU)."""
-        return dataclasses.replace(
-            self, pixels=self.pixels.pin_memory(), labels=self.labels.pin_memory()
-        )
-
-    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> ImageBatch:
-        """The same batch with its tensors on ``device``."""
-        return dataclasses.replace(
-            self,
-            pixels=self.pixels.to(device, non_blocking=non_blocking),
-            labels=self.labels.to(device, non_blocking=non_blocking),
-        )
 
 
 class ImageSet:

@@ -27,6 +27,7 @@ from PIL import Image, ImageOps
 from torch import Tensor
 
 from aiayn import limits
+from aiayn.data.json_files import read_json_object
 from aiayn.errors import ConfigError, UserError
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
@@ -135,12 +136,7 @@ class ImagePreprocessor:
     def from_folder(cls, folder: str | Path) -> ImagePreprocessor:
         """From ``folder``'s ``preprocessor_config.json``."""
         file = Path(folder) / PREPROCESSOR_CONFIG
-        try:
-            config = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{file}: cannot read the image preprocessing ({exc})") from None
-        if not isinstance(config, dict):
-            raise UserError(f"{file}: not a JSON object")
+        config = read_json_object(file, "the image preprocessing")
         try:
             return cls.from_hf(config)
         except UserError as exc:

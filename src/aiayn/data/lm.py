@@ -16,7 +16,6 @@ Shape legend:
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import torch
 from numpy.typing import NDArray
 from torch import Tensor
 
+from aiayn.data.batching import TensorBatch
 from aiayn.data.corpus import read_lines
 
 __all__ = ["BlockBatchSampler", "LMBatch", "TextBlocks", "read_documents", "token_stream"]
@@ -53,7 +53,7 @@ def token_stream(lines: Iterable[str], tokenizer: TextEncoder, eos_id: int) -> N
 
 
 @dataclass(frozen=True)
-class LMBatch:
+class LMBatch(TensorBatch):
     """Blocks of one length, stacked (int64, no padding anywhere).
 
     Attributes:
@@ -65,20 +65,6 @@ class LMBatch:
     inputs: Tensor
     targets: Tensor
     num_tgt_tokens: int
-
-    def pin_memory(self) -> LMBatch:
-        """The same batch in page-locked host memory (for asynchronous copies to a GPU)."""
-        return dataclasses.replace(
-            self, inputs=self.inputs.pin_memory(), targets=self.targets.pin_memory()
-        )
-
-    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> LMBatch:
-        """The same batch with its tensors on ``device``."""
-        return dataclasses.replace(
-            self,
-            inputs=self.inputs.to(device, non_blocking=non_blocking),
-            targets=self.targets.to(device, non_blocking=non_blocking),
-        )
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ import sentencepiece as spm
 from tokenizers import Tokenizer as _HFTokenizer
 
 from aiayn.errors import UserError
+from aiayn.validation import is_int_at_least
 
 __all__ = [
     "MANIFEST",
@@ -194,7 +195,7 @@ class T5Tokenizer(_SpecialIds):
             ids = [model.token_to_id(name) for name in names]
             self._vocab_size = int(model.get_vocab_size(with_added_tokens=True))
         else:
-            if isinstance(extra_ids, bool) or not isinstance(extra_ids, int) or extra_ids < 0:
+            if not is_int_at_least(extra_ids, 0):
                 raise UserError(f"extra_ids must be an integer >= 0, got {extra_ids!r}")
             self._extra_ids = extra_ids
             self._special = _t5_special_ids(

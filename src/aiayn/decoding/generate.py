@@ -176,18 +176,17 @@ def _generate_batch(
     c, b = model.config, len(prompts)
     device = model.embedder.embedding.weight.device
     step, state = decoder_only_step(model, prompts, max_new_tokens=o.max_new_tokens)
-    ends: dict[str, Any] = {"bos_id": c.bos_id, "eos_id": c.eos_id, "max_len": o.max_new_tokens}
+    common: dict[str, Any] = {  # what every search takes alike
+        "bos_id": c.bos_id,
+        "eos_id": c.eos_id,
+        "max_len": o.max_new_tokens,
+        "min_len": o.min_new_tokens,
+        "batch_size": b,
+        "device": device,
+    }
     if o.method == "beam":
         return beam_search(
-            step,
-            state,
-            **ends,
-            batch_size=b,
-            beam_size=o.beam_size,
-            alpha=o.alpha,
-            n_best=o.n_best,
-            min_len=o.min_new_tokens,
-            device=device,
+            step, state, **common, beam_size=o.beam_size, alpha=o.alpha, n_best=o.n_best
         )
     if o.method == "sample":
         generators = None
@@ -196,19 +195,14 @@ def _generate_batch(
         outputs = sample(
             step,
             state,
-            **ends,
-            batch_size=b,
+            **common,
             temperature=o.temperature,
             top_k=o.top_k,
             top_p=o.top_p,
-            min_len=o.min_new_tokens,
             generator=generators,
-            device=device,
         )
     else:
-        outputs = greedy_search(
-            step, state, **ends, batch_size=b, min_len=o.min_new_tokens, device=device
-        )
+        outputs = greedy_search(step, state, **common)
     return [[Hypothesis(out, math.nan, math.nan)] for out in outputs]
 
 

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.attention import SelfAttention
-from aiayn.config import ModelConfig, Presets, Published
+from aiayn.config import ModelConfig, Presets, Published, check_heads, check_labels
 from aiayn.errors import ConfigError
 from aiayn.layers import (
     ACTIVATIONS,
@@ -115,21 +115,12 @@ class BertConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         validate(self)
-        if self.d_model % self.num_heads:
-            raise ConfigError(
-                f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
-            )
+        check_heads(self.d_model, self.num_heads)
         if self.pad_id >= self.vocab_size:
             raise ConfigError(f"pad_id={self.pad_id} is outside the vocabulary")
         if self.head == "classification" and not self.pooler:
             raise ConfigError("head='classification' needs pooler=True (it reads the pooled state)")
-        self._check_labels()
-
-    def _check_labels(self) -> None:
-        if self.id2label and len(self.id2label) != self.num_labels:
-            raise ConfigError(
-                f"id2label names {len(self.id2label)} labels, but num_labels={self.num_labels}"
-            )
+        check_labels(self.id2label, self.num_labels)
 
     def summary(self) -> str:
         """The architecture in one line (BERT §3's names: L, H, A as N, d_model, h)."""

@@ -34,7 +34,7 @@ from aiayn.attention import (
     decoder_only_mask,
     positions_from_padding,
 )
-from aiayn.config import ModelConfig, Presets, Published
+from aiayn.config import ModelConfig, Presets, Published, check_heads
 from aiayn.errors import ConfigError
 from aiayn.layers import (
     ACTIVATIONS,
@@ -98,10 +98,7 @@ class GPT2Config(ModelConfig):
 
     def __post_init__(self) -> None:
         validate(self)
-        if self.d_model % self.num_heads:
-            raise ConfigError(
-                f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
-            )
+        check_heads(self.d_model, self.num_heads)
         for name in ("bos_id", "eos_id", "pad_id"):
             if getattr(self, name) >= self.vocab_size:
                 raise ConfigError(f"{name}={getattr(self, name)} is outside the vocabulary")

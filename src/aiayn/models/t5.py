@@ -28,8 +28,9 @@ Shape legend:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -145,16 +146,8 @@ def _v1_0(d_model: int, d_ff: int, heads: int, layers: int) -> T5Config:
 
 
 def _v1_1(d_model: int, d_ff: int, heads: int, layers: int) -> T5Config:
-    return T5Config(
-        d_model=d_model,
-        d_ff=d_ff,
-        num_heads=heads,
-        num_encoder_layers=layers,
-        num_decoder_layers=layers,
-        activation="gelu_tanh",
-        gated=True,
-        tie_output=False,
-        scale_output=False,
+    return _v1_0(d_model, d_ff, heads, layers).replace(
+        activation="gelu_tanh", gated=True, tie_output=False, scale_output=False
     )
 
 
@@ -259,28 +252,40 @@ def t5_position_bias(config: T5Config, *, bidirectional: bool) -> RelativePositi
     )
 
 
-def t5_encoder(config: T5Config, embedding: TokenEmbedding) -> Encoder:
-    """The encoder stack around the shared embedding."""
+_S = TypeVar("_S", Encoder, Decoder)
+
+
+def _t5_stack(
+    stack: type[_S],
+    config: T5Config,
+    embedding: TokenEmbedding,
+    layer: Callable[[T5Config], nn.Module],
+    num_layers: int,
+    *,
+    bidirectional: bool,
+) -> _S:
+    """A stack of ``num_layers`` blocks built by ``layer`` around the shared embedding, with its
+    relative position bias, a final RMSNorm and dropout."""
     c = config
-    return Encoder(
+    return stack(
         Embedder(embedding, NoPositionalEncoding(), c.dropout),
-        [t5_encoder_layer(c) for _ in range(c.num_encoder_layers)],
+        [layer(c) for _ in range(num_layers)],
         rms_norm(c.layer_norm_eps)(c.d_model),
-        position_bias=t5_position_bias(c, bidirectional=True),
+        position_bias=t5_position_bias(c, bidirectional=bidirectional),
         final_dropout=c.dropout,
     )
+
+
+def t5_encoder(config: T5Config, embedding: TokenEmbedding) -> Encoder:
+    """The encoder stack around the shared embedding."""
+    n = config.num_encoder_layers
+    return _t5_stack(Encoder, config, embedding, t5_encoder_layer, n, bidirectional=True)
 
 
 def t5_decoder(config: T5Config, embedding: TokenEmbedding) -> Decoder:
     """The decoder stack around the shared embedding."""
-    c = config
-    return Decoder(
-        Embedder(embedding, NoPositionalEncoding(), c.dropout),
-        [t5_decoder_layer(c) for _ in range(c.num_decoder_layers)],
-        rms_norm(c.layer_norm_eps)(c.d_model),
-        position_bias=t5_position_bias(c, bidirectional=False),
-        final_dropout=c.dropout,
-    )
+    n = config.num_decoder_layers
+    return _t5_stack(Decoder, config, embedding, t5_decoder_layer, n, bidirectional=False)
 
 
 def _refuse_float16(encoder: Encoder, args: object) -> None:

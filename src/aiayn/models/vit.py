@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import SelfAttention
-from aiayn.config import ModelConfig, Presets, Published
+from aiayn.config import ModelConfig, Presets, Published, check_heads, check_labels
 from aiayn.errors import ConfigError, UserError
 from aiayn.layers import ACTIVATIONS, Dropout, FeedForward, SelfAttentionBlock, layer_norm
 from aiayn.validation import (
@@ -109,14 +109,8 @@ class ViTConfig(ModelConfig):
             raise ConfigError(
                 f"patch_size={self.patch_size} is larger than image_size={self.image_size}"
             )
-        if self.d_model % self.num_heads:
-            raise ConfigError(
-                f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
-            )
-        if self.id2label and len(self.id2label) != self.num_labels:
-            raise ConfigError(
-                f"id2label names {len(self.id2label)} labels, but num_labels={self.num_labels}"
-            )
+        check_heads(self.d_model, self.num_heads)
+        check_labels(self.id2label, self.num_labels)
 
     @property
     def grid(self) -> int:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
 from aiayn.data.bert_data import (
@@ -30,6 +30,28 @@ from aiayn.models.bert import BERT, BertConfig
 from aiayn.training.bert_start import StartingBert
 from aiayn.training.config import BertDataConfig, RunConfig
 from aiayn.training.task import HeldOutTask, Log, print_main
+
+
+class BertObjective(nn.Module):
+    """What BERT's training objectives share: the model being trained (its parameters are this
+    module's), refused without the head the objective reads, and ε_ls of the loss.
+
+    Args:
+        model: the BERT being trained.
+        label_smoothing: ε_ls of the loss (0 by default).
+    """
+
+    head: ClassVar[str]
+    """The attribute of :class:`~aiayn.models.bert.BERT` holding the head the objective reads."""
+    head_title: ClassVar[str]
+    """That head's name in the error for a BERT without it."""
+
+    def __init__(self, model: BERT, label_smoothing: float = 0.0):
+        super().__init__()
+        if getattr(model, self.head) is None:
+            raise ValueError(f"the BERT has no {self.head_title} (head {model.config.head!r})")
+        self.model = model
+        self.label_smoothing = label_smoothing
 
 
 @dataclass

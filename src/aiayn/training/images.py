@@ -47,7 +47,7 @@ from aiayn.evaluation.perplexity import EvalTally
 from aiayn.layers.loss import LossSums, label_smoothed_nll
 from aiayn.models.vit import ViT, ViTConfig
 from aiayn.training.config import ImageDataConfig, RunConfig
-from aiayn.training.task import AccuracyTask, Log, TaskData, print_main
+from aiayn.training.task import AccuracyTask, Log, TaskData, data_as, print_main
 
 
 @dataclass
@@ -205,7 +205,7 @@ class ImageClassificationTask(AccuracyTask):
 
     def sampler(self, data: TaskData, max_tokens: int, seed: int) -> ImageBatchSampler:
         """Shuffled training images, ``max_tokens`` a batch."""
-        return ImageBatchSampler(len(_image_data(data).train), max_tokens, seed=seed)
+        return ImageBatchSampler(len(data_as(data, ImageData).train), max_tokens, seed=seed)
 
     def step_inputs(self, batch: ImageBatch) -> tuple[Tensor, Tensor]:
         """(pixels, labels) for :class:`ImageClassificationObjective`."""
@@ -214,15 +214,6 @@ class ImageClassificationTask(AccuracyTask):
     def padding(self, batches: Sequence[ImageBatch]) -> float:
         """0: images are never padded."""
         return 0.0
-
-    def describe(self, data: TaskData) -> str:
-        """The training images."""
-        return f"{len(_image_data(data).train)} images"
-
-
-def _image_data(data: TaskData) -> ImageData:
-    assert isinstance(data, ImageData)
-    return data
 
 
 # The built-in image-classification demo (`aiayn train --demo vit`, configs/vit_digits.yaml): the

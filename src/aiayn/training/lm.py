@@ -41,6 +41,7 @@ from aiayn.training.task import (
     HeldOutTask,
     Log,
     TaskData,
+    data_as,
     print_checkpoint_report,
     print_main,
 )
@@ -187,7 +188,7 @@ class LanguageModelTask(HeldOutTask):
     # -- model and steps -------------------------------------------------------------------------
     def model_config(self, data: TaskData) -> GPT2Config:
         """The run's model; from scratch with the vocabulary's size and aiayn's special ids."""
-        vocab = _lm_data(data).tokenizer.vocab_size
+        vocab = data_as(data, LMData).tokenizer.vocab_size
         if self.run.init_from is not None:
             if vocab > self.model_cfg.vocab_size:
                 raise UserError(
@@ -217,7 +218,7 @@ class LanguageModelTask(HeldOutTask):
 
     def sampler(self, data: TaskData, max_tokens: int, seed: int) -> BlockBatchSampler:
         """Shuffled blocks, ``max_tokens // block_size`` a batch."""
-        return BlockBatchSampler(_lm_data(data).train, max_tokens, seed=seed)
+        return BlockBatchSampler(data_as(data, LMData).train, max_tokens, seed=seed)
 
     def step_inputs(self, batch: LMBatch) -> tuple[Tensor, Tensor]:
         """(inputs, targets) for :class:`LanguageModelObjective`."""
@@ -229,7 +230,7 @@ class LanguageModelTask(HeldOutTask):
 
     def describe(self, data: TaskData) -> str:
         """The training blocks."""
-        return f"{len(_lm_data(data).train)} blocks of {self.data_cfg.block_size} tokens"
+        return f"{len(data_as(data, LMData).train)} blocks of {self.data_cfg.block_size} tokens"
 
     # -- evaluation ------------------------------------------------------------------------------
     def metrics_line(self, metrics: dict[str, float]) -> str:
@@ -246,7 +247,7 @@ class LanguageModelTask(HeldOutTask):
         """The test text's perplexity (if any) and greedy continuations of the prompts."""
         out = super().finish(model, data, run_dir)
         assert isinstance(model, GPT2)
-        lm_data = _lm_data(data)
+        lm_data = data_as(data, LMData)
         out.samples = greedy_samples(model, lm_data.tokenizer, lm_data.prompts)
         return out
 
@@ -276,11 +277,6 @@ def greedy_samples(
         return []
     options = GenerateOptions(max_new_tokens=new_tokens, method="greedy")
     return list(zip(prompts, generate(model, tokenizer, prompts, options), strict=True))
-
-
-def _lm_data(data: TaskData) -> LMData:
-    assert isinstance(data, LMData)
-    return data
 
 
 # The built-in language-model demo (`aiayn train --demo lm`, configs/lm_demo.yaml): GPT-2's

@@ -45,8 +45,8 @@ from aiayn.errors import UserError
 from aiayn.layers.loss import LossSums, label_smoothed_nll
 from aiayn.models.bert import BERT, BertConfig
 from aiayn.training.bert_start import max_length, run_tokenizer, sized_config
-from aiayn.training.bert_task import BertData, BertTask, encoder_metrics
-from aiayn.training.task import Criterion, TaskData, print_checkpoint_report
+from aiayn.training.bert_task import BertData, BertObjective, BertTask, encoder_metrics
+from aiayn.training.task import Criterion, TaskData, data_as, print_checkpoint_report
 
 
 @dataclass
@@ -79,7 +79,7 @@ def masked_lm_sums(
     return sums, logits, gold
 
 
-class MaskedLMObjective(nn.Module):
+class MaskedLMObjective(BertObjective):
     """Σ (label-smoothed) cross-entropy of the masked-LM head at the targets of a batch.
 
     Args:
@@ -88,12 +88,7 @@ class MaskedLMObjective(nn.Module):
         label_smoothing: ε_ls of the loss (0 by default).
     """
 
-    def __init__(self, model: BERT, label_smoothing: float = 0.0):
-        super().__init__()
-        if model.mlm_head is None:
-            raise ValueError(f"the BERT has no masked-LM head (head {model.config.head!r})")
-        self.model = model
-        self.label_smoothing = label_smoothing
+    head, head_title = "mlm_head", "masked-LM head"
 
     def forward(self, inputs: Tensor, attention_mask: Tensor, labels: Tensor) -> LossSums:
         """Args as :func:`masked_lm_sums`."""
@@ -171,7 +166,7 @@ class MaskedLMTask(BertTask):
     # -- model and steps -------------------------------------------------------------------------
     def model_config(self, data: TaskData) -> BertConfig:
         """The run's BERT (head ``mlm``, no pooler) sized to the vocabulary."""
-        return sized_config(self.run, _mlm_data(data).tokenizer)
+        return sized_config(self.run, data_as(data, MaskedLMData).tokenizer)
 
     def objective(self, model: nn.Module) -> MaskedLMObjective:
         """Cross-entropy at the targets."""
@@ -180,7 +175,7 @@ class MaskedLMTask(BertTask):
 
     def sampler(self, data: TaskData, max_tokens: int, seed: int) -> EncoderBatchSampler:
         """Length-bucketed batches under ``max_tokens``; draw ids (each epoch its masks)."""
-        lengths = _mlm_data(data).train.texts.lengths
+        lengths = data_as(data, MaskedLMData).train.texts.lengths
         return EncoderBatchSampler(lengths, max_tokens, seed=seed, draw_ids=True)
 
     def step_inputs(self, batch: MaskedLMBatch) -> tuple[Tensor, Tensor, Tensor]:
@@ -189,7 +184,7 @@ class MaskedLMTask(BertTask):
 
     def describe(self, data: TaskData) -> str:
         """The training lines."""
-        return f"{len(_mlm_data(data).train)} lines"
+        return f"{len(data_as(data, MaskedLMData).train)} lines"
 
     # -- evaluation ------------------------------------------------------------------------------
     def metrics_line(self, metrics: dict[str, float]) -> str:
@@ -214,8 +209,3 @@ class MaskedLMTask(BertTask):
             "at the masked tokens"
         )
         print_checkpoint_report(result, validation, lambda m: f"perplexity {m['ppl']:.2f}")
-
-
-def _mlm_data(data: TaskData) -> MaskedLMData:
-    assert isinstance(data, MaskedLMData)
-    return data

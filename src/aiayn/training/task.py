@@ -46,7 +46,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -101,6 +101,16 @@ class TaskData(Protocol):
 
     @property
     def train(self) -> TrainSplit: ...
+
+
+_D = TypeVar("_D")
+
+
+def data_as(data: TaskData, kind: type[_D]) -> _D:
+    """``data`` as the ``kind`` of prepared data its task made (a task's own methods get back
+    what its :meth:`Task.prepare_data` returned)."""
+    assert isinstance(data, kind)
+    return data
 
 
 class BatchSampler(Protocol):
@@ -296,6 +306,10 @@ class AccuracyTask(HeldOutTask):
     def test_line(self, test: Mapping[str, float]) -> str:
         """Accuracy, right / all."""
         return accuracy_on_test(test, self.unit)
+
+    def describe(self, data: TaskData) -> str:
+        """The training split's size in :attr:`unit` ("1437 images")."""
+        return f"{len(data_as(data, self.data_class).train)} {self.unit}"
 
     def report(self, result: Any) -> None:
         """Validation accuracy of the last, best and averaged checkpoints, then the test's."""

@@ -49,8 +49,8 @@ from aiayn.errors import UserError
 from aiayn.layers.loss import LossSums, label_smoothed_nll
 from aiayn.models.bert import BERT, BertConfig
 from aiayn.training.bert_start import max_length, run_tokenizer, sized_config
-from aiayn.training.bert_task import BertData, BertTask, encoder_metrics
-from aiayn.training.task import AccuracyTask, TaskData
+from aiayn.training.bert_task import BertData, BertObjective, BertTask, encoder_metrics
+from aiayn.training.task import AccuracyTask, TaskData, data_as
 
 
 @dataclass
@@ -73,7 +73,7 @@ def classification_sums(
     return label_smoothed_nll(log_probs[None], batch.labels[None], epsilon, pad_id=-1), logits
 
 
-class TextClassificationObjective(nn.Module):
+class TextClassificationObjective(BertObjective):
     """Σ (label-smoothed) cross-entropy of the classifier's logits over a batch of texts.
 
     Args:
@@ -82,12 +82,7 @@ class TextClassificationObjective(nn.Module):
         label_smoothing: ε_ls of the loss (0 by default).
     """
 
-    def __init__(self, model: BERT, label_smoothing: float = 0.0):
-        super().__init__()
-        if model.classifier is None:
-            raise ValueError(f"the BERT has no classifier (head {model.config.head!r})")
-        self.model = model
-        self.label_smoothing = label_smoothing
+    head, head_title = "classifier", "classifier"
 
     def forward(
         self, ids: Tensor, token_types: Tensor, attention_mask: Tensor, labels: Tensor
@@ -188,8 +183,8 @@ class TextClassificationTask(BertTask, AccuracyTask):
     # -- model and steps -------------------------------------------------------------------------
     def model_config(self, data: TaskData) -> BertConfig:
         """The run's BERT (head ``classification``) with the training file's labels."""
-        labels = _classification_data(data).labels
-        tokenizer = _classification_data(data).tokenizer
+        labels = data_as(data, ClassificationData).labels
+        tokenizer = data_as(data, ClassificationData).tokenizer
         return sized_config(self.run, tokenizer, num_labels=len(labels), id2label=labels)
 
     def objective(self, model: nn.Module) -> TextClassificationObjective:
@@ -199,20 +194,11 @@ class TextClassificationTask(BertTask, AccuracyTask):
 
     def sampler(self, data: TaskData, max_tokens: int, seed: int) -> EncoderBatchSampler:
         """Length-bucketed batches under ``max_tokens``."""
-        lengths = _classification_data(data).train.texts.lengths
+        lengths = data_as(data, ClassificationData).train.texts.lengths
         return EncoderBatchSampler(lengths, max_tokens, seed=seed)
 
     def step_inputs(self, batch: ClassificationBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(ids, token types, attention mask, labels) for :class:`TextClassificationObjective`."""
         return batch.ids, batch.token_types, batch.attention_mask, batch.labels
 
-    def describe(self, data: TaskData) -> str:
-        """The training examples."""
-        return f"{len(_classification_data(data).train)} examples"
-
     # -- evaluation ------------------------------------------------------------------------------
-
-
-def _classification_data(data: TaskData) -> ClassificationData:
-    assert isinstance(data, ClassificationData)
-    return data

@@ -51,6 +51,7 @@ from aiayn.training.task import (
     FinalOutputs,
     Log,
     TaskData,
+    data_as,
     print_main,
     refuse_options,
 )
@@ -216,7 +217,7 @@ class TranslationTask:
     def model_config(self, data: TaskData) -> ModelConfig:
         """The run's model with the joint vocabulary's size and padding id; with
         ``init_from``, the checkpoint's (checked against its tokenizer)."""
-        tok = _prepared(data).tokenizer
+        tok = data_as(data, PreparedData).tokenizer
         if self.run.init_from is not None:
             return start_config(self.run, tok)
         return self.model_cfg.replace(
@@ -242,7 +243,7 @@ class TranslationTask:
 
     def sampler(self, data: TaskData, max_tokens: int, seed: int) -> TokenBatchSampler:
         """Length-bucketed token-budget batches (§5.1)."""
-        train = _prepared(data).train
+        train = data_as(data, PreparedData).train
         return TokenBatchSampler(train.src_lengths, train.tgt_lengths, max_tokens, seed=seed)
 
     def step_inputs(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor, int]:
@@ -255,7 +256,7 @@ class TranslationTask:
 
     def describe(self, data: TaskData) -> str:
         """The training pairs."""
-        return f"{len(_prepared(data).train)} pairs"
+        return f"{len(data_as(data, PreparedData).train)} pairs"
 
     def evaluate(
         self,
@@ -270,7 +271,7 @@ class TranslationTask:
         (default: ``data.bleu_sentences``; 0 = all)."""
         refuse_options(options)
         assert isinstance(model, EncoderDecoder)
-        prepared = _prepared(data)
+        prepared = data_as(data, PreparedData)
         tally, tokens = self._valid_loss(model, prepared, max_tokens)
         valid = prepared.valid
         n = self.data_cfg.bleu_sentences if bleu_sentences is None else bleu_sentences
@@ -313,7 +314,7 @@ class TranslationTask:
 
     def finish(self, model: nn.Module, data: TaskData, run_dir: Path) -> FinalOutputs:
         """Greedy-translate the test set (if any) with ``model``; write and score it."""
-        prepared = _prepared(data)
+        prepared = data_as(data, PreparedData)
         if not prepared.test_pairs:
             return FinalOutputs()
         assert isinstance(model, EncoderDecoder)
@@ -358,11 +359,6 @@ class TranslationTask:
         hyps = translate_texts(ckpt.model, tokenizer, DEMO_SENTENCES, prefix=prefix)
         for src, hyp in zip(DEMO_SENTENCES, hyps, strict=True):
             print(f"  {src:<32} -> {hyp}")
-
-
-def _prepared(data: TaskData) -> PreparedData:
-    assert isinstance(data, PreparedData)
-    return data
 
 
 # The built-in demo (`aiayn train`): a small pre-norm model on the shipped Tatoeba EN→DE subset

@@ -83,12 +83,12 @@ def script_json(data: dict[str, Any]) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def page_head(title: str, style: str) -> str:
+def page_head(title: str, style: str, *, common_style: bool = True) -> str:
     """The ``<head>`` element (``static/page_head.html``, without its final newline): charset,
-    viewport, title and inline style, the pages' common ``static/page.css`` then ``style``."""
-    head = fill(
-        page_file("page_head.html"), title=html.escape(title), style=page_file("page.css") + style
-    )
+    viewport, title and inline style, the token pages' common ``static/page.css`` (unless not
+    ``common_style``) then ``style``."""
+    common = page_file("page.css") if common_style else ""
+    head = fill(page_file("page_head.html"), title=html.escape(title), style=common + style)
     return head.removesuffix("\n")
 
 

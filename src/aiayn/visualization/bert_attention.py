@@ -132,13 +132,10 @@ def collect_bert_attention(
 
 def bert_attention(checkpoint: Checkpoint[Any], request: AttentionRequest) -> TokenAttention:
     """``aiayn attention`` for a BERT checkpoint: ``request.text``, with ``[MASK]`` or without."""
-    from aiayn.checkpoint import checkpoint_tokenizer
-    from aiayn.data.bert_tokenizer import BertTokenizer
+    from aiayn.checkpoint import checkpoint_bert_tokenizer
 
     assert request.text is not None
-    tokenizer = checkpoint_tokenizer(checkpoint.path)
-    if not isinstance(tokenizer, BertTokenizer):
-        raise UserError(f"{checkpoint.path} has no BERT vocabulary (bert_tokenizer.json)")
+    tokenizer = checkpoint_bert_tokenizer(checkpoint.path)
     return collect_bert_attention(
         checkpoint.model, tokenizer, request.text, max_tokens=request.max_tokens
     )

@@ -292,12 +292,9 @@ def decoder_only_first_layer(model: Any, folder: Path, text: str) -> FirstLayerI
 @torch.no_grad()
 def bert_first_layer(model: Any, folder: Path, text: str) -> FirstLayerInputs:
     """BERT's first layer on ``[CLS] text [SEP]`` (segment A), bidirectional."""
-    from aiayn.checkpoint import checkpoint_tokenizer
-    from aiayn.data.bert_tokenizer import BertTokenizer
+    from aiayn.checkpoint import checkpoint_bert_tokenizer
 
-    tokenizer = checkpoint_tokenizer(folder)
-    if not isinstance(tokenizer, BertTokenizer):
-        raise UserError(f"{folder} has no BERT vocabulary (bert_tokenizer.json)")
+    tokenizer = checkpoint_bert_tokenizer(folder)
     if not text.strip():
         raise UserError("--text is empty: give a sentence")
     ids = tokenizer.encode(text).ids
@@ -341,12 +338,9 @@ def _patch_parts(embedder: Any, pixels: Tensor) -> tuple[list[InputPart], Tensor
 @torch.no_grad()
 def vit_first_layer(model: Any, folder: Path, image: str) -> FirstLayerInputs:
     """A ViT's first layer on the image file ``image``: the class token and the patches."""
-    from aiayn.checkpoint import checkpoint_tokenizer
-    from aiayn.data.images import ImagePreprocessor
+    from aiayn.checkpoint import checkpoint_preprocessor
 
-    preprocessor = checkpoint_tokenizer(folder)
-    if not isinstance(preprocessor, ImagePreprocessor):
-        raise UserError(f"{folder} has no image preprocessing (preprocessor_config.json)")
+    preprocessor = checkpoint_preprocessor(folder)
     pixels = preprocessor.load(image)[None]  # (1, C, H, W)
     embedder = model.embedder
     p = embedder.projection.kernel_size[0]

@@ -45,7 +45,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +60,7 @@ from torch import Tensor
 from aiayn.data.images import ImagePreprocessor, open_image
 from aiayn.errors import UserError
 from aiayn.models.vit import ViT
+from aiayn.visualization.attention_page import page_head, script_json
 from aiayn.visualization.static_files import fill, page_file
 
 __all__ = [
@@ -533,12 +533,6 @@ def _data_uri(image: Image.Image) -> str:
     return f"data:{mime};base64,{base64.b64encode(buffer.getvalue()).decode('ascii')}"
 
 
-def _script_json(data: dict[str, Any]) -> str:
-    """JSON that is safe inside a ``<script>`` element (no ``</script>`` or ``<!--``)."""
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
 def _rounded(values: Tensor) -> Any:
     """A tensor as nested lists of floats rounded to 5 decimals."""
     return np.round(values.double().numpy(), 5).tolist()
@@ -600,8 +594,8 @@ def image_attention_html(
     (height, width), (g_h, g_w) = attention.input_size, attention.grid
     return fill(
         page_file("image_attention.html"),
+        head=page_head(title, page_file("image_attention.css"), common_style=False),
         title=html.escape(title),
-        style=page_file("image_attention.css"),
         name=html.escape(attention.name),
         width=width,
         height=height,
@@ -614,7 +608,7 @@ def image_attention_html(
         rollout=data["rollout"],
         legend=_legend_colours(),
         predictions=_predictions_html(attention),
-        data=_script_json(data),
+        data=script_json(data),
         script=page_file("image_attention.js"),
     )
 

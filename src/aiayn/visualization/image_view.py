@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.checkpoint import Checkpoint
-from aiayn.errors import UserError
 from aiayn.visualization.image_attention import ImageAttention
 from aiayn.visualization.token_attention import AttentionRequest, AttentionView, TokenAttention
 
@@ -89,14 +88,11 @@ class ImageAttentionResult:
 
 def image_attention(checkpoint: Checkpoint[Any], request: AttentionRequest) -> ImageAttentionResult:
     """``aiayn attention`` for a ViT checkpoint and ``request.image``."""
-    from aiayn.checkpoint import checkpoint_tokenizer
-    from aiayn.data.images import ImagePreprocessor
+    from aiayn.checkpoint import checkpoint_preprocessor
     from aiayn.visualization.image_attention import collect_image_attention
 
     assert request.image is not None
-    preprocessor = checkpoint_tokenizer(checkpoint.path)
-    if not isinstance(preprocessor, ImagePreprocessor):
-        raise UserError(f"{checkpoint.path} has no image preprocessing (preprocessor_config.json)")
+    preprocessor = checkpoint_preprocessor(checkpoint.path)
     return ImageAttentionResult(
         collect_image_attention(checkpoint.model, preprocessor, request.image)
     )
