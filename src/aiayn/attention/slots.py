@@ -173,8 +173,8 @@ def attend_slots_reference(
 ) -> Tensor:
     """:func:`attend_slots` by gathering each row's S columns and masking those past its length."""
     s = cache.longest
-    keys = cache.key.index_select(0, cache.rows)[:, :, :s]  # (B, H, S, d_k)
-    values = cache.value.index_select(0, cache.rows)[:, :, :s]  # (B, H, S, d_v)
+    keys = cache.key[:, :, :s].index_select(0, cache.rows)  # (M, H, S, d_k) -> (B, H, S, d_k)
+    values = cache.value[:, :, :s].index_select(0, cache.rows)  # (B, H, S, d_v)
     own = torch.arange(s, device=query.device) < cache.lengths[:, None]  # (B, S)
     out, _ = scaled_dot_product_attention(
         query, keys, values, own[:, None, None, :], bias=bias, scale=scale

@@ -195,11 +195,6 @@ class InferenceState:
     slots: SlotRows
     sources: SlotRows
 
-    @property
-    def offset(self) -> int:
-        """The longest row's target positions decoded."""
-        return self.slots.longest
-
     def repeat_interleave(self, repeats: int) -> InferenceState:
         """Each decoder row becomes ``repeats`` rows (the beams); the source side is shared."""
         rows = self.slots.rows.numel()

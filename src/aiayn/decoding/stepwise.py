@@ -86,6 +86,7 @@ class SteppedSearch:
         self.stepped = False  # whether a step has run (the state is past its first step)
         self.tokens = torch.full((len(keys), 1), bos_id, dtype=torch.long, device=device)
         self._leaving: list[Row] = []  # rows at their limit, taken out by begin()
+        self.appended = 0  # tokens the latest step appended (its rows but those ending by EOS)
 
     @property
     def done(self) -> bool:
@@ -110,7 +111,7 @@ class SteppedSearch:
     def end(self, log_probs: Tensor | None, state: DecoderState | None) -> list[Row]:
         """After the step made of :meth:`begin`'s inputs, its (B, V) log-probs and next state
         (None when there was no row to step): the rows that end, which leave."""
-        ended, self._leaving = self._leaving, []
+        ended, self._leaving, self.appended = self._leaving, [], 0
         if log_probs is None or state is None:
             return ended
         self.state = state
@@ -123,6 +124,7 @@ class SteppedSearch:
             else:
                 row.tokens.append(token)
         self.tokens = chosen[:, None]  # (B, 1)
+        self.appended = len(self.rows) - len(finished)
         return ended + self.remove(finished)
 
     def remove(self, keys: Sequence[Hashable]) -> list[Row]:

@@ -415,7 +415,6 @@ class SteppedGroup:
         for row in search.rows:
             self._count[row.key[0]] += 1  # type: ignore[index]
         self._open = set(self._count)
-        self._before = 0
 
     @property
     def done(self) -> bool:
@@ -426,7 +425,6 @@ class SteppedGroup:
         return self.search.step
 
     def inputs(self) -> Inputs | None:
-        self._before = sum(len(r.tokens) for r in self.search.rows)
         if not self.search.begin():
             return None
         return self.search.tokens, self.search.state
@@ -435,12 +433,11 @@ class SteppedGroup:
         self, log_probs: Tensor | None, state: DecoderState | None
     ) -> tuple[list[tuple[Job, Any]], int]:
         ended = self.search.end(log_probs, state)
-        generated = sum(len(r.tokens) for r in self.search.rows) + sum(len(r.tokens) for r in ended)
         if self._watch is not None:
             ended += self._watched()
         for row in ended:
             self._ended[row.key] = row
-        return self._answered(), generated - self._before
+        return self._answered(), self.search.appended
 
     def _watched(self) -> list[Row]:
         """The rows that end at a stop string (each request watched on its own: one whose
