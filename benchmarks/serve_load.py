@@ -3,7 +3,8 @@ and against offline decoding of the same inputs.
 
     python benchmarks/serve_load.py [--translation CKPT] [--lm CKPT] [--clients 1,8,32,64]
                                     [--requests 400] [--max-new-tokens 32] [--name serve_load]
-                                    [--decode-workers 2 | 1,2,3] [--device auto]
+                                    [--decode-workers 2 | 1,2,3] [--worker-rows 64,0]
+                                    [--device auto]
 
 Scenarios: a translation model (default: the `small` preset, random weights, a tokenizer
 trained on Multi30k's English side; or `--translation`, e.g. a trained checkpoint) decoding
@@ -13,8 +14,10 @@ greedily. Each request carries one sentence; every output is capped at `--max-ne
 
 For each scenario and each number of concurrent clients (async httpx clients, each sending its
 next request as soon as it has its answer), `--requests` requests go to a fresh `aiayn serve`
-process, with batching (with each `--decode-workers` count given; default: the server's) and
-with `--no-batching` (one request at a time). Reported: throughput
+process, with batching (with each `--decode-workers` count given, default: the server's; and
+with each `--worker-rows` given, the `serve_worker_rows` setting by which the decode workers fill
+in order, 0 = any worker takes any request; default: the server's) and with `--no-batching`
+(one request at a time). Reported: throughput
 (sentences/s and output tokens/s), p50 and p99 latency, errors, and mismatches against the
 offline answer of each input; and the offline throughput of the same inputs (`translate_ids` /
 `generate_ids` in this process, all inputs at once: the ceiling; and, for each number of
@@ -213,16 +216,25 @@ def _free_port() -> int:
 
 
 def _serve(
-    ckpt: Path, device: str, workers: int | None, threads: int | None = None
+    ckpt: Path,
+    device: str,
+    workers: int | None,
+    threads: int | None = None,
+    worker_rows: int | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A server of ``ckpt`` on ``device`` with ``workers`` decode workers (None: batching
-    off), on ``threads`` CPU threads (None: torch's default)."""
+    off), on ``threads`` CPU threads (None: torch's default), its workers filling in order up
+    to ``worker_rows`` rows (None: the setting's default)."""
     port = _free_port()
     argv = [sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(ckpt), "--port",
             str(port), "--queue-size", "4096", "--timeout-s", "3600",
             "--device", device]  # fmt: skip
     argv += ["--no-batching"] if workers is None else ["--decode-workers", str(workers)]
-    env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = dict(os.environ)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if worker_rows is not None:
+        env["AIAYN_SERVE_WORKER_ROWS"] = str(worker_rows)
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     base = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -271,6 +283,12 @@ def main() -> None:
         help="decode workers of the batched server; several (1,2) compare them",
     )
     p.add_argument(
+        "--worker-rows",
+        default="",
+        help="serve_worker_rows of the batched server (several, e.g. 64,0, compare them; "
+        "0: any decode worker takes any request); default: the setting's",
+    )
+    p.add_argument(
         "--device",
         type=device_flag,
         default="auto",
@@ -279,6 +297,7 @@ def main() -> None:
     args = p.parse_args()
     args.device = str(resolve_device(args.device))
     args.decode_workers = [int(w) for w in args.decode_workers.split(",")]
+    args.worker_rows = [int(r) for r in args.worker_rows.split(",")] if args.worker_rows else [None]
     args.load_start = os.getloadavg()[0]
     clients = [int(c) for c in args.clients.split(",")]
     inputs = _lines("test_2016_flickr.en.gz")
@@ -309,14 +328,14 @@ def _measure(args: argparse.Namespace, clients: list[int], inputs: list[str],
             rows.append(_offline_row(kind, n, len(prompts), at_n, cpu_n, n_tokens))
         # the unbatched baseline at its best: one request's small operations can run faster
         # on one thread than split over all of them, so it runs both ways
-        servers = [*((w, None) for w in args.decode_workers), (None, None), (None, 1)]
-        for workers, threads in servers:
-            proc, base = _serve(ckpts[kind], args.device, workers, threads)
+        batched = [(w, None, r) for w in args.decode_workers for r in args.worker_rows]
+        for workers, threads, fill in [*batched, (None, None, None), (None, 1, None)]:
+            proc, base = _serve(ckpts[kind], args.device, workers, threads, fill)
             try:  # a few requests first, not measured: first-call costs stay out of the rows
                 asyncio.run(_load(base, kind, prompts[:8], 4, args.max_new_tokens))
                 for n in clients:
                     run = _timed_load(proc, base, kind, prompts, n, args.max_new_tokens)
-                    mode = _mode(args, workers, threads)
+                    mode = _mode(args, workers, threads, fill)
                     rows.append(_row(kind, n, mode, run, expected, tokens))
                     print(rows[-1], flush=True)
             finally:
@@ -324,12 +343,14 @@ def _measure(args: argparse.Namespace, clients: list[int], inputs: list[str],
     return rows
 
 
-def _mode(args: argparse.Namespace, workers: int | None, threads: int | None = None) -> str:
-    """A served row's mode: batched (naming its decode workers where several counts run), or
-    unbatched (naming its threads when not torch's default)."""
+def _mode(args: argparse.Namespace, workers: int | None, threads: int | None = None,
+          rows: int | None = None) -> str:  # fmt: skip
+    """A served row's mode: batched (naming its decode workers and worker rows where several
+    run), or unbatched (naming its threads when not torch's default)."""
     if workers is None:
         return "unbatched" if threads is None else f"unbatched, {threads} thread(s)"
-    return "batched" if len(args.decode_workers) == 1 else f"batched, {workers} decode workers"
+    mode = "batched" if len(args.decode_workers) == 1 else f"batched, {workers} decode workers"
+    return mode if len(args.worker_rows) == 1 else f"{mode}, worker rows {rows}"
 
 
 def _offline_row(kind: str, at_a_time: int, n: int, seconds: float, cpu: float,

@@ -84,6 +84,11 @@ class PerformanceSettings:
             generation model by default (:attr:`aiayn.serving.ServeOptions.decode_workers`):
             a decoding step at a server's batch sizes leaves cores idle (its Python
             bookkeeping and its small products run on one), which a second worker's steps use.
+        serve_worker_rows: the decode workers of a model fill in order: the second takes
+            requests only while the first steps this many rows or more (the third while the
+            second does too, ...). Below it, splitting the rows over workers costs more CPU per
+            request than it saves in time: each model call has a fixed cost, paid once per
+            worker (docs/serving.md measures both). 0: any worker takes any request.
         kernel_build_timeout_s: the longest a build of aiayn's C++ kernels may take
             (:mod:`aiayn.kernels.build`) before it is stopped and the library kernels run
             instead (docs/performance.md gives a measured build time).
@@ -106,6 +111,7 @@ class PerformanceSettings:
     native_attention_min_parallel_macs: int = 1 << 17
     serve_pool_keep_bytes: int = 256 << 20
     serve_decode_workers: int = 2
+    serve_worker_rows: int = 64
     kernel_build_timeout_s: float = 300.0
 
 

@@ -177,7 +177,8 @@ def test_two_decode_workers_run_their_own_groups(checkpoints: dict[str, Path], b
     """With two decode workers, a request that arrives while one worker is inside its step is
     started by the other, on its own thread (its own pools); every answer is the library's for
     its text alone."""
-    mt = _task(checkpoints["mt"], "mt", "translate", decode_workers=2)
+    with performance_settings(serve_worker_rows=1):  # the first worker is full at one row
+        mt = _task(checkpoints["mt"], "mt", "translate", decode_workers=2)
     engine, threads = mt.engine, []
     assert isinstance(engine, DecodeEngine) and engine.threads == 2
     starter = engine._start
@@ -202,6 +203,48 @@ def test_two_decode_workers_run_their_own_groups(checkpoints: dict[str, Path], b
     want = [_translate_offline(checkpoints["mt"], t, m, beam)
             for t, m in zip(TEXTS, [8, 6, 6], strict=False)]  # fmt: skip
     assert got == want
+
+
+@pytest.mark.parametrize(("fill_rows", "taken"), [(64, [4, 0]), (3, [3, 1]), (2, [2, 2])])
+def test_decode_workers_fill_in_order(
+    checkpoints: dict[str, Path], fill_rows: int, taken: list[int]
+) -> None:
+    """Workers fill in order: the second takes requests only where the first's rows would pass
+    serve_worker_rows (the last worker takes any); four one-row requests waiting at once go
+    to the first worker alone up to its rows, the rest to the second; every answer is the
+    library's."""
+    with performance_settings(serve_worker_rows=fill_rows):
+        lm = _task(checkpoints["lm"], "lm", "generate", decode_workers=2)
+    engine, started = lm.engine, {"aiayn-serve-lm": 0, "aiayn-serve-lm-1": 0}
+    starter = engine._start
+
+    def start(jobs: list[Job], pools: Any) -> Any:
+        started[threading.current_thread().name] += len(jobs)
+        return starter(jobs, pools)
+
+    def slow_first(n: int) -> None:  # the second worker has time to take what is left
+        if threading.current_thread().name == "aiayn-serve-lm":
+            time.sleep(0.05)
+
+    engine._start = start
+    _counted(lm, [], slow_first)
+
+    async def run() -> list[Any]:
+        made = [lm.prepare(CompletionRequest(prompt=p, max_tokens=5), 0) for p in PROMPTS]
+        assert [j.rows for j in made] == [1, 1, 1, 1]
+        for job in made:  # all waiting before a worker runs
+            engine._queue.append(job)
+        engine.start()
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*(j.future for j in made)), 60))
+        finally:
+            engine.stop()
+
+    answers = asyncio.run(run())
+    assert list(started.values()) == taken
+    for answer, prompt in zip(answers, PROMPTS, strict=True):
+        want = _generate_offline(checkpoints["lm"], prompt, GenerateOptions(max_new_tokens=5))
+        assert answer.choices[0].text == want
 
 
 def _jobs(task: Any, requests: list[Any], *args: Any) -> list[Job]:

@@ -14,7 +14,8 @@ then :meth:`SteppedSearch.end` with each search's share): rows of different sear
 at different steps and with different options, step together, each at its own positions;
 every row counts its own tokens.
 
-Shape legend:  B rows still decoding   V vocabulary
+Shape legend:  B rows still decoding   V vocabulary   M the longest limit
+               E rows ending at a step
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class Sampling:
 @dataclass
 class Row:
     """One sequence being decoded: its caller's key, its limit (tokens, EOS excluded), its
-    generator (sampling) and its tokens so far."""
+    generator (sampling) and its tokens: set when it leaves the batch (while it runs, by
+    :meth:`SteppedSearch.current_tokens`)."""
 
     key: Hashable
     limit: int
@@ -52,6 +54,11 @@ class Row:
 
 class SteppedSearch:
     """Greedy search (``sampling`` None) or sampling over ``step``, one :meth:`advance` at a time.
+
+    Its per-step bookkeeping is on tensors: each row's tokens so far, their count and its limit
+    are columns of (B, M), (B,) and (B,) tensors, so a step's checks (limit reached, EOS, EOS
+    allowed yet) are vectorised and the Python work of a step grows with the rows that end at
+    it, not with the rows running.
 
     Args:
         step, state: the step function and the initial state of ``len(keys)`` rows.
@@ -85,6 +92,10 @@ class SteppedSearch:
         self.device = device
         self.stepped = False  # whether a step has run (the state is past its first step)
         self.tokens = torch.full((len(keys), 1), bos_id, dtype=torch.long, device=device)
+        b, widest = len(self.rows), max((r.limit for r in self.rows), default=0)
+        self.limits = torch.tensor([r.limit for r in self.rows], dtype=torch.long)  # (B,)
+        self.lengths = torch.zeros(b, dtype=torch.long)  # (B,) tokens so far
+        self.out = torch.zeros((b, widest), dtype=torch.long)  # (B, M) tokens so far, on CPU
         self._leaving: list[Row] = []  # rows at their limit, taken out by begin()
         self.appended = 0  # tokens the latest step appended (its rows but those ending by EOS)
 
@@ -104,7 +115,8 @@ class SteppedSearch:
     def begin(self) -> bool:
         """Before a step: the rows at their limit leave (:meth:`end` returns them); whether
         rows are left to step (``tokens`` and ``state`` are then the step's inputs)."""
-        self._leaving = self.remove([r.key for r in self.rows if len(r.tokens) >= r.limit])
+        at_limit = (self.lengths >= self.limits).nonzero().flatten()  # (E,)
+        self._leaving = self._remove_at(at_limit.tolist())
         return bool(self.rows)
 
     @torch.inference_mode()
@@ -117,15 +129,21 @@ class SteppedSearch:
         self.state = state
         chosen = self._choose(log_probs)  # (B,)
         self.stepped = True
-        finished = []
-        for row, token in zip(self.rows, chosen.tolist(), strict=True):
-            if token == self.eos_id:
-                finished.append(row.key)
-            else:
-                row.tokens.append(token)
+        picked = chosen.cpu()  # (B,)
+        eos = picked == self.eos_id  # (B,)
+        at = torch.arange(picked.numel())  # (B,)
+        self.out[at, self.lengths] = picked  # below each row's limit: it stepped
+        self.lengths += (~eos).long()
+        finished = eos.nonzero().flatten().tolist()  # the rows ending by EOS
         self.tokens = chosen[:, None]  # (B, 1)
         self.appended = len(self.rows) - len(finished)
-        return ended + self.remove(finished)
+        return ended + self._remove_at(finished)
+
+    def current_tokens(self) -> None:
+        """Set each running row's ``tokens`` to its tokens so far (for a caller that reads them
+        between steps: stop strings, streaming)."""
+        for row, tokens, n in zip(self.rows, self.out.tolist(), self.lengths.tolist(), strict=True):
+            row.tokens = tokens[:n]
 
     def remove(self, keys: Sequence[Hashable]) -> list[Row]:
         """Take the rows ``keys`` out of the batch (ended, or no longer wanted); returns them.
@@ -133,18 +151,28 @@ class SteppedSearch:
         wanted = set(keys)
         if not wanted:
             return []
-        keep = [i for i, r in enumerate(self.rows) if r.key not in wanted]
-        gone = [r for r in self.rows if r.key in wanted]
+        return self._remove_at([i for i, r in enumerate(self.rows) if r.key in wanted])
+
+    def _remove_at(self, gone: list[int]) -> list[Row]:
+        """Take the rows at batch positions ``gone`` out, their tokens set; returns them."""
         if not gone:
             return []
-        self.rows = [self.rows[i] for i in keep]
-        if keep:
-            index = torch.tensor(keep, device=self.tokens.device)
+        lengths = self.lengths.tolist()
+        out = [self.rows[i] for i in gone]
+        for i, row in zip(gone, out, strict=True):
+            row.tokens = self.out[i, : lengths[i]].tolist()
+        kept = torch.ones(len(self.rows), dtype=torch.bool)  # (B,)
+        kept[gone] = False
+        keep = kept.nonzero().flatten()  # (B',)
+        self.rows = [self.rows[i] for i in keep.tolist()]
+        self.out, self.lengths, self.limits = self.out[keep], self.lengths[keep], self.limits[keep]
+        if self.rows:
+            index = keep.to(self.tokens.device)
             self.state = self.state.index_select(index)  # (B',) rows
             self.tokens = self.tokens.index_select(0, index)  # (B', 1)
         else:
             release_state(self.state)
-        return gone
+        return out
 
     def merge(self, other: SteppedSearch) -> None:
         """Take in the rows of ``other`` (same step function and options; states that join:
@@ -152,16 +180,21 @@ class SteppedSearch:
         self.state = join_states([self.state, other.state])
         self.rows += other.rows
         self.tokens = torch.cat([self.tokens, other.tokens])  # (B + B', 1)
+        widest = max(self.out.size(1), other.out.size(1))
+        self.out = torch.cat([_widened(self.out, widest), _widened(other.out, widest)])
+        self.lengths = torch.cat([self.lengths, other.lengths])  # (B + B',)
+        self.limits = torch.cat([self.limits, other.limits])  # (B + B',)
         other.rows = []
 
     def _choose(self, log_probs: Tensor) -> Tensor:
         """(B, V) log-probabilities -> (B,) next tokens: greedy search's or sampling's choice
         (:func:`~aiayn.decoding.sampling.sample_tokens`: a row whose values underflow takes
         greedy's); EOS is not allowed to a row with fewer than ``min_len`` tokens."""
-        early = [len(r.tokens) < self.min_len for r in self.rows]
-        if any(early):
-            ban = torch.tensor(early, device=log_probs.device)  # (B,)
-            log_probs[:, self.eos_id].masked_fill_(ban, -torch.inf)
+        if self.min_len > 0:
+            early = self.lengths < self.min_len  # (B,)
+            if bool(early.any()):
+                ban = early.to(log_probs.device)  # (B,)
+                log_probs[:, self.eos_id].masked_fill_(ban, -torch.inf)
         if self.sampling is None:
             return first_argmax(log_probs)  # (B,)
         s = self.sampling
@@ -169,3 +202,8 @@ class SteppedSearch:
         return sample_tokens(
             log_probs, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, generator=gens
         )  # (B, V) -> (B,)
+
+
+def _widened(tokens: Tensor, width: int) -> Tensor:
+    """(B, M) tokens with zero columns up to (B, ``width``)."""
+    return torch.nn.functional.pad(tokens, (0, width - tokens.size(1)))  # (B, width)

@@ -126,18 +126,31 @@ class _Worker:
     """What one worker thread runs: its groups, its pools (made on first use) and the cache
     tokens its admitted requests hold."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock: threading.Condition | None = None) -> None:
         self.groups: list[Group] = []
         self.pools: tuple[SlotPool, ...] | None = None
-        self.held: dict[Job, int] = {}
+        self.held: dict[Job, int] = {}  # changed under ``lock``: other workers read it
+        self.lock = lock or threading.Condition()
 
-    def fits(self, job: Job, most: int) -> bool:
-        """Whether ``job``'s cache tokens fit beside those held (always, when none are)."""
-        return not self.held or sum(self.held.values()) + job.reserve <= most
+    def fits(self, job: Job, most: int, rows: int | None = None) -> bool:
+        """Whether ``job``'s cache tokens fit beside those held, at most ``most``, and its rows
+        beside those of the jobs held, at most ``rows`` (None: any number); always, when none
+        are held."""
+        if not self.held:
+            return True
+        if rows is not None and sum(j.rows for j in self.held) + job.rows > rows:
+            return False
+        return sum(self.held.values()) + job.reserve <= most
+
+    def hold(self, jobs: Sequence[Job]) -> None:
+        with self.lock:
+            self.held.update({j: j.reserve for j in jobs})
+            self.lock.notify_all()  # workers that left the next request to this one look again
 
     def let_go(self, jobs: Sequence[Job]) -> None:
-        for job in jobs:
-            self.held.pop(job, None)
+        with self.lock:
+            for job in jobs:
+                self.held.pop(job, None)
 
 
 class DecodeEngine(Engine):
@@ -160,9 +173,13 @@ class DecodeEngine(Engine):
         self._start, self._new_pools = start, pools
         self.rounds, self.group_steps = 0, 0
         self._counting = threading.Lock()  # the loops' counts add up from their threads
+        self._fill_rows = performance().serve_worker_rows
+        self._workers: list[_Worker | None] = [None] * self.threads  # each slot's, once it runs
 
     def _loop(self) -> None:
-        worker = _Worker()
+        worker = _Worker(self._cond)
+        with self._cond:
+            self._workers[self._slot()] = worker
         while True:
             self._admit(worker)
             if not worker.groups:
@@ -178,8 +195,38 @@ class DecodeEngine(Engine):
                 if group.done:
                     worker.let_go(group.jobs)
             worker.groups[:] = [g for g in worker.groups if not g.done] + again
+            with self._cond:
+                self._cond.notify_all()  # its rows left: workers waiting on it look again
             if not worker.groups:
                 _return_memory(worker)
+
+    def _slot(self) -> int:
+        """The calling worker thread's slot."""
+        return int(getattr(self._mine, "slot", 0))
+
+    def _row_cap(self) -> int | None:
+        """The rows the calling worker admits up to: the workers fill in order (see
+        :meth:`_may_take`), each but the last up to
+        :attr:`~aiayn.settings.PerformanceSettings.serve_worker_rows`."""
+        last = self._slot() == self.threads - 1
+        return None if last or not self._fill_rows else self._fill_rows
+
+    def _may_take(self, slot: int) -> bool:
+        """Workers fill in order: worker ``slot`` takes a request only while each worker before
+        it would not admit it (its rows or cache tokens full, or its thread not running). A
+        light load runs as one batch on one worker, each model call's fixed cost shared by all
+        its rows (two half batches would pay it twice); a heavier one spreads over the others
+        (the lock held)."""
+        if slot == 0 or not self._queue or not self._fill_rows:
+            return True
+        head = self._queue[0]
+        for before in range(slot):
+            worker, thread = self._workers[before], self._threads[before]
+            if thread is None or not thread.is_alive():
+                continue
+            if worker is None or worker.fits(head, self.options.max_cache_tokens, self._fill_rows):
+                return False  # it takes the request (a worker starting: once it runs)
+        return True
 
     def _round(self, worker: _Worker, again: list[Group]) -> tuple[int, int, int]:
         """One step of every running group: (rows stepped, tokens generated, model calls)."""
@@ -334,18 +381,19 @@ class DecodeEngine(Engine):
                 return
             if self._run_inline(first):
                 continue
-            if not worker.fits(first, self.options.max_cache_tokens):
-                self._put_back(first)  # waits for rows to leave
+            if not worker.fits(first, self.options.max_cache_tokens, self._row_cap()):
+                self._put_back(first)  # waits for rows to leave, or for another worker
                 return
             jobs = self._companions(worker, first, budget)
             budget -= sum(j.cost for j in jobs)
-            worker.held.update({j: j.reserve for j in jobs})
+            worker.hold(jobs)
             self._begin(worker, jobs, worker.groups)
 
     def _companions(self, worker: _Worker, first: Job, budget: int) -> list[Job]:
         """``first`` and the waiting requests with its options that fit the prefill ``budget``
         and the cache tokens left."""
         jobs, cost, held = [first], first.cost, sum(worker.held.values()) + first.reserve
+        rows, cap = sum(j.rows for j in worker.held) + first.rows, self._row_cap()
         while self.options.batching:
             waiting, key = self._peek_key()
             if not waiting or key != first.key:
@@ -353,11 +401,15 @@ class DecodeEngine(Engine):
             job = self._take(wait=0)
             if job is None:
                 break
-            if cost + job.cost > budget or held + job.reserve > self.options.max_cache_tokens:
+            if (
+                cost + job.cost > budget
+                or held + job.reserve > self.options.max_cache_tokens
+                or (cap is not None and rows + job.rows > cap)
+            ):
                 self._put_back(job)
                 break
             jobs.append(job)
-            cost, held = cost + job.cost, held + job.reserve
+            cost, held, rows = cost + job.cost, held + job.reserve, rows + job.rows
         return jobs
 
 
@@ -394,27 +446,29 @@ def _outcome(finish: Callable[[Job, Any], Any], job: Job, found: Any) -> Any:
         return error
 
 
-Finish = Callable[[Job, list[Row]], Any]
-"""A request's result from its rows (in its order), once all have ended."""
+Finish = Callable[[Job, list[Any]], Any]
+"""A request's result from what its rows ended with (in its order: a stepped search's rows, a
+beam search's n-best lists), once all have ended."""
 
 Watch = Callable[[Job, list[Row]], list[Hashable]]
 """Called after each step with a request's rows still decoding: the keys of those to end now
 (a stop string, streaming updates sent on the way)."""
 
 
-class SteppedGroup:
-    """Greedy search or sampling of a group's requests; row keys are (request, row)."""
+class _Requests:
+    """What a group keeps of its requests: each one's rows (keys (request, row), ``counts[j]``
+    of request j), which requests are open, and what their ended rows found. A request is
+    answered the step its last row ends (one with no rows at the first step), so a step's work
+    here grows with the rows that end at it, not with the rows running."""
 
-    def __init__(
-        self, jobs: list[Job], search: SteppedSearch, finish: Finish, watch: Watch | None = None
-    ):
-        self.jobs, self.search, self._finish, self._watch = jobs, search, finish, watch
-        self._ended: dict[Hashable, Row] = {}
-        self._failed: list[tuple[Job, Any]] = []  # requests failed alone, with their errors
-        self._count = {j: 0 for j in range(len(jobs))}
-        for row in search.rows:
-            self._count[row.key[0]] += 1  # type: ignore[index]
+    def __init__(self, jobs: list[Job], counts: Sequence[int], search: Any, finish: Finish):
+        self.jobs, self.search, self._finish = list(jobs), search, finish
+        self._count = dict(enumerate(counts))
+        self._left = dict(self._count)  # per request: its rows not ended yet
         self._open = set(self._count)
+        self._found: dict[Hashable, Any] = {}  # (request, row) -> what the row ended with
+        self._failed: list[tuple[Job, Any]] = []  # requests failed alone, with their errors
+        self._empty = [j for j, n in self._count.items() if n == 0]
 
     @property
     def done(self) -> bool:
@@ -422,7 +476,66 @@ class SteppedGroup:
 
     @property
     def step(self) -> StepFunction:
-        return self.search.step
+        step: StepFunction = self.search.step
+        return step
+
+    def _answered(self, ended: Sequence[tuple[Hashable, Any]]) -> list[tuple[Job, Any]]:
+        """The requests whose last rows are among ``ended`` ((key, found) pairs), with their
+        results, and those failed alone since the last step."""
+        out, self._failed = self._failed, []
+        done, self._empty = self._empty, []
+        for key, found in ended:
+            j: int = key[0]  # type: ignore[index]
+            if j in self._open:
+                self._found[key] = found
+                self._left[j] -= 1
+                done += [j] if self._left[j] == 0 else []
+        for j in done:
+            self._open.discard(j)
+            found = [self._found.pop((j, r)) for r in range(self._count[j])]
+            out.append((self.jobs[j], _outcome(self._finish, self.jobs[j], found)))
+        return out
+
+    def drop_cancelled(self) -> None:
+        """The rows of the requests nobody waits for any more leave the batch now."""
+        cancelled = [j for j in self._open if self.jobs[j].cancelled]
+        if cancelled:
+            self._drop(cancelled)
+
+    def close(self) -> list[Job]:
+        """End every request not answered yet (after an error): their rows leave, all at once
+        (the state, perhaps broken by the error, is only released); returns them."""
+        left = sorted(self._open)
+        self._drop(left)
+        return [self.jobs[j] for j in left]
+
+    def _drop(self, requests: list[int]) -> None:
+        """The rows of ``requests`` leave the batch; they are no longer answered."""
+        self.search.remove([(j, r) for j in requests for r in range(self._count[j])])
+        self._open -= set(requests)
+
+
+class SteppedGroup(_Requests):
+    """Greedy search or sampling of a group's requests; row keys are (request, row). The rows
+    of watched requests (``watched``: stop strings or a stream) are looked at after each
+    step."""
+
+    search: SteppedSearch
+
+    def __init__(
+        self,
+        jobs: list[Job],
+        search: SteppedSearch,
+        finish: Finish,
+        watch: Watch | None = None,
+        watched: Callable[[Job], bool] = lambda job: True,
+    ):
+        counts = [0] * len(jobs)
+        for row in search.rows:
+            counts[row.key[0]] += 1  # type: ignore[index]
+        super().__init__(jobs, counts, search, finish)
+        self._watch = watch
+        self._watching = {j for j in self._open if watch is not None and watched(jobs[j])}
 
     def inputs(self) -> Inputs | None:
         if not self.search.begin():
@@ -433,56 +546,31 @@ class SteppedGroup:
         self, log_probs: Tensor | None, state: DecoderState | None
     ) -> tuple[list[tuple[Job, Any]], int]:
         ended = self.search.end(log_probs, state)
-        if self._watch is not None:
+        if self._watching & self._open:
             ended += self._watched()
-        for row in ended:
-            self._ended[row.key] = row
-        return self._answered(), self.search.appended
+        return self._answered([(row.key, row) for row in ended]), self.search.appended
 
     def _watched(self) -> list[Row]:
-        """The rows that end at a stop string (each request watched on its own: one whose
+        """The rows that end at a stop string (each watched request on its own: one whose
         watch fails fails alone)."""
+        self.search.current_tokens()
         running: dict[int, list[Row]] = {}
         for row in self.search.rows:
-            running.setdefault(row.key[0], []).append(row)  # type: ignore[index]
+            j: int = row.key[0]  # type: ignore[index]
+            if j in self._watching:
+                running.setdefault(j, []).append(row)
         assert self._watch is not None
         stop: list[Hashable] = []
         for j, rows in running.items():
             try:
                 stop += self._watch(self.jobs[j], rows)
             except Exception as error:
-                self._drop(j)
+                self._drop([j])
                 self._failed.append((self.jobs[j], error))
         return self.search.remove(stop)
 
-    def _answered(self) -> list[tuple[Job, Any]]:
-        out, self._failed = self._failed, []
-        for j in sorted(self._open):
-            rows = [self._ended.get((j, r)) for r in range(self._count[j])]
-            if all(row is not None for row in rows):
-                self._open.discard(j)
-                out.append((self.jobs[j], _outcome(self._finish, self.jobs[j], rows)))
-        return out
 
-    def drop_cancelled(self) -> None:
-        for j in [j for j in self._open if self.jobs[j].cancelled]:
-            self._drop(j)
-
-    def close(self) -> list[Job]:
-        """End every request not answered yet (after an error): their rows leave, all at once
-        (the state, perhaps broken by the error, is not touched); returns them."""
-        left = sorted(self._open)
-        self.search.remove([(j, r) for j in left for r in range(self._count[j])])
-        self._open.clear()
-        return [self.jobs[j] for j in left]
-
-    def _drop(self, j: int) -> None:
-        """Request ``j``'s rows leave the batch; it is no longer answered."""
-        self.search.remove([(j, r) for r in range(self._count[j])])
-        self._open.discard(j)
-
-
-class BeamGroup:
+class BeamGroup(_Requests):
     """Beam search of requests with the same options: one
     :class:`~aiayn.decoding.beam.SteppedBeamSearch` over all their sentences, keyed (request,
     sentence) (:func:`row_keys`). A sentence that is done leaves the batch at once (its slots
@@ -495,6 +583,8 @@ class BeamGroup:
         finish: a request's result from the n-best lists of its sentences, in order.
     """
 
+    search: SteppedBeamSearch
+
     def __init__(
         self,
         jobs: list[Job],
@@ -502,18 +592,7 @@ class BeamGroup:
         search: SteppedBeamSearch,
         finish: Callable[[Job, list[list[Hypothesis]]], Any],
     ):
-        self.jobs, self.search, self._finish = list(jobs), search, finish
-        self._found: dict[Hashable, list[Hypothesis]] = {}  # (request, sentence) -> n-best
-        self._count = dict(enumerate(counts))
-        self._open = set(self._count)
-
-    @property
-    def done(self) -> bool:
-        return not self._open
-
-    @property
-    def step(self) -> StepFunction:
-        return self.search.step
+        super().__init__(jobs, counts, search, finish)
 
     def inputs(self) -> Inputs | None:
         if self.search.done:
@@ -526,36 +605,8 @@ class BeamGroup:
         """The step's choices; the tokens it counts as generated are those of the best
         hypotheses of the sentences done at it (what their answers hold)."""
         done = [] if log_probs is None or state is None else self.search.end(log_probs, state)
-        self._found.update(done)
         generated = sum(len(hyps[0].tokens) for _, hyps in done if hyps)
-        return self._answered(), generated
-
-    def _answered(self) -> list[tuple[Job, Any]]:
-        out = []
-        for j in sorted(self._open):
-            keys = [(j, r) for r in range(self._count[j])]
-            if all(key in self._found for key in keys):
-                self._open.discard(j)
-                found = [self._found.pop(key) for key in keys]
-                out.append((self.jobs[j], _outcome(self._finish, self.jobs[j], found)))
-        return out
-
-    def drop_cancelled(self) -> None:
-        """The sentences of the requests nobody waits for any more leave the batch now (the
-        others keep theirs)."""
-        cancelled = [j for j in self._open if self.jobs[j].cancelled]
-        if cancelled:
-            self._drop(cancelled)
-
-    def close(self) -> list[Job]:
-        """End the search of every request not answered yet (after an error); returns them."""
-        left = sorted(self._open)
-        self._drop(left)
-        return [self.jobs[j] for j in left]
-
-    def _drop(self, requests: list[int]) -> None:
-        self.search.remove([(j, r) for j in requests for r in range(self._count[j])])
-        self._open -= set(requests)
+        return self._answered(done), generated
 
 
 def row_keys(counts: Sequence[int]) -> list[tuple[int, int]]:

@@ -79,6 +79,7 @@ class Job:
         cost: its tokens, counted against a batch's budget (the prefill's, for decoding).
         reserve: decoding: the cache tokens its rows may hold (rows × (input + output limit)),
             counted against a worker's ``--max-cache-tokens``.
+        rows: decoding: the rows its search steps at most (sentences × beam, prompts × n).
         key: jobs of equal keys may share a batch (the same decoding options).
         loop, future: where the answer goes (set from the worker thread, thread-safely).
         progress: streaming: called on the event loop with each partial result.
@@ -97,6 +98,7 @@ class Job:
     future: asyncio.Future[Any]
     key: Any = None
     reserve: int = 0
+    rows: int = 1
     progress: Callable[[Any], None] | None = None
     cancelled: bool = False
     queued_at: float = field(default_factory=time.monotonic)
@@ -208,7 +210,7 @@ class Engine:
         self._queue: collections.deque[Job] = collections.deque()
         self._stopping = False
         self._threads: list[threading.Thread | None] = [None] * threads
-        self._held = threading.local()  # per worker thread: the jobs it took, not yet settled
+        self._mine = threading.local()  # per worker thread: its slot, its jobs not settled yet
         self._alive = 0  # threads in their loop (the gauge's value for this engine)
         self._quick_failures = 0  # failures in a row of threads that ran under a second
         self._running: set[Job] = set()  # taken by a worker, perhaps answered since
@@ -281,15 +283,16 @@ class Engine:
                 )
             self._queue.append(job)
             self.metrics.queue_depth.labels(self.name).set(len(self._queue))
-            self._cond.notify()
+            self._cond.notify_all()  # a worker that may not take it waits on
 
     def _take(self, *, wait: float | None) -> Job | None:
         """The next job not cancelled; waiting at most ``wait`` seconds (None = until one comes
         or the engine stops; 0 = not at all). None when there is none."""
         deadline = None if wait is None else time.monotonic() + wait
+        slot = getattr(self._mine, "slot", 0)
         with self._cond:
             while True:
-                while self._queue:
+                while self._queue and self._may_take(slot):
                     job = self._queue.popleft()
                     self.metrics.queue_depth.labels(self.name).set(len(self._queue))
                     if not job.cancelled:
@@ -300,22 +303,28 @@ class Engine:
                     return None
                 self._cond.wait(left)
 
+    def _may_take(self, slot: int) -> bool:
+        """Whether worker ``slot`` may take the next job now (called with the lock held; a
+        worker that may not waits until :meth:`submit` or another worker notifies)."""
+        return True
+
     def _put_back(self, job: Job) -> None:
         """Return ``job`` to the head of the queue (it did not fit this batch)."""
-        held: list[Job] = getattr(self._held, "jobs", [])
+        held: list[Job] = getattr(self._mine, "jobs", [])
         if job in held:
             held.remove(job)
         with self._cond:
             self._running.discard(job)
             self._queue.appendleft(job)
             self.metrics.queue_depth.labels(self.name).set(len(self._queue))
+            self._cond.notify_all()  # another worker may take it
 
     def _hold(self, job: Job) -> None:
         """Count ``job`` among the calling worker's (failed if the worker fails); those already
         answered or cancelled are let go."""
-        held: list[Job] | None = getattr(self._held, "jobs", None)
+        held: list[Job] | None = getattr(self._mine, "jobs", None)
         if held is None:
-            held = self._held.jobs = []
+            held = self._mine.jobs = []
         held[:] = [j for j in held if not (j.settled or j.cancelled)]
         held.append(job)
         self._running = {j for j in self._running if not (j.settled or j.cancelled)}
@@ -342,7 +351,7 @@ class Engine:
         """Worker thread ``slot``: :meth:`_loop` until the engine stops. A failure escaping the
         loop (a bug) fails the requests this thread held, each with a 500 naming it, and a new
         thread replaces this one (after a pause while threads keep failing within a second)."""
-        self._held.jobs = []
+        self._mine.jobs, self._mine.slot = [], slot
         started = time.monotonic()  # counted alive by _spawn
         failure: BaseException | None = None
         try:
@@ -353,8 +362,9 @@ class Engine:
             with self._cond:
                 self._alive -= 1
                 self.metrics.workers.labels(self.name).dec()
+                self._cond.notify_all()  # workers that left its jobs to it may take them
         if failure is not None:
-            held = [j for j in self._held.jobs if not (j.settled or j.cancelled)]
+            held = [j for j in self._mine.jobs if not (j.settled or j.cancelled)]
             names = ", ".join(j.name for j in held) or "none"
             _log.error(
                 "worker %s (thread %d) failed; its requests fail with it: %s",

@@ -167,7 +167,7 @@ class TranslateTask(Task):
         cost = sum(len(r) + 1 for r in rows)  # the source tokens the encoder reads
         payload = TranslateJob(rows, o, limits, req.scores)
         job = self.job(payload, cost, key=replace(o, max_new_tokens=None))
-        job.reserve = asked
+        job.reserve, job.rows = asked, len(rows) * o.beam_size
         return job
 
     def start(self, jobs: list[Job], pools: tuple[SlotPool, ...] = ()) -> Group:
@@ -360,6 +360,7 @@ class GenerateTask(Task):
         cost = sum(len(r) for r in ids) * req.n  # the prompt tokens the prefill reads
         job = self.job(payload, cost, key=sampling)
         job.reserve = sum(len(r) + req.max_tokens for r in ids) * req.n
+        job.rows = len(ids) * req.n
         return job
 
     def check_request(self, prompts: list[list[int]], max_tokens: int, n: int) -> None:
@@ -407,7 +408,7 @@ class GenerateTask(Task):
             device=self.device,
         )
         self.metrics.tokens.labels(self.name, "input").inc(sum(map(len, prompts)))
-        return SteppedGroup(jobs, search, self._finish, self._watch)
+        return SteppedGroup(jobs, search, self._finish, self._watch, _watched)
 
     def _generator(self, seed: int | None, choice: int, prompt: list[int]) -> torch.Generator:
         if seed is None:
@@ -481,3 +482,9 @@ def _check_items(prompts: int, n: int) -> None:
             f"{MAX_REQUEST_ITEMS} per request",
             param="n",
         )
+
+
+def _watched(job: Job) -> bool:
+    """Whether a completion's rows are looked at after each step: it has stop strings or
+    streams."""
+    return bool(job.payload.stop) or job.progress is not None
