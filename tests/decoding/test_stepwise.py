@@ -82,6 +82,25 @@ def test_a_removed_row_leaves_the_others_unchanged(model: GPT2) -> None:
     assert {k: rest[k] for k in (0, 1, 3)} == {k: alone[k] for k in (0, 1, 3)}
 
 
+def test_running_rows_tokens_so_far_are_prefixes_of_their_outputs(model: GPT2) -> None:
+    """``current_tokens`` gives each running row its tokens so far, one more each step: a
+    prefix of what the row ends with; rows that ended are not touched."""
+    step, state = decoder_only_step(model, PROMPTS, max_new_tokens=9)
+    search = SteppedSearch(step, state, range(4), [9, 4, 9, 6], bos_id=1, eos_id=2)
+    seen: dict[int, list[list[int]]] = {k: [] for k in range(4)}
+    final: dict[int, list[int]] = {}
+    while not search.done:
+        for row in search.advance():
+            final[row.key] = row.tokens  # type: ignore[index]
+        search.current_tokens()
+        for row in search.rows:
+            seen[row.key].append(list(row.tokens))  # type: ignore[index]
+    for key, steps in seen.items():
+        assert [len(t) for t in steps] == list(range(1, len(steps) + 1))
+        assert all(final[key][: len(t)] == t for t in steps)
+    assert sum(map(len, seen.values())) >= 4 and len(final) == 4
+
+
 def _alone(model: GPT2, prompt: list[int], limit: int, eos: int, sampled: bool) -> list[int]:
     step, state = decoder_only_step(model, [prompt], max_new_tokens=limit)
     ends = {"bos_id": 1, "eos_id": eos, "max_len": limit, "batch_size": 1}

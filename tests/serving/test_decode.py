@@ -282,6 +282,29 @@ def test_beam_search_answers_each_request_when_its_sentences_are_done(
         assert answers[job].translations[0].text == want
 
 
+@pytest.mark.parametrize("beam", [1, 2])
+def test_a_request_of_empty_texts_in_a_group_is_answered_at_the_first_step(
+    checkpoints: dict[str, Path], beam: int
+) -> None:
+    """A request whose texts are all empty has no rows in its group: it is answered at the
+    group's first step (what ``translate`` gives empty texts), the others when their rows end,
+    each with the library's answer."""
+    mt = _task(checkpoints["mt"], "mt", "translate")
+    texts = [[TEXTS[0]], [" ", "\t "]]  # the second's texts normalise to empty ones
+    made = _jobs(mt, [TranslateRequest(texts=t, beam=beam, max_new_tokens=5) for t in texts])
+    group = mt.start(made, mt.pools())
+    answered_at, answers, steps = {}, {}, 0
+    while not group.done and steps < 20:
+        ended, _ = advance(group)
+        steps += 1
+        for job, result in ended:
+            answered_at[job], answers[job] = steps, result
+    assert answered_at.get(made[1]) == 1 < answered_at[made[0]]
+    assert [t.text for t in answers[made[1]].translations] == ["", ""]
+    want = _translate_offline(checkpoints["mt"], TEXTS[0], 5, beam)
+    assert answers[made[0]].translations[0].text == want
+
+
 def test_a_cancelled_request_leaves_the_joint_call_and_frees_its_slots(
     checkpoints: dict[str, Path],
 ) -> None:

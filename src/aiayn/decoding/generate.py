@@ -129,10 +129,13 @@ def generate(
     return [continuation(tokenizer, p, new) for p, new in zip(ids, best, strict=True)]
 
 
-def continuation(tokenizer: TextCodec, prompt: list[int], new: list[int]) -> str:
+def continuation(
+    tokenizer: TextCodec, prompt: list[int], new: list[int], before: str | None = None
+) -> str:
     """The text ``new`` adds after ``prompt``: decoded prompt + new minus the decoded prompt
-    (a tokenizer that joins tokens with spaces still gives the space between them)."""
-    before = tokenizer.decode(prompt)
+    (a tokenizer that joins tokens with spaces still gives the space between them);
+    ``before``: the decoded prompt, where the caller has it already."""
+    before = tokenizer.decode(prompt) if before is None else before
     text = tokenizer.decode([*prompt, *new])
     return text[len(before) :] if text.startswith(before) else tokenizer.decode(new)
 

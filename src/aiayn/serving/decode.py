@@ -2,10 +2,11 @@
 at the next step, and a request is answered as soon as its own outputs are done.
 
 Each worker thread of a model (:class:`DecodeEngine`; ``decode_workers`` of them, taking
-requests from one queue) holds one key/value cache, a pair of slot pools
-(:class:`~aiayn.attention.SlotPool`), and runs *groups*: the requests with the same decoding
-options admitted at one round, started together (one encoder or prompt pass) as one search.
-Each round of the loop:
+requests from one queue and filling in order: the next takes a request only where those before
+it would not admit it, :meth:`DecodeEngine._may_take`) holds one key/value cache, a pair of
+slot pools (:class:`~aiayn.attention.SlotPool`), and runs *groups*: the requests with the same
+decoding options admitted at one round, started together (one encoder or prompt pass) as one
+search. Each round of the loop:
 
 1. **admits** waiting requests, first come first served, while their prompt or source tokens
    fit the round's prefill budget (``--max-batch-tokens``) and the cache tokens they may hold
@@ -148,7 +149,7 @@ class _Worker:
             self.lock.notify_all()  # workers that left the next request to this one look again
 
     def let_go(self, jobs: Sequence[Job]) -> None:
-        with self.lock:
+        with self.lock:  # (fewer rows held lets no other worker take more: no one to wake)
             for job in jobs:
                 self.held.pop(job, None)
 
@@ -195,8 +196,6 @@ class DecodeEngine(Engine):
                 if group.done:
                     worker.let_go(group.jobs)
             worker.groups[:] = [g for g in worker.groups if not g.done] + again
-            with self._cond:
-                self._cond.notify_all()  # its rows left: workers waiting on it look again
             if not worker.groups:
                 _return_memory(worker)
 

@@ -32,8 +32,9 @@ class ServeOptions:
             does not fit waits for rows to leave (one is admitted whatever its size when
             nothing runs).
         decode_workers: worker threads decoding for each translation or generation model,
-            each running its own groups, all fed by the model's one queue (what a model call
-            leaves of the cores, another worker's Python bookkeeping uses); by default
+            each running its own groups, all fed by the model's one queue and filling in order
+            (the next takes requests only past the rows of those before it:
+            :attr:`~aiayn.settings.PerformanceSettings.serve_worker_rows`); by default
             :attr:`~aiayn.settings.PerformanceSettings.serve_decode_workers`.
         queue_size: requests waiting per model; beyond it a request is refused (503).
         timeout_s: a request not answered within this many seconds is answered 504.

@@ -9,6 +9,7 @@ This module holds the decoding tasks (``translate``, ``generate``); the encoder 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 from dataclasses import dataclass, replace
@@ -292,7 +293,8 @@ def _answered(jobs: list[Job], results: list[Any]) -> Group:
 @dataclass(frozen=True)
 class GenerateJob:
     """A completion request: prompt ids (each repeated n times as rows), its method's
-    parameters, its stop strings and the streaming flag."""
+    parameters, its stop strings and the streaming flag; ``decoded``: each prompt's text, once
+    a decode worker has decoded it (a watched row's text is decoded after every step)."""
 
     prompts: list[list[int]]
     n: int
@@ -302,6 +304,7 @@ class GenerateJob:
     stop: tuple[str, ...]
     created: int
     id: str
+    decoded: dict[int, str] = dataclasses.field(default_factory=dict, compare=False)
 
 
 class GenerateTask(Task):
@@ -420,8 +423,10 @@ class GenerateTask(Task):
         p: GenerateJob = job.payload
         out = []
         for row in rows:
-            prompt = p.prompts[row.key[1] // p.n]  # type: ignore[index]
-            text = continuation(self.tokenizer, prompt, row.tokens)
+            i: int = row.key[1] // p.n  # type: ignore[index]
+            if i not in p.decoded:
+                p.decoded[i] = self.tokenizer.decode(p.prompts[i])
+            text = continuation(self.tokenizer, p.prompts[i], row.tokens, p.decoded[i])
             cut = min((i for i in (text.find(x) for x in p.stop) if i >= 0), default=-1)
             out.append((row, text if cut < 0 else text[:cut], cut >= 0))
         return out
