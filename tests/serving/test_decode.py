@@ -303,6 +303,12 @@ def test_a_request_of_empty_texts_in_a_group_is_answered_at_the_first_step(
     assert [t.text for t in answers[made[1]].translations] == ["", ""]
     want = _translate_offline(checkpoints["mt"], TEXTS[0], 5, beam)
     assert answers[made[0]].translations[0].text == want
+    (alone,) = _jobs(mt, [TranslateRequest(texts=texts[1], beam=beam)])
+    group = mt.start([alone], mt.pools())  # nothing to step: no model call at all
+    assert group.step is None and group.inputs() is None
+    ((job, result),), generated = advance(group)
+    assert job is alone and group.done and generated == 0
+    assert [t.text for t in result.translations] == ["", ""]
 
 
 def test_a_cancelled_request_leaves_the_joint_call_and_frees_its_slots(

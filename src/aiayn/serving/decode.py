@@ -514,6 +514,27 @@ class _Requests:
         self._open -= set(requests)
 
 
+class Answered(_Requests):
+    """Requests with no row to step (a translation's texts all empty): answered at the first
+    step, each by ``finish`` with no rows."""
+
+    def __init__(self, jobs: list[Job], finish: Finish):
+        super().__init__(jobs, [0] * len(jobs), None, finish)
+
+    @property
+    def step(self) -> None:  # type: ignore[override]
+        return None
+
+    def inputs(self) -> None:
+        return None
+
+    def complete(self, log_probs: Any, state: Any) -> tuple[list[tuple[Job, Any]], int]:
+        return self._answered([]), 0
+
+    def _drop(self, requests: list[int]) -> None:
+        self._open -= set(requests)
+
+
 class SteppedGroup(_Requests):
     """Greedy search or sampling of a group's requests; row keys are (request, row). The rows
     of watched requests (``watched``: stop strings or a stream) are looked at after each

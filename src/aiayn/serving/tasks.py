@@ -40,7 +40,14 @@ from aiayn.errors import UserError
 from aiayn.inference.packed import pack_for_inference
 from aiayn.limits import MAX_REQUEST_ITEMS
 from aiayn.serving import schemas as s
-from aiayn.serving.decode import BeamGroup, DecodeEngine, Group, SteppedGroup, row_keys
+from aiayn.serving.decode import (
+    Answered,
+    BeamGroup,
+    DecodeEngine,
+    Group,
+    SteppedGroup,
+    row_keys,
+)
 from aiayn.serving.engine import Engine, Job, request_loop
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.options import ServeOptions
@@ -182,7 +189,7 @@ class TranslateTask(Task):
             limits += [p.limits[i] for i in todo]
             counts.append(len(todo))
         if not rows:  # only empty texts: nothing to run
-            return _answered(jobs, [self._answer(j.payload, []) for j in jobs])
+            return Answered(jobs, lambda job, found: self._answer(job.payload, found))
         self.metrics.tokens.labels(self.name, "input").inc(sum(map(len, rows)))
         src = source_batch(rows, self.tokenizer).to(self.device)  # (B, S)
         own = (pools[0], pools[1]) if pools else None
@@ -259,35 +266,6 @@ def _param_of(message: str) -> str | None:
         if message.startswith(field):
             return name
     return None
-
-
-class _Answered:
-    """A group whose requests need no step (only empty texts)."""
-
-    def __init__(self, jobs: list[Job], results: list[Any]):
-        self.jobs, self._results, self._done = jobs, results, False
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    @property
-    def step(self) -> None:
-        return None
-
-    def inputs(self) -> None:
-        return None
-
-    def complete(self, log_probs: Any, state: Any) -> tuple[list[tuple[Job, Any]], int]:
-        self._done = True
-        return list(zip(self.jobs, self._results, strict=True)), 0
-
-    def drop_cancelled(self) -> None:
-        """Nothing runs."""
-
-
-def _answered(jobs: list[Job], results: list[Any]) -> Group:
-    return _Answered(jobs, results)
 
 
 @dataclass(frozen=True)
