@@ -147,6 +147,24 @@ def test_completions_with_other_sampling_options_share_each_model_call(
         assert answer.choices[0].text == _generate_offline(checkpoints["lm"], prompt, o)
 
 
+def test_each_request_times_its_own_output_tokens(checkpoints: dict[str, Path]) -> None:
+    """Time per output token counts each request's own rounds from its first token to its
+    answer, whatever joined around it (a request ended by its limit is answered at the round
+    after its last token): 5 tokens give 5, 3 tokens joining two rounds later give 3; each
+    request's first token is timed once."""
+    lm = _task(checkpoints["lm"], "lm", "generate", decode_workers=1)
+    per_token: list[int] = []
+    first: list[float] = []
+    metrics = lm.engine.metrics
+    metrics.per_output_token = lambda model, seconds, tokens: per_token.append(tokens)
+    metrics.first_tokens = lambda model, arrived, now: first.extend(now - t for t in arrived)
+    requests = [CompletionRequest(prompt=PROMPTS[0], max_tokens=5),
+                CompletionRequest(prompt=PROMPTS[2], max_tokens=3)]  # fmt: skip
+    _through_worker(lm, requests, lambda n, made: lm.engine.submit(made[1]) if n == 2 else None, 0)
+    assert sorted(per_token) == [3, 5]
+    assert len(first) == 2 and all(t > 0 for t in first)
+
+
 def test_beam_groups_on_the_module_step_decode_apart(checkpoints: dict[str, Path]) -> None:
     """A served model the flattened step does not run (a forward hook on a decoder layer: the
     module step runs it, whose states do not join): each group makes its own model call, and

@@ -81,6 +81,7 @@ class Group(Protocol):
     returning them (:class:`SteppedGroup`, :class:`BeamGroup`)."""
 
     jobs: list[Job]
+    stepped: bool  # whether a step of it has completed (set by the worker)
 
     @property
     def done(self) -> bool:
@@ -132,6 +133,7 @@ class _Worker:
         self.pools: tuple[SlotPool, ...] | None = None
         self.held: dict[Job, int] = {}  # changed under ``lock``: other workers read it
         self.lock = lock or threading.Condition()
+        self.rounds = 0  # rounds run so far
 
     def fits(self, job: Job, most: int, rows: int | None = None) -> bool:
         """Whether ``job``'s cache tokens fit beside those held, at most ``most``, and its rows
@@ -229,38 +231,38 @@ class DecodeEngine(Engine):
 
     def _round(self, worker: _Worker, again: list[Group]) -> tuple[int, int, int]:
         """One step of every running group: (rows stepped, tokens generated, model calls)."""
-        ready: list[tuple[Group, list[Job], Inputs | None]] = []
+        ready: list[tuple[Group, Inputs | None]] = []
+        worker.rounds += 1
         for group in worker.groups:
             try:
                 group.drop_cancelled()
                 if group.done:
                     continue
-                live = [j for j in group.jobs if not (j.settled or j.cancelled)]
-                ready.append((group, live, group.inputs()))
+                ready.append((group, group.inputs()))
             except Exception as error:
                 self._recover(worker, group, error, again)
-        joint = [r for r in ready if r[2] is not None and joins(r[2][1])]
-        rows = sum(r[2][0].size(0) for r in ready if r[2] is not None)
+        joint = [r for r in ready if r[1] is not None and joins(r[1][1])]
+        rows = sum(r[1][0].size(0) for r in ready if r[1] is not None)
         generated, calls = 0, 0
         if len(joint) > 1 and len({id(r[0].step) for r in joint}) == 1:
             stepped = self._joint(worker, joint, again)
             if stepped is not None:
                 generated, calls = stepped, 1
                 ready = [r for r in ready if r not in joint]
-        for group, live, inputs in ready:
-            generated += self._alone(worker, group, live, inputs, again)
+        for group, inputs in ready:
+            generated += self._alone(worker, group, inputs, again)
             calls += inputs is not None
         return rows, generated, calls
 
     def _joint(
         self,
         worker: _Worker,
-        joint: list[tuple[Group, list[Job], Inputs | None]],
+        joint: list[tuple[Group, Inputs | None]],
         again: list[Group],
     ) -> int | None:
         """One model call for the groups ``joint`` (their states join): the tokens generated,
         or None when the call failed (each group then steps alone)."""
-        inputs = [cast(Inputs, r[2]) for r in joint]
+        inputs = [cast(Inputs, r[1]) for r in joint]
         step = joint[0][0].step
         assert step is not None
         try:
@@ -273,65 +275,68 @@ class DecodeEngine(Engine):
             return None
         shares = log_probs.split([x[0].size(0) for x in inputs])  # per group (B, V)
         generated = 0
-        for (group, live, x), share in zip(joint, shares, strict=True):
-            generated += self._finish(
-                worker, group, live, share, advanced(cast(Inputs, x)[1]), again
-            )
+        for (group, x), share in zip(joint, shares, strict=True):
+            generated += self._finish(worker, group, share, advanced(cast(Inputs, x)[1]), again)
         return generated
 
     def _alone(
         self,
         worker: _Worker,
         group: Group,
-        live: list[Job],
         inputs: Inputs | None,
         again: list[Group],
     ) -> int:
         """A step of ``group`` by its own model call (none when it has no row to step)."""
         if inputs is None:
-            return self._finish(worker, group, live, None, None, again)
+            return self._finish(worker, group, None, None, again)
         assert group.step is not None
         try:
             log_probs, state = group.step(*inputs)
         except Exception as error:
             self._recover(worker, group, error, again)
             return 0
-        return self._finish(worker, group, live, log_probs, state, again)
+        return self._finish(worker, group, log_probs, state, again)
 
     def _finish(
         self,
         worker: _Worker,
         group: Group,
-        live: list[Job],
         log_probs: Tensor | None,
         state: DecoderState | None,
         again: list[Group],
     ) -> int:
         """The group's share of a step: its choices; the requests that ended are answered."""
+        first = not group.stepped
         try:
             ended, tokens = group.complete(log_probs, state)
         except Exception as error:
             self._recover(worker, group, error, again)
             return 0
-        self._time_tokens(live, ended)
+        group.stepped = True
+        self._time_tokens(worker, group.jobs if first else [], ended)
         for job, result in ended:
             job.settle(result, self.name)
         worker.let_go([job for job, _ in ended])
         return tokens
 
-    def _time_tokens(self, live: list[Job], ended: list[tuple[Job, Any]]) -> None:
-        """After a step of the ``live`` requests: the time to the first token of those that
-        got it now, and the time per output token of those that ``ended`` with a result."""
+    def _time_tokens(
+        self, worker: _Worker, starting: list[Job], ended: list[tuple[Job, Any]]
+    ) -> None:
+        """After a round's step: the time to the first token of the requests ``starting`` (a
+        group's first step gives each its first token), and the time per output token of those
+        that ``ended`` with a result (each group steps once a round: the rounds since its first
+        token are its steps after the first). The work grows with the requests that start or
+        end, not with those running."""
         now, first = time.monotonic(), []
-        for job in live:
-            job.steps += 1
+        for job in starting:
             if job.first_token_at is None:
-                job.first_token_at = now
+                job.first_token_at, job.first_round = now, worker.rounds
                 first.append(job.queued_at)
         self.metrics.first_tokens(self.name, first, now)
         for job, result in ended:
             if job.first_token_at is not None and not isinstance(result, Exception):
-                self.metrics.per_output_token(self.name, now - job.first_token_at, job.steps - 1)
+                steps = worker.rounds - job.first_round
+                self.metrics.per_output_token(self.name, now - job.first_token_at, steps)
 
     def _recover(self, worker: _Worker, group: Group, error: Exception, again: list[Group]) -> None:
         """After ``group``'s step failed, the group ends: where it held several requests, each
@@ -468,6 +473,7 @@ class _Requests:
         self._found: dict[Hashable, Any] = {}  # (request, row) -> what the row ended with
         self._failed: list[tuple[Job, Any]] = []  # requests failed alone, with their errors
         self._empty = [j for j, n in self._count.items() if n == 0]
+        self.stepped = False
 
     @property
     def done(self) -> bool:

@@ -89,7 +89,7 @@ class Job:
         streamed: whether a partial result was sent (the request cannot start again unseen).
         retried: whether the request already started again alone after a failure.
         first_token_at: when a decoding step first gave it a token (``time.monotonic``).
-        steps: the decoding steps it took part in so far (one token a step per row).
+        first_round: the decode worker's round that gave it its first token.
     """
 
     payload: Any
@@ -107,7 +107,7 @@ class Job:
     streamed: bool = False
     retried: bool = False
     first_token_at: float | None = None
-    steps: int = 0
+    first_round: int = 0
 
     @property
     def name(self) -> str:
