@@ -125,35 +125,38 @@ def advance(group: Group) -> tuple[list[tuple[Job, Any]], int]:
 
 
 class _Worker:
-    """What one worker thread runs: its groups, its pools (made on first use) and the cache
-    tokens its admitted requests hold."""
+    """What one worker thread runs: its groups, its pools (made on first use), and the requests
+    it admitted with the rows and cache tokens they may hold."""
 
     def __init__(self, lock: threading.Condition | None = None) -> None:
         self.groups: list[Group] = []
         self.pools: tuple[SlotPool, ...] | None = None
-        self.held: dict[Job, int] = {}  # changed under ``lock``: other workers read it
+        self.held: set[Job] = set()  # with ``rows`` and ``tokens``, changed under ``lock``
+        self.rows = self.tokens = 0  # of the requests held (other workers read them)
         self.lock = lock or threading.Condition()
         self.rounds = 0  # rounds run so far
 
     def fits(self, job: Job, most: int, rows: int | None = None) -> bool:
         """Whether ``job``'s cache tokens fit beside those held, at most ``most``, and its rows
-        beside those of the jobs held, at most ``rows`` (None: any number); always, when none
-        are held."""
+        beside those held, at most ``rows`` (None: any number); always, when none are held."""
         if not self.held:
             return True
-        if rows is not None and sum(j.rows for j in self.held) + job.rows > rows:
+        if rows is not None and self.rows + job.rows > rows:
             return False
-        return sum(self.held.values()) + job.reserve <= most
+        return self.tokens + job.reserve <= most
 
-    def hold(self, jobs: Sequence[Job]) -> None:
+    def hold(self, job: Job) -> None:
         with self.lock:
-            self.held.update({j: j.reserve for j in jobs})
+            self.held.add(job)
+            self.rows, self.tokens = self.rows + job.rows, self.tokens + job.reserve
             self.lock.notify_all()  # workers that left the next request to this one look again
 
     def let_go(self, jobs: Sequence[Job]) -> None:
         with self.lock:  # (fewer rows held lets no other worker take more: no one to wake)
             for job in jobs:
-                self.held.pop(job, None)
+                if job in self.held:
+                    self.held.remove(job)
+                    self.rows, self.tokens = self.rows - job.rows, self.tokens - job.reserve
 
 
 class DecodeEngine(Engine):
@@ -212,20 +215,22 @@ class DecodeEngine(Engine):
         last = self._slot() == self.threads - 1
         return None if last or not self._fill_rows else self._fill_rows
 
-    def _may_take(self, slot: int) -> bool:
-        """Workers fill in order: worker ``slot`` takes a request only while each worker before
-        it would not admit it (its rows or cache tokens full, or its thread not running). A
-        light load runs as one batch on one worker, each model call's fixed cost shared by all
-        its rows (two half batches would pay it twice); a heavier one spreads over the others
-        (the lock held)."""
-        if slot == 0 or not self._queue or not self._fill_rows:
+    def _may_take(self, worker: _Worker, job: Job) -> bool:
+        """Whether ``worker`` (the calling thread's) admits ``job`` now: it fits its cache
+        tokens and rows (:meth:`_row_cap`), and no worker before it would admit it (its rows or
+        cache tokens full, or its thread not running). Workers fill in order: a light load runs
+        as one batch on one worker, each model call's fixed cost shared by all its rows (two
+        half batches would pay it twice); a heavier one spreads over the others (the lock
+        held)."""
+        if not worker.fits(job, self.options.max_cache_tokens, self._row_cap()):
+            return False
+        if not self._fill_rows:
             return True
-        head = self._queue[0]
-        for before in range(slot):
-            worker, thread = self._workers[before], self._threads[before]
+        for before in range(self._slot()):
+            other, thread = self._workers[before], self._threads[before]
             if thread is None or not thread.is_alive():
                 continue
-            if worker is None or worker.fits(head, self.options.max_cache_tokens, self._fill_rows):
+            if other is None or other.fits(job, self.options.max_cache_tokens, self._fill_rows):
                 return False  # it takes the request (a worker starting: once it runs)
         return True
 
@@ -376,44 +381,43 @@ class DecodeEngine(Engine):
 
     def _admit(self, worker: _Worker) -> None:
         """Start waiting requests as new groups while they fit the round's prefill budget and
-        the worker's cache tokens (see the module docstring); waits for a request only when
-        nothing runs. With batching off, one request at a time."""
+        the worker's cache tokens, and no worker before it takes them (see the module docstring
+        and :meth:`_may_take`: a request that does not fit waits in the queue for rows to leave,
+        or for another worker); waits for a request only when nothing runs. With batching off,
+        one request at a time."""
         budget = self.options.max_batch_tokens
         while budget > 0 and (self.options.batching or not worker.groups):
-            first = self._take(wait=None if not worker.groups else 0)
+            first = self._take(wait=None if not worker.groups else 0, fits=self._fitting(worker))
             if first is None:
                 return
             if self._run_inline(first):
                 continue
-            if not worker.fits(first, self.options.max_cache_tokens, self._row_cap()):
-                self._put_back(first)  # waits for rows to leave, or for another worker
-                return
+            worker.hold(first)
             jobs = self._companions(worker, first, budget)
             budget -= sum(j.cost for j in jobs)
-            worker.hold(jobs)
             self._begin(worker, jobs, worker.groups)
+
+    def _fitting(self, worker: _Worker) -> Callable[[Job], bool]:
+        """:meth:`_may_take` for ``worker``, as :meth:`_take` asks it of the queue's head."""
+        return lambda job: self._may_take(worker, job)
 
     def _companions(self, worker: _Worker, first: Job, budget: int) -> list[Job]:
         """``first`` and the waiting requests with its options that fit the prefill ``budget``
-        and the cache tokens left."""
-        jobs, cost, held = [first], first.cost, sum(worker.held.values()) + first.reserve
-        rows, cap = sum(j.rows for j in worker.held) + first.rows, self._row_cap()
+        and the worker (:meth:`_may_take`), each held as it is taken."""
+        jobs, cost = [first], first.cost
         while self.options.batching:
             waiting, key = self._peek_key()
             if not waiting or key != first.key:
                 break
-            job = self._take(wait=0)
+            job = self._take(wait=0, fits=self._fitting(worker))
             if job is None:
                 break
-            if (
-                cost + job.cost > budget
-                or held + job.reserve > self.options.max_cache_tokens
-                or (cap is not None and rows + job.rows > cap)
-            ):
+            if cost + job.cost > budget:
                 self._put_back(job)
                 break
+            worker.hold(job)
             jobs.append(job)
-            cost, held, rows = cost + job.cost, held + job.reserve, rows + job.rows
+            cost += job.cost
         return jobs
 
 

@@ -285,15 +285,20 @@ class Engine:
             self.metrics.queue_depth.labels(self.name).set(len(self._queue))
             self._cond.notify_all()  # a worker that may not take it waits on
 
-    def _take(self, *, wait: float | None) -> Job | None:
+    def _take(self, *, wait: float | None, fits: Callable[[Job], bool] | None = None) -> Job | None:
         """The next job not cancelled; waiting at most ``wait`` seconds (None = until one comes
-        or the engine stops; 0 = not at all). None when there is none."""
+        or the engine stops; 0 = not at all). None when there is none. With ``fits`` (called
+        with the lock held), only a head job it accepts is taken; otherwise the call waits as
+        for an empty queue (a worker's admissions, :meth:`submit` and :meth:`_put_back`
+        notify)."""
         deadline = None if wait is None else time.monotonic() + wait
-        slot = getattr(self._mine, "slot", 0)
         with self._cond:
             while True:
-                while self._queue and self._may_take(slot):
-                    job = self._queue.popleft()
+                while self._queue:
+                    job = self._queue[0]
+                    if not job.cancelled and fits is not None and not fits(job):
+                        break
+                    self._queue.popleft()
                     self.metrics.queue_depth.labels(self.name).set(len(self._queue))
                     if not job.cancelled:
                         self._hold(job)
@@ -302,11 +307,6 @@ class Engine:
                 if self._stopping or (left is not None and left <= 0):
                     return None
                 self._cond.wait(left)
-
-    def _may_take(self, slot: int) -> bool:
-        """Whether worker ``slot`` may take the next job now (called with the lock held; a
-        worker that may not waits until :meth:`submit` or another worker notifies)."""
-        return True
 
     def _put_back(self, job: Job) -> None:
         """Return ``job`` to the head of the queue (it did not fit this batch)."""
