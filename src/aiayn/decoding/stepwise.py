@@ -157,10 +157,9 @@ class SteppedSearch:
         """Take the rows at batch positions ``gone`` out, their tokens set; returns them."""
         if not gone:
             return []
-        lengths = self.lengths.tolist()
         out = [self.rows[i] for i in gone]
-        for i, row in zip(gone, out, strict=True):
-            row.tokens = self.out[i, : lengths[i]].tolist()
+        for i, row, n in zip(gone, out, self.lengths[gone].tolist(), strict=True):
+            row.tokens = self.out[i, :n].tolist()
         kept = torch.ones(len(self.rows), dtype=torch.bool)  # (B,)
         kept[gone] = False
         keep = kept.nonzero().flatten()  # (B',)
