@@ -410,10 +410,8 @@ class GenerateTask(Task):
         return out
 
     def _watch(self, job: Job, rows: list[Row]) -> list[Any]:
-        """Rows that reached a stop string end; streaming requests get their new text."""
-        p: GenerateJob = job.payload
-        if not p.stop and job.progress is None:
-            return []
+        """Rows that reached a stop string end; streaming requests get their new text (only
+        the requests :func:`_watched` picks are watched)."""
         texts = self._texts(job, rows)
         for row, text, _ in texts:
             job.notify((row.key[1], text, None))  # type: ignore[index]
