@@ -238,10 +238,11 @@ class SlotRows:
     longest: int
 
     @staticmethod
-    def taken(pool: SlotPool, lengths: list[int]) -> SlotRows:
-        """Free slots for rows of ``lengths`` positions (written by the caller)."""
+    def taken(pool: SlotPool, lengths: list[int], columns: int = 0) -> SlotRows:
+        """Free slots for rows of ``lengths`` positions (written by the caller), in a pool
+        with room for at least ``columns`` positions per slot."""
         rows = pool.take(len(lengths))  # (B,)
-        pool.reserve(max(lengths, default=0))
+        pool.reserve(max(columns, *lengths) if lengths else columns)
         return SlotRows(pool, rows, torch.tensor(lengths, device=rows.device), max(lengths))
 
     def cache(self, layer: int, at: Tensor | None = None) -> SlotCache:

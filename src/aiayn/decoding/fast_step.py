@@ -373,14 +373,12 @@ class InferenceStep:
         b, s = src.shape
         lengths = src_mask[:, 0, 0, :].sum(dim=1).tolist() if padded else [s] * b  # real tokens
         own, source_pool = pools if pools is not None else self.pools(b, capacity, b, s)
-        sources = SlotRows.taken(source_pool, lengths)
-        source_pool.reserve(s)
+        sources = SlotRows.taken(source_pool, lengths, s)
         kv = [layer.cross_attn.project_key_value(memory) for layer in self.decoder_layers]
         keys = torch.stack([x.key for x in kv])  # N × (b, H, S, d_k) -> (N, b, H, S, d_k)
         source_pool.buffer[:, 0, sources.rows, :, :s] = keys
         source_pool.buffer[:, 1, sources.rows, :, :s] = torch.stack([x.value for x in kv])
-        slots = SlotRows.taken(own, [0] * b)
-        own.reserve(capacity)
+        slots = SlotRows.taken(own, [0] * b, capacity)
         return InferenceState(slots, sources)
 
     @torch.inference_mode()

@@ -112,8 +112,7 @@ class LMStep:
         if self.ban is not None:
             pending.index_fill_(1, self.ban, -torch.inf)
         pool = pool if pool is not None else self.pool(len(prompts), capacity)
-        slots = SlotRows.taken(pool, [len(p) for p in prompts])
-        pool.reserve(capacity)
+        slots = SlotRows.taken(pool, [len(p) for p in prompts], capacity)
         _write_prompts(pool, slots, out.cache, tokens.size(1))
         return LMState(slots, pending)
 
