@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from aiayn.errors import ConfigError, UserError
+from aiayn.limits import MAX_LENGTH_PENALTY_ALPHA
 
 if TYPE_CHECKING:
     import torch
@@ -136,7 +137,9 @@ NonNegativeInt = Annotated[int, Bounds(ge=0)]
 PositiveFloat = Annotated[float, Bounds(gt=0)]
 """Finite and > 0: epsilons, clipping norms, temperatures."""
 NonNegativeFloat = Annotated[float, Bounds(ge=0)]
-"""Finite and >= 0: length-penalty α."""
+"""Finite and >= 0."""
+PenaltyAlpha = Annotated[float, Bounds(ge=0, le=MAX_LENGTH_PENALTY_ALPHA)]
+"""A length penalty's α: finite, in 0 .. :data:`~aiayn.limits.MAX_LENGTH_PENALTY_ALPHA`."""
 Rate = Annotated[float, Bounds(ge=0, lt=1)]
 """In [0, 1): dropout probabilities, label smoothing, Adam's β."""
 Seed = Annotated[int, Bounds(ge=0, lt=2**32)]

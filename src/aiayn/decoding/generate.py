@@ -25,12 +25,13 @@ from aiayn.decoding.lm import check_prompts, decoder_only_step
 from aiayn.decoding.sampling import sample
 from aiayn.errors import UserError
 from aiayn.inference.packed import pack_for_inference
-from aiayn.limits import MAX_BEAM_SIZE, MAX_LENGTH_PENALTY_ALPHA
+from aiayn.limits import MAX_BEAM_SIZE
 from aiayn.models.gpt2 import GPT2
 from aiayn.validation import (
     Bounds,
     Choice,
     NonNegativeInt,
+    PenaltyAlpha,
     PositiveFloat,
     PositiveInt,
     validate,
@@ -71,7 +72,7 @@ class GenerateOptions:
     min_new_tokens: NonNegativeInt = 0
     method: Annotated[str, Choice(METHODS)] = "greedy"
     beam_size: Annotated[int, Bounds(ge=1, le=MAX_BEAM_SIZE)] = 4  # aiayn.limits
-    alpha: Annotated[float, Bounds(ge=0, le=MAX_LENGTH_PENALTY_ALPHA)] = 0.6
+    alpha: PenaltyAlpha = 0.6
     n_best: PositiveInt = 1
     temperature: PositiveFloat = 1.0
     top_k: PositiveInt | None = None

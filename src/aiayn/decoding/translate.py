@@ -24,12 +24,13 @@ from aiayn.decoding.greedy import greedy_search
 from aiayn.decoding.step import DecoderState, StepFunction
 from aiayn.errors import UserError
 from aiayn.inference.packed import pack_for_inference
-from aiayn.limits import MAX_BEAM_SIZE, MAX_LENGTH_PENALTY_ALPHA
+from aiayn.limits import MAX_BEAM_SIZE
 from aiayn.models.transformer import EncoderDecoder
 from aiayn.validation import (
     Bounds,
     Choice,
     NonNegativeInt,
+    PenaltyAlpha,
     PositiveInt,
     validate,
     validated,
@@ -68,7 +69,7 @@ class DecodeOptions:
     """
 
     beam_size: Annotated[int, Bounds(ge=1, le=MAX_BEAM_SIZE)] = 4  # aiayn.limits
-    alpha: Annotated[float, Bounds(ge=0, le=MAX_LENGTH_PENALTY_ALPHA)] = 0.6
+    alpha: PenaltyAlpha = 0.6
     length_penalty: Annotated[str, Choice(("gnmt", "hf"))] = "gnmt"
     early_stopping: Annotated[bool | str, Choice((True, False, "never"))] = True
     forced_eos: bool = False

@@ -22,15 +22,14 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated
 
 import sacrebleu
 
 from aiayn.checkpoint.checksums import add_checksum, read_checksums
 from aiayn.checkpoint.files import ADDED_FILES, read_small
 from aiayn.errors import UserError
-from aiayn.limits import MAX_BEAM_SIZE, MAX_CHECKPOINT_JSON_BYTES, MAX_LENGTH_PENALTY_ALPHA
-from aiayn.validation import Bounds, NonNegativeFloat, check_value
+from aiayn.limits import MAX_BEAM_SIZE, MAX_CHECKPOINT_JSON_BYTES
+from aiayn.validation import NonNegativeFloat, PenaltyAlpha, check_value
 
 TUNED_ALPHA_FILE = ADDED_FILES[0]
 """The file in a checkpoint folder that ``aiayn tune-alpha`` writes and ``--alpha auto`` reads
@@ -229,11 +228,10 @@ def _check_grid(alphas: Sequence[float], grow_by: float, grow_to: float) -> None
     :data:`~aiayn.limits.MAX_LENGTH_PENALTY_ALPHA`), ``grow_by`` is a finite number >= 0."""
     if not alphas:
         raise UserError("the α grid must hold at least one α, got none")
-    alpha_rule = Annotated[float, Bounds(ge=0, le=MAX_LENGTH_PENALTY_ALPHA)]
     for alpha in alphas:
-        check_value(alpha, alpha_rule, "each α of the grid")
+        check_value(alpha, PenaltyAlpha, "each α of the grid")
     check_value(grow_by, NonNegativeFloat, "grow_by")
-    check_value(grow_to, alpha_rule, "grow_to")
+    check_value(grow_to, PenaltyAlpha, "grow_to")
 
 
 def tuned_record(
